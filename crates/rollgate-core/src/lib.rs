@@ -1,0 +1,24 @@
+//! rollgate's decision core: statistics, gates and the rollout state machine.
+//!
+//! **Architecture invariant:** nothing in this crate does I/O, reads a clock
+//! or uses a global random number generator. Time (`now`) and measurements
+//! (stats snapshots) are arguments; decisions and their effects are return
+//! values. `tests/architecture.rs` checks this on every `cargo test`.
+
+pub mod gate;
+pub mod histogram;
+pub mod plan;
+pub mod rollout;
+pub mod snapshot;
+pub mod stage;
+pub mod stats;
+
+pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
+pub use histogram::LatencyHistogram;
+pub use plan::{Plan, PlanError};
+pub use rollout::{
+    Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase,
+    RollbackReason, RolloutSpec, RolloutState, Routing, StepError, Timestamp, Transition, step,
+};
+pub use snapshot::{FailureClass, PairStats, RevisionStats, Snapshot, SnapshotError};
+pub use stage::{StageKind, StageReason, StageVerdict};

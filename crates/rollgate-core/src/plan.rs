@@ -1,0 +1,471 @@
+//! A rollout plan: its stages, clocks and gate budgets, with validation that
+//! names the offending field. Plans are TOML files; every field has a default,
+//! so an empty plan is the recommended one.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// An invalid plan: `field` is the dotted path of the field at fault.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("plan field `{field}`: {message}")]
+pub struct PlanError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: &str, message: impl Into<String>) -> PlanError {
+    PlanError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// How a rollout walks from SHADOW through the canary steps to PROMOTED.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Plan {
+    /// The mirrored, zero-exposure stage before any canary step.
+    pub shadow: ShadowPlan,
+    /// Canary weights in percent, strictly increasing, each in 1..=99.
+    /// After the last one passes, the candidate is promoted.
+    pub steps: Vec<u32>,
+    /// A clean stage waits at least this long before it may pass.
+    #[serde(with = "humantime_serde")]
+    pub min_stage_duration: Duration,
+    /// A stage without enough evidence by this time (since its clock
+    /// started) fails with `evidence_timeout`. At least `min_stage_duration`.
+    #[serde(with = "humantime_serde")]
+    pub evidence_timeout: Duration,
+    /// The candidate must report ready within this time of the rollout's
+    /// creation, or the rollout rolls back with `readiness_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub readiness_timeout: Duration,
+    /// Consecutive failing evaluations needed to roll back (gross breaches
+    /// roll back at once). At least 1.
+    pub confirm_breaches: u32,
+    /// Error level of each confidence bound: two-sided `1 - alpha` intervals.
+    /// In (0, 0.5].
+    pub alpha: f64,
+    pub gates: Gates,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            shadow: ShadowPlan::default(),
+            steps: vec![5, 25, 50],
+            min_stage_duration: Duration::from_secs(60),
+            evidence_timeout: Duration::from_secs(600),
+            readiness_timeout: Duration::from_secs(120),
+            confirm_breaches: 2,
+            alpha: 0.05,
+            gates: Gates::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShadowPlan {
+    pub enabled: bool,
+    /// Share of champion traffic mirrored to the shadow, in percent (1..=100).
+    pub mirror_percent: u32,
+}
+
+impl Default for ShadowPlan {
+    fn default() -> Self {
+        ShadowPlan {
+            enabled: true,
+            mirror_percent: 100,
+        }
+    }
+}
+
+/// Budgets of every gate. All comparisons are candidate versus champion over
+/// the same window; only the guard rails are absolute.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Gates {
+    pub error_rate: ErrorRateGate,
+    pub latency: LatencyGate,
+    pub prediction_shift: ShiftGate,
+    pub shadow: ShadowGate,
+    pub guard_rails: GuardRails,
+}
+
+/// Candidate error rate minus champion error rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ErrorRateGate {
+    pub enabled: bool,
+    /// Fail iff the lower bound of the difference is **above** this margin;
+    /// pass iff the upper bound is **at or below** it. In [0, 1].
+    pub margin: f64,
+    /// Requests each arm needs in the window before the gate judges.
+    pub min_requests: u64,
+    /// A candidate whose own error-rate lower bound is above this, against a
+    /// champion whose upper bound is below it, is a gross breach: it rolls
+    /// back without waiting for confirmation. In (0, 1].
+    pub gross_error_rate: f64,
+}
+
+impl Default for ErrorRateGate {
+    fn default() -> Self {
+        ErrorRateGate {
+            enabled: true,
+            margin: 0.01,
+            min_requests: 50,
+            gross_error_rate: 0.5,
+        }
+    }
+}
+
+/// Latency of successful requests. A regression needs the median AND the
+/// tail to be worse by both the ratio and the absolute margin, with
+/// confidence: on ~100-request windows a tail alone is noise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LatencyGate {
+    pub enabled: bool,
+    /// Successful requests each arm needs before the gate judges.
+    pub min_requests: u64,
+    /// The tail quantile, in (0.5, 1).
+    pub tail_quantile: f64,
+    /// Median regressed iff candidate > champion × ratio AND candidate −
+    /// champion > ms (strict). Ratio at least 1, ms at least 0.
+    pub median_ratio: f64,
+    pub median_ms: f64,
+    pub tail_ratio: f64,
+    pub tail_ms: f64,
+}
+
+impl Default for LatencyGate {
+    fn default() -> Self {
+        LatencyGate {
+            enabled: true,
+            min_requests: 50,
+            tail_quantile: 0.95,
+            median_ratio: 1.25,
+            median_ms: 5.0,
+            tail_ratio: 1.5,
+            tail_ms: 25.0,
+        }
+    }
+}
+
+/// Per-class prediction rates, candidate versus champion. Needs the gateway
+/// to read predictions from the model's output, so it is opt-in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShiftGate {
+    pub enabled: bool,
+    /// Fail iff some class's rate difference is confidently beyond ±margin.
+    pub margin: f64,
+    /// Predictions each arm needs before the gate judges.
+    pub min_predictions: u64,
+}
+
+impl Default for ShiftGate {
+    fn default() -> Self {
+        ShiftGate {
+            enabled: false,
+            margin: 0.1,
+            min_predictions: 100,
+        }
+    }
+}
+
+/// Paired answers in the SHADOW stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShadowGate {
+    /// Pass needs the agreement lower bound at or above this; fail when the
+    /// agreement upper bound is below it. In [0, 1].
+    pub min_agreement: f64,
+    /// Flips are disagreements on pairs where the champion was highly
+    /// confident, as a share of those pairs. Pass needs the upper bound at or
+    /// below this; fail when the lower bound is above it. 1 turns it off
+    /// (e.g. for regression models, which have no confidence).
+    pub max_flip_rate: f64,
+    /// Pairs needed before the gate judges.
+    pub min_pairs: u64,
+}
+
+impl Default for ShadowGate {
+    fn default() -> Self {
+        ShadowGate {
+            min_agreement: 0.9,
+            max_flip_rate: 0.05,
+            min_pairs: 100,
+        }
+    }
+}
+
+/// Absolute limits on the candidate, and what counts as a champion outage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuardRails {
+    /// Fail iff the candidate's error-rate lower bound is above this.
+    pub max_error_rate: Option<f64>,
+    /// Fail iff the candidate's p95 lower bound is above this (ms).
+    pub max_p95_ms: Option<f64>,
+    /// The champion is in an outage when its own error-rate lower bound is
+    /// above this; candidate breaches then hold instead of rolling back.
+    pub champion_outage_error_rate: f64,
+}
+
+impl Default for GuardRails {
+    fn default() -> Self {
+        GuardRails {
+            max_error_rate: None,
+            max_p95_ms: None,
+            champion_outage_error_rate: 0.25,
+        }
+    }
+}
+
+fn unit(field: &str, x: f64) -> Result<(), PlanError> {
+    if (0.0..=1.0).contains(&x) {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be in [0, 1], got {x}")))
+    }
+}
+
+fn positive_unit(field: &str, x: f64) -> Result<(), PlanError> {
+    if x > 0.0 && x <= 1.0 {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be in (0, 1], got {x}")))
+    }
+}
+
+fn at_least(field: &str, x: f64, min: f64) -> Result<(), PlanError> {
+    if x.is_finite() && x >= min {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be a number >= {min}, got {x}")))
+    }
+}
+
+fn count(field: &str, x: u64) -> Result<(), PlanError> {
+    if x >= 1 {
+        Ok(())
+    } else {
+        Err(err(field, "must be at least 1"))
+    }
+}
+
+impl Plan {
+    /// Checks every field; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        if self.steps.is_empty() {
+            return Err(err("steps", "needs at least one canary step"));
+        }
+        for (i, &s) in self.steps.iter().enumerate() {
+            if !(1..=99).contains(&s) {
+                return Err(err(
+                    &format!("steps[{i}]"),
+                    format!("must be a percentage in 1..=99, got {s}"),
+                ));
+            }
+            if i > 0 && s <= self.steps[i - 1] {
+                return Err(err(
+                    &format!("steps[{i}]"),
+                    format!(
+                        "steps must be strictly increasing, got {} after {}",
+                        s,
+                        self.steps[i - 1]
+                    ),
+                ));
+            }
+        }
+        if !(1..=100).contains(&self.shadow.mirror_percent) {
+            return Err(err(
+                "shadow.mirror_percent",
+                format!("must be in 1..=100, got {}", self.shadow.mirror_percent),
+            ));
+        }
+        if self.evidence_timeout.is_zero() {
+            return Err(err("evidence_timeout", "must be positive"));
+        }
+        if self.evidence_timeout < self.min_stage_duration {
+            return Err(err(
+                "evidence_timeout",
+                "must be at least min_stage_duration",
+            ));
+        }
+        if self.readiness_timeout.is_zero() {
+            return Err(err("readiness_timeout", "must be positive"));
+        }
+        if self.confirm_breaches == 0 {
+            return Err(err("confirm_breaches", "must be at least 1"));
+        }
+        if !(self.alpha > 0.0 && self.alpha <= 0.5) {
+            return Err(err(
+                "alpha",
+                format!("must be in (0, 0.5], got {}", self.alpha),
+            ));
+        }
+        let g = &self.gates;
+        unit("gates.error_rate.margin", g.error_rate.margin)?;
+        count("gates.error_rate.min_requests", g.error_rate.min_requests)?;
+        positive_unit(
+            "gates.error_rate.gross_error_rate",
+            g.error_rate.gross_error_rate,
+        )?;
+        count("gates.latency.min_requests", g.latency.min_requests)?;
+        if !(g.latency.tail_quantile > 0.5 && g.latency.tail_quantile < 1.0) {
+            return Err(err(
+                "gates.latency.tail_quantile",
+                format!("must be in (0.5, 1), got {}", g.latency.tail_quantile),
+            ));
+        }
+        at_least("gates.latency.median_ratio", g.latency.median_ratio, 1.0)?;
+        at_least("gates.latency.median_ms", g.latency.median_ms, 0.0)?;
+        at_least("gates.latency.tail_ratio", g.latency.tail_ratio, 1.0)?;
+        at_least("gates.latency.tail_ms", g.latency.tail_ms, 0.0)?;
+        unit("gates.prediction_shift.margin", g.prediction_shift.margin)?;
+        count(
+            "gates.prediction_shift.min_predictions",
+            g.prediction_shift.min_predictions,
+        )?;
+        unit("gates.shadow.min_agreement", g.shadow.min_agreement)?;
+        unit("gates.shadow.max_flip_rate", g.shadow.max_flip_rate)?;
+        count("gates.shadow.min_pairs", g.shadow.min_pairs)?;
+        if let Some(x) = g.guard_rails.max_error_rate {
+            unit("gates.guard_rails.max_error_rate", x)?;
+        }
+        if let Some(x) = g.guard_rails.max_p95_ms
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(err(
+                "gates.guard_rails.max_p95_ms",
+                format!("must be positive, got {x}"),
+            ));
+        }
+        positive_unit(
+            "gates.guard_rails.champion_outage_error_rate",
+            g.guard_rails.champion_outage_error_rate,
+        )?;
+        Ok(())
+    }
+
+    /// Candidate weight of canary step `i`, in basis points (1/10,000).
+    pub fn step_weight_bp(&self, i: usize) -> u32 {
+        self.steps.get(i).copied().unwrap_or(0) * 100
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(mutate: impl FnOnce(&mut Plan)) -> String {
+        let mut p = Plan::default();
+        mutate(&mut p);
+        p.validate().expect_err("invalid").field
+    }
+
+    #[test]
+    fn default_plan_is_valid() {
+        assert_eq!(Plan::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn steps_must_be_strictly_increasing() {
+        assert_eq!(field_of(|p| p.steps = vec![5, 25, 25]), "steps[2]");
+        assert_eq!(field_of(|p| p.steps = vec![50, 25]), "steps[1]");
+    }
+
+    #[test]
+    fn steps_must_be_between_1_and_99_percent() {
+        assert_eq!(field_of(|p| p.steps = vec![0, 5]), "steps[0]");
+        assert_eq!(field_of(|p| p.steps = vec![5, 100]), "steps[1]");
+        assert_eq!(field_of(|p| p.steps = vec![]), "steps");
+    }
+
+    #[test]
+    fn budgets_must_be_probabilities() {
+        assert_eq!(
+            field_of(|p| p.gates.error_rate.margin = 1.5),
+            "gates.error_rate.margin"
+        );
+        assert_eq!(
+            field_of(|p| p.gates.shadow.min_agreement = -0.1),
+            "gates.shadow.min_agreement"
+        );
+        assert_eq!(
+            field_of(|p| p.gates.shadow.max_flip_rate = f64::NAN),
+            "gates.shadow.max_flip_rate"
+        );
+        assert_eq!(
+            field_of(|p| p.gates.guard_rails.max_error_rate = Some(2.0)),
+            "gates.guard_rails.max_error_rate"
+        );
+    }
+
+    #[test]
+    fn clocks_must_be_consistent() {
+        assert_eq!(
+            field_of(|p| p.evidence_timeout = Duration::from_secs(10)),
+            "evidence_timeout"
+        );
+        assert_eq!(
+            field_of(|p| p.readiness_timeout = Duration::ZERO),
+            "readiness_timeout"
+        );
+        assert_eq!(field_of(|p| p.confirm_breaches = 0), "confirm_breaches");
+        assert_eq!(field_of(|p| p.alpha = 0.0), "alpha");
+    }
+
+    #[test]
+    fn latency_margins_are_checked() {
+        assert_eq!(
+            field_of(|p| p.gates.latency.median_ratio = 0.9),
+            "gates.latency.median_ratio"
+        );
+        assert_eq!(
+            field_of(|p| p.gates.latency.tail_quantile = 0.5),
+            "gates.latency.tail_quantile"
+        );
+    }
+
+    #[test]
+    fn toml_plan_reads_durations_and_fills_defaults() {
+        let p: Plan = toml::from_str(
+            r#"
+            steps = [10, 50]
+            min_stage_duration = "30s"
+            evidence_timeout = "5m"
+            [gates.error_rate]
+            margin = 0.02
+            [gates.guard_rails]
+            max_p95_ms = 500.0
+            "#,
+        )
+        .expect("valid plan");
+        assert_eq!(p.steps, vec![10, 50]);
+        assert_eq!(p.min_stage_duration, Duration::from_secs(30));
+        assert_eq!(p.evidence_timeout, Duration::from_secs(300));
+        assert_eq!(p.gates.error_rate.margin, 0.02);
+        assert_eq!(p.gates.error_rate.min_requests, 50);
+        assert_eq!(p.gates.guard_rails.max_p95_ms, Some(500.0));
+        assert!(p.shadow.enabled);
+        assert_eq!(p.validate(), Ok(()));
+    }
+
+    #[test]
+    fn toml_plan_with_an_unknown_field_is_an_error_naming_it() {
+        let e = toml::from_str::<Plan>("stepz = [5]").expect_err("unknown field");
+        assert!(e.to_string().contains("stepz"), "{e}");
+    }
+
+    #[test]
+    fn step_weights_are_basis_points() {
+        let p = Plan::default();
+        assert_eq!(p.step_weight_bp(0), 500);
+        assert_eq!(p.step_weight_bp(2), 5000);
+    }
+}

@@ -1,0 +1,626 @@
+//! The rollout state machine: `PENDING -> SHADOW -> CANARY(i) -> PROMOTED`,
+//! or `ROLLED_BACK(reason)`, or `ABORTED`; `paused` is a flag.
+//!
+//! [`step`] is a pure function of the plan, the state, one input and `now`.
+//! Its effects are data (set routing, promote, reject, audit) that the
+//! controller applies; the state is small and serialisable, so a rollout is a
+//! durable record that any controller can resume.
+//!
+//! Each stage judges the window since its own clock started (its baseline
+//! snapshot): candidate and champion over the same requests and time.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gate::{GateKind, Outcome};
+use crate::plan::Plan;
+use crate::snapshot::Snapshot;
+use crate::stage::{
+    StageInput, StageKind, StageReason, StageVerdict, check_window, evaluate_stage,
+};
+
+/// Milliseconds since the Unix epoch. The core never reads a clock: the
+/// caller passes `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// Time from `earlier` to `self`; zero if `earlier` is later (a clock
+    /// that stepped back must not make a stage older).
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn plus(self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_add(d.as_millis() as u64))
+    }
+}
+
+/// Why a rollout rolled back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum RollbackReason {
+    /// The candidate did not report ready within the readiness timeout.
+    ReadinessTimeout,
+    /// Gates breached on `confirmations` consecutive evaluations.
+    Breach {
+        gates: Vec<GateKind>,
+        confirmations: u32,
+    },
+    /// A breach so large it needed no confirmation.
+    GrossBreach { gates: Vec<GateKind> },
+    /// The stage had too little evidence by its deadline.
+    EvidenceTimeout { gates: Vec<GateKind> },
+    /// Traffic was seen but metrics were missing.
+    MetricsMissing { gates: Vec<GateKind> },
+}
+
+impl RollbackReason {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RollbackReason::ReadinessTimeout => "readiness_timeout",
+            RollbackReason::Breach { .. } => "breach",
+            RollbackReason::GrossBreach { .. } => "gross_breach",
+            RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
+            RollbackReason::MetricsMissing { .. } => "metrics_missing",
+        }
+    }
+}
+
+/// Where a rollout stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// Created; waiting for the candidate to report ready. No traffic.
+    Pending,
+    /// Mirrored traffic only; zero live exposure.
+    Shadow,
+    /// Canary step `step` (0-based) of the plan, at `weight_percent`.
+    Canary {
+        step: usize,
+        weight_percent: u32,
+    },
+    /// The candidate is the champion. `manual`: an operator promoted it.
+    Promoted {
+        manual: bool,
+    },
+    RolledBack {
+        reason: RollbackReason,
+    },
+    Aborted,
+}
+
+impl Phase {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Phase::Promoted { .. } | Phase::RolledBack { .. } | Phase::Aborted
+        )
+    }
+
+    /// Upper-case name for display and filtering: `CANARY` for every step.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Pending => "PENDING",
+            Phase::Shadow => "SHADOW",
+            Phase::Canary { .. } => "CANARY",
+            Phase::Promoted { .. } => "PROMOTED",
+            Phase::RolledBack { .. } => "ROLLED_BACK",
+            Phase::Aborted => "ABORTED",
+        }
+    }
+
+    fn stage_kind(&self) -> Option<StageKind> {
+        match self {
+            Phase::Shadow => Some(StageKind::Shadow),
+            Phase::Canary { .. } => Some(StageKind::Canary),
+            _ => None,
+        }
+    }
+}
+
+/// Traffic for the rollout's model, relative to its candidate, in basis
+/// points (1/10,000).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routing {
+    /// Share of live requests the candidate serves.
+    pub candidate_weight_bp: u32,
+    /// Share of champion-served requests mirrored to the candidate.
+    pub mirror_bp: u32,
+}
+
+impl Routing {
+    /// Everything to the champion, nothing mirrored.
+    pub const CHAMPION_ONLY: Routing = Routing {
+        candidate_weight_bp: 0,
+        mirror_bp: 0,
+    };
+
+    /// The routing a phase implies under `plan`.
+    pub fn for_phase(plan: &Plan, phase: &Phase) -> Routing {
+        match phase {
+            Phase::Shadow => Routing {
+                candidate_weight_bp: 0,
+                mirror_bp: plan.shadow.mirror_percent * 100,
+            },
+            Phase::Canary { weight_percent, .. } => Routing {
+                candidate_weight_bp: weight_percent * 100,
+                mirror_bp: 0,
+            },
+            Phase::Promoted { .. } => Routing {
+                candidate_weight_bp: 10_000,
+                mirror_bp: 0,
+            },
+            _ => Routing::CHAMPION_ONLY,
+        }
+    }
+}
+
+/// What a rollout is about. Immutable for the rollout's life.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutSpec {
+    pub model: String,
+    pub champion: String,
+    pub candidate: String,
+    pub plan: Plan,
+}
+
+/// The clock and baseline of the current stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageClock {
+    pub started_at: Timestamp,
+    /// Cumulative stats when the stage started; the stage's window is the
+    /// current snapshot minus this. `None` until a snapshot is first seen.
+    pub baseline: Option<Snapshot>,
+    /// Start of the current breach-confirmation window (see
+    /// [`crate::stage::WindowCheck`]).
+    pub window_baseline: Option<Snapshot>,
+    /// Consecutive breached windows.
+    pub consecutive_breaches: u32,
+}
+
+impl StageClock {
+    fn new(started_at: Timestamp, baseline: Option<Snapshot>) -> Self {
+        StageClock {
+            started_at,
+            window_baseline: baseline.clone(),
+            baseline,
+            consecutive_breaches: 0,
+        }
+    }
+}
+
+/// A rollout's mutable state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutState {
+    pub phase: Phase,
+    pub paused: bool,
+    pub created_at: Timestamp,
+    pub stage: Option<StageClock>,
+    /// The latest stage verdict, for status views.
+    pub last_verdict: Option<StageVerdict>,
+    pub evaluations: u64,
+}
+
+impl RolloutState {
+    pub fn new(created_at: Timestamp) -> Self {
+        RolloutState {
+            phase: Phase::Pending,
+            paused: false,
+            created_at,
+            stage: None,
+            last_verdict: None,
+            evaluations: 0,
+        }
+    }
+}
+
+/// What the controller saw on one pass.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Observation {
+    /// The candidate's readiness probe passed.
+    pub candidate_ready: bool,
+    /// Cumulative stats merged from every gateway; `None` if none answered.
+    pub snapshot: Option<Snapshot>,
+}
+
+/// Something an operator asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum OperatorAction {
+    Pause,
+    Resume,
+    Abort {
+        reason: String,
+    },
+    /// Promote now, skipping the remaining stages; the reason is required.
+    Promote {
+        reason: String,
+    },
+}
+
+/// One input to the state machine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Observe(Observation),
+    Operator {
+        actor: String,
+        action: OperatorAction,
+    },
+}
+
+/// Who caused an audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Actor {
+    Controller,
+    Operator { name: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    /// The candidate became ready and the first stage started.
+    Started,
+    /// A stage was judged.
+    Evaluated,
+    /// A stage passed and the next began.
+    Advanced,
+    Promoted,
+    RolledBack,
+    Paused,
+    Resumed,
+    Aborted,
+}
+
+/// An audit record, before the store gives it a sequence number and hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    pub kind: AuditKind,
+    pub actor: Actor,
+    pub from: Phase,
+    pub to: Phase,
+    pub verdict: Option<StageVerdict>,
+    /// Operator's reason, or the controller's explanation.
+    pub note: Option<String>,
+}
+
+/// What the controller must do, in order. Routing returns to the champion
+/// before a rollout is marked rolled back: `SetRouting` comes first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "effect", rename_all = "snake_case")]
+pub enum Effect {
+    SetRouting {
+        routing: Routing,
+    },
+    /// The candidate becomes champion; the old champion is archived.
+    PromoteCandidate,
+    /// The candidate is marked REJECTED.
+    RejectCandidate,
+    Audit {
+        event: Box<AuditEvent>,
+    },
+}
+
+/// The new state and the effects to apply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub state: RolloutState,
+    pub effects: Vec<Effect>,
+}
+
+/// An operator action that does not apply to the rollout's state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    #[error("rollout is already {phase}")]
+    Terminal { phase: &'static str },
+    #[error("rollout is already paused")]
+    AlreadyPaused,
+    #[error("rollout is not paused")]
+    NotPaused,
+    #[error("{action} requires a non-empty reason")]
+    ReasonRequired { action: &'static str },
+}
+
+/// Advances a rollout by one input. Pure: no clock, no I/O.
+pub fn step(
+    spec: &RolloutSpec,
+    state: &RolloutState,
+    input: Input,
+    now: Timestamp,
+) -> Result<Transition, StepError> {
+    let mut t = Transition {
+        state: state.clone(),
+        effects: Vec::new(),
+    };
+    match input {
+        Input::Observe(obs) => observe(spec, &mut t, obs, now),
+        Input::Operator { actor, action } => operate(&mut t, actor, action)?,
+    }
+    Ok(t)
+}
+
+fn audit(
+    t: &mut Transition,
+    kind: AuditKind,
+    actor: Actor,
+    from: Phase,
+    verdict: Option<StageVerdict>,
+    note: Option<String>,
+) {
+    let to = t.state.phase.clone();
+    t.effects.push(Effect::Audit {
+        event: Box::new(AuditEvent {
+            kind,
+            actor,
+            from,
+            to,
+            verdict,
+            note,
+        }),
+    });
+}
+
+/// The phase after `phase` passes; `None` means promote.
+fn next_phase(plan: &Plan, phase: &Phase) -> Option<Phase> {
+    let i = match phase {
+        Phase::Pending if plan.shadow.enabled => return Some(Phase::Shadow),
+        Phase::Pending | Phase::Shadow => 0,
+        Phase::Canary { step, .. } => step + 1,
+        _ => return None,
+    };
+    plan.steps.get(i).map(|&w| Phase::Canary {
+        step: i,
+        weight_percent: w,
+    })
+}
+
+fn enter(
+    spec: &RolloutSpec,
+    t: &mut Transition,
+    next: Phase,
+    baseline: Option<Snapshot>,
+    now: Timestamp,
+) {
+    t.state.phase = next;
+    t.state.stage = Some(StageClock::new(now, baseline));
+    t.effects.push(Effect::SetRouting {
+        routing: Routing::for_phase(&spec.plan, &t.state.phase),
+    });
+}
+
+fn roll_back(t: &mut Transition, reason: RollbackReason, verdict: Option<StageVerdict>) {
+    let from = t.state.phase.clone();
+    t.state.phase = Phase::RolledBack { reason };
+    t.effects.push(Effect::SetRouting {
+        routing: Routing::CHAMPION_ONLY,
+    });
+    t.effects.push(Effect::RejectCandidate);
+    audit(
+        t,
+        AuditKind::RolledBack,
+        Actor::Controller,
+        from,
+        verdict,
+        None,
+    );
+}
+
+fn promote(
+    t: &mut Transition,
+    actor: Actor,
+    manual: bool,
+    verdict: Option<StageVerdict>,
+    note: Option<String>,
+) {
+    let from = t.state.phase.clone();
+    t.state.phase = Phase::Promoted { manual };
+    t.effects.push(Effect::PromoteCandidate);
+    audit(t, AuditKind::Promoted, actor, from, verdict, note);
+}
+
+fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestamp) {
+    let plan = &spec.plan;
+    if t.state.phase.is_terminal() {
+        return;
+    }
+    if t.state.phase == Phase::Pending {
+        if t.state.paused {
+            return;
+        }
+        if obs.candidate_ready {
+            let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
+            enter(spec, t, next, obs.snapshot, now);
+            audit(
+                t,
+                AuditKind::Started,
+                Actor::Controller,
+                Phase::Pending,
+                None,
+                None,
+            );
+        } else if now.since(t.state.created_at) >= plan.readiness_timeout {
+            roll_back(t, RollbackReason::ReadinessTimeout, None);
+        }
+        return;
+    }
+    let Some(kind) = t.state.phase.stage_kind() else {
+        return;
+    };
+    let current = obs.snapshot;
+    let clock = t
+        .state
+        .stage
+        .get_or_insert_with(|| StageClock::new(now, None));
+    // The stage's window and the confirmation window. A missing baseline is
+    // taken now; counters that went backwards (a gateway restarted) restart
+    // both windows from here: evidence is lost, never invented.
+    let mut note = None;
+    let (window, recent) = match (&clock.baseline, &clock.window_baseline, &current) {
+        (_, _, None) => (None, None),
+        (Some(b), Some(wb), Some(s)) => match (s.window_since(b), s.window_since(wb)) {
+            (Ok(w), Ok(r)) => (Some(w), Some(r)),
+            (Err(e), _) | (_, Err(e)) => {
+                note = Some(format!("window restarted: {e}"));
+                *clock = StageClock::new(clock.started_at, Some(s.clone()));
+                (Some(Snapshot::default()), Some(Snapshot::default()))
+            }
+        },
+        (_, _, Some(s)) => {
+            *clock = StageClock::new(clock.started_at, Some(s.clone()));
+            (Some(Snapshot::default()), Some(Snapshot::default()))
+        }
+    };
+    let mut verdict = evaluate_stage(
+        plan,
+        &StageInput {
+            stage: kind,
+            window: window.as_ref(),
+            champion: &spec.champion,
+            candidate: &spec.candidate,
+            elapsed: now.since(clock.started_at),
+        },
+    );
+    // Breach confirmation on disjoint windows.
+    let mut confirmed = None;
+    if let (Some(recent), Some(current)) = (&recent, &current) {
+        let mut check = check_window(plan, kind, recent, &spec.champion, &spec.candidate);
+        if check.breached {
+            clock.consecutive_breaches += 1;
+            clock.window_baseline = Some(current.clone());
+            if check.gross || clock.consecutive_breaches >= plan.confirm_breaches {
+                let gates = check
+                    .gates
+                    .iter()
+                    .filter(|g| g.outcome == Outcome::Fail)
+                    .map(|g| g.gate)
+                    .collect();
+                confirmed = Some(if check.gross {
+                    RollbackReason::GrossBreach { gates }
+                } else {
+                    RollbackReason::Breach {
+                        gates,
+                        confirmations: clock.consecutive_breaches,
+                    }
+                });
+            }
+        } else if check.judged {
+            clock.consecutive_breaches = 0;
+            clock.window_baseline = Some(current.clone());
+        }
+        check.consecutive_breaches = clock.consecutive_breaches;
+        verdict.confirmation = Some(check);
+    }
+    let pending_breach = clock.consecutive_breaches > 0;
+    t.state.evaluations += 1;
+    t.state.last_verdict = Some(verdict.clone());
+    let phase = t.state.phase.clone();
+    audit(
+        t,
+        AuditKind::Evaluated,
+        Actor::Controller,
+        phase.clone(),
+        Some(verdict.clone()),
+        note,
+    );
+
+    let gates_of = |r: &StageReason| match r {
+        StageReason::Breach { gates }
+        | StageReason::EvidenceTimeout { gates }
+        | StageReason::MetricsMissing { gates } => gates.clone(),
+        _ => vec![],
+    };
+    if verdict.outcome == Outcome::Fail && verdict.gross {
+        let gates = gates_of(&verdict.reason);
+        return roll_back(t, RollbackReason::GrossBreach { gates }, Some(verdict));
+    }
+    if let Some(reason) = confirmed {
+        return roll_back(t, reason, Some(verdict));
+    }
+    match (verdict.outcome, &verdict.reason) {
+        // A breach on the stage's whole window is not yet confirmed: the
+        // stage neither passes nor rolls back on it.
+        (Outcome::Fail, StageReason::Breach { .. }) | (Outcome::Wait, _) => {}
+        // Starvation and missing metrics are not noise: no confirmation,
+        // but an operator's pause holds them.
+        (Outcome::Fail, reason) => {
+            if !t.state.paused {
+                let gates = gates_of(reason);
+                let reason = match reason {
+                    StageReason::MetricsMissing { .. } => RollbackReason::MetricsMissing { gates },
+                    _ => RollbackReason::EvidenceTimeout { gates },
+                };
+                roll_back(t, reason, Some(verdict));
+            }
+        }
+        (Outcome::Pass, _) => {
+            if t.state.paused || pending_breach {
+                return;
+            }
+            match next_phase(plan, &phase) {
+                Some(next) => {
+                    enter(spec, t, next, current, now);
+                    audit(
+                        t,
+                        AuditKind::Advanced,
+                        Actor::Controller,
+                        phase,
+                        Some(verdict),
+                        None,
+                    );
+                }
+                None => promote(t, Actor::Controller, false, Some(verdict), None),
+            }
+        }
+    }
+}
+
+fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<(), StepError> {
+    if t.state.phase.is_terminal() {
+        return Err(StepError::Terminal {
+            phase: t.state.phase.name(),
+        });
+    }
+    let from = t.state.phase.clone();
+    let who = Actor::Operator { name: actor };
+    match action {
+        OperatorAction::Pause => {
+            if t.state.paused {
+                return Err(StepError::AlreadyPaused);
+            }
+            t.state.paused = true;
+            audit(t, AuditKind::Paused, who, from, None, None);
+        }
+        OperatorAction::Resume => {
+            if !t.state.paused {
+                return Err(StepError::NotPaused);
+            }
+            t.state.paused = false;
+            audit(t, AuditKind::Resumed, who, from, None, None);
+        }
+        OperatorAction::Abort { reason } => {
+            let reason = required(reason, "abort")?;
+            t.state.phase = Phase::Aborted;
+            t.effects.push(Effect::SetRouting {
+                routing: Routing::CHAMPION_ONLY,
+            });
+            audit(t, AuditKind::Aborted, who, from, None, Some(reason));
+        }
+        OperatorAction::Promote { reason } => {
+            let reason = required(reason, "promote")?;
+            promote(t, who, true, None, Some(reason));
+        }
+    }
+    Ok(())
+}
+
+fn required(reason: String, action: &'static str) -> Result<String, StepError> {
+    let r = reason.trim();
+    if r.is_empty() {
+        Err(StepError::ReasonRequired { action })
+    } else {
+        Ok(r.to_string())
+    }
+}

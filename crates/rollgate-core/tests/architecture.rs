@@ -1,0 +1,108 @@
+//! Architecture invariant, checked on every `cargo test`: the decision core
+//! depends on no async runtime, network, database or filesystem crate, and
+//! its source reads no clock, touches no file or socket and uses no global
+//! random number generator. Time and randomness are parameters.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+/// Crates whose presence in the core's normal dependency graph means I/O,
+/// a runtime, or ambient randomness.
+const FORBIDDEN: &[&str] = &[
+    "tokio",
+    "hyper",
+    "axum",
+    "tower",
+    "reqwest",
+    "mio",
+    "socket2",
+    "rusqlite",
+    "libsqlite3-sys",
+    "postgres",
+    "tokio-postgres",
+    "sqlx",
+    "diesel",
+    "tempfile",
+    "walkdir",
+    "notify",
+    "getrandom",
+    "rand",
+    "chrono",
+    "time",
+    "tracing",
+    "log",
+];
+
+/// Source patterns that mean a clock, I/O or global randomness.
+const FORBIDDEN_SOURCE: &[&str] = &[
+    "std::fs",
+    "std::net",
+    "std::io",
+    "std::env",
+    "std::process",
+    "std::thread",
+    "Instant::now",
+    "SystemTime",
+    "thread_rng",
+    "rand::",
+    "println!",
+    "eprintln!",
+];
+
+/// Names of every crate the core pulls in for a normal (non-dev) build, as
+/// the feature resolver really builds it (`cargo metadata` would unify dev
+/// features in).
+fn normal_dependency_closure(package: &str) -> BTreeSet<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "tree", "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != package)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn decision_core_depends_on_no_io_crate() {
+    let deps = normal_dependency_closure("rollgate-core");
+    assert!(deps.contains("statrs"), "closure looks wrong: {deps:?}");
+    let bad: Vec<&String> = deps
+        .iter()
+        .filter(|d| FORBIDDEN.contains(&d.as_str()))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "rollgate-core must stay pure, but depends on {bad:?}"
+    );
+}
+
+#[test]
+fn decision_core_source_reads_no_clock_and_does_no_io() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut offences = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("src dir") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read source");
+        // Unit tests may print and use seeded RNGs; only the library counts.
+        let library = text.split("#[cfg(test)]").next().unwrap_or("");
+        for pattern in FORBIDDEN_SOURCE {
+            if library.contains(pattern) {
+                offences.push(format!("{}: {pattern}", path.display()));
+            }
+        }
+    }
+    assert!(offences.is_empty(), "impure code in the core: {offences:?}");
+}

@@ -1,0 +1,180 @@
+//! Verdicts in plain words, for people reading a terminal.
+
+use rollgate_core::gate::{Evidence, QuantileComparison};
+use rollgate_core::{GateVerdict, Outcome, Phase, RollbackReason, StageVerdict};
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+fn ms(us: Option<u64>) -> String {
+    us.map_or("?".into(), |v| format!("{:.1}ms", v as f64 / 1000.0))
+}
+
+fn outcome(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Pass => "PASS",
+        Outcome::Wait => "WAIT",
+        Outcome::Fail => "FAIL",
+    }
+}
+
+fn quantile(name: &str, q: &QuantileComparison) -> String {
+    format!(
+        "{name} candidate {} [{}, {}] vs champion {} [{}, {}]",
+        ms(Some(q.candidate.estimate_us)),
+        ms(q.candidate.lower_us),
+        ms(q.candidate.upper_us),
+        ms(Some(q.champion.estimate_us)),
+        ms(q.champion.lower_us),
+        ms(q.champion.upper_us),
+    )
+}
+
+/// One line per gate: its outcome, reason and the numbers behind it.
+pub fn gate_line(g: &GateVerdict) -> String {
+    let reason = serde_reason(g);
+    let detail = match &g.evidence {
+        Evidence::ErrorRate {
+            candidate,
+            champion,
+            difference,
+            margin,
+            ..
+        } => format!(
+            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}",
+            candidate.failures,
+            candidate.requests,
+            pct(candidate.rate),
+            champion.failures,
+            champion.requests,
+            pct(champion.rate),
+            pct(difference.lower),
+            pct(difference.upper),
+            pct(*margin)
+        ),
+        Evidence::Latency { median, tail, .. } => match (median, tail) {
+            (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
+            _ => "no latency samples yet".into(),
+        },
+        Evidence::PredictionShift {
+            classes, margin, ..
+        } => {
+            let worst = classes.iter().max_by(|a, b| {
+                let wa = a.difference.lower.abs().max(a.difference.upper.abs());
+                let wb = b.difference.lower.abs().max(b.difference.upper.abs());
+                wa.total_cmp(&wb)
+            });
+            match worst {
+                Some(c) => format!(
+                    "class {:?}: candidate {} vs champion {}, difference in [{}, {}], margin ±{}",
+                    c.class,
+                    pct(c.candidate_rate),
+                    pct(c.champion_rate),
+                    pct(c.difference.lower),
+                    pct(c.difference.upper),
+                    pct(*margin)
+                ),
+                None => "no predictions yet".into(),
+            }
+        }
+        Evidence::ShadowAgreement {
+            pairs,
+            agreements,
+            agreement,
+            min_agreement,
+            champion_confident,
+            confident_flips,
+            flip_rate,
+            max_flip_rate,
+            ..
+        } => format!(
+            "{agreements}/{pairs} pairs agreed, agreement in [{}, {}] (need >= {}); \
+             {confident_flips}/{champion_confident} high-confidence decisions flipped, in [{}, {}] (allowed <= {})",
+            pct(agreement.lower),
+            pct(agreement.upper),
+            pct(*min_agreement),
+            pct(flip_rate.lower),
+            pct(flip_rate.upper),
+            pct(*max_flip_rate)
+        ),
+        Evidence::GuardRails {
+            candidate,
+            error_rate,
+            p95,
+            ..
+        } => format!(
+            "candidate {}/{} failed, rate in [{}, {}]; p95 {}",
+            candidate.failures,
+            candidate.requests,
+            pct(error_rate.lower),
+            pct(error_rate.upper),
+            ms(p95.map(|b| b.estimate_us))
+        ),
+    };
+    format!(
+        "{:<17} {} ({reason}): {detail}",
+        g.gate.as_str(),
+        outcome(g.outcome)
+    )
+}
+
+fn serde_reason(g: &GateVerdict) -> String {
+    use rollgate_core::Reason::*;
+    match &g.reason {
+        WithinBudget => "within budget".into(),
+        InsufficientSamples { have, need } => format!("{have}/{need} samples"),
+        ChampionNoVerdict { have, need } => format!("champion has {have}/{need} samples"),
+        Inconclusive => "inconclusive".into(),
+        Breach => "breach".into(),
+        GrossBreach => "gross breach".into(),
+        MetricsMissing { metric } => format!("{metric} missing"),
+    }
+}
+
+/// The final phase in words.
+pub fn phase_line(p: &Phase) -> String {
+    match p {
+        Phase::Promoted { manual: false } => "PROMOTED: every stage passed every gate".into(),
+        Phase::Promoted { manual: true } => "PROMOTED by an operator".into(),
+        Phase::RolledBack { reason } => format!("ROLLED BACK: {}", rollback_words(reason)),
+        Phase::Aborted => "ABORTED by an operator".into(),
+        other => format!("unfinished, still {}", other.name()),
+    }
+}
+
+fn rollback_words(r: &RollbackReason) -> String {
+    let names =
+        |g: &[rollgate_core::GateKind]| g.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+    match r {
+        RollbackReason::ReadinessTimeout => "the candidate never became ready".into(),
+        RollbackReason::Breach {
+            gates,
+            confirmations,
+        } => format!(
+            "{} breached in {confirmations} consecutive windows",
+            names(gates)
+        ),
+        RollbackReason::GrossBreach { gates } => format!("gross breach of {}", names(gates)),
+        RollbackReason::EvidenceTimeout { gates } => {
+            format!("not enough evidence by the deadline ({})", names(gates))
+        }
+        RollbackReason::MetricsMissing { gates } => {
+            format!("traffic seen but metrics missing ({})", names(gates))
+        }
+    }
+}
+
+/// The stage verdict's gates, one line each.
+pub fn verdict_lines(v: &StageVerdict) -> Vec<String> {
+    let mut lines: Vec<String> = v.gates.iter().map(gate_line).collect();
+    if let Some(c) = &v.confirmation
+        && c.breached
+    {
+        lines.push(format!(
+            "confirmation window breached ({} of {} needed)",
+            c.consecutive_breaches, c.needed
+        ));
+    }
+    lines
+}
