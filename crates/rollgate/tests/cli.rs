@@ -13,7 +13,11 @@ fn rollgate(args: &[&str]) -> std::process::Output {
 fn demo_promotes_the_retrain_and_refuses_the_two_broken_candidates() {
     let out = rollgate(&["demo"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let section = |name: &str| {
         let start = stdout.find(&format!("== {name}")).expect("section present");
         let rest = &stdout[start + 3..];
