@@ -1,0 +1,131 @@
+//! rollgate's durable state: the model registry, rollout records and the
+//! append-only, hash-chained audit log.
+//!
+//! One [`Store`] interface; [`SqliteStore`] (embedded, WAL, versioned
+//! migrations) is the default. The interface speaks in domain terms only
+//! (no SQL, no SQLite types) so a shared-database implementation can follow,
+//! and the conformance tests in `tests/` are written once against the trait.
+//!
+//! Every state change is one transaction: a rollout transition, its registry
+//! effects and its audit records commit together or not at all. Rollout
+//! writers compare-and-swap on a version number, so two controllers can never
+//! both advance one rollout.
+
+mod audit;
+mod registry;
+mod sqlite;
+
+pub use audit::{AuditFilter, AuditRecord, ChainBreak, ChainReport, verify_chain, write_jsonl};
+pub use registry::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
+pub use sqlite::SqliteStore;
+
+use rollgate_core::{Effect, RolloutSpec, RolloutState, Routing, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// Errors of the store. User mistakes (unknown names, conflicts, rejected
+/// candidates) are kept apart from internal failures so an API can map them
+/// to 4xx and 5xx.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what} {name:?} not found")]
+    NotFound { what: &'static str, name: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error(
+        "revision {revision} was rejected ({rejections} rollback(s)); unblock it with a reason first"
+    )]
+    Rejected { revision: String, rejections: u32 },
+    #[error("rollout {id} changed underneath (expected version {expected}, found {found})")]
+    VersionConflict { id: i64, expected: u64, found: u64 },
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    #[error("database: {0}")]
+    Database(#[from] rusqlite::Error),
+    #[error("stored data is unreadable: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A durable rollout: what it is about, where it stands, and the routing
+/// it implies. `version` increases by one with every transition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    pub id: i64,
+    pub spec: RolloutSpec,
+    pub state: RolloutState,
+    pub routing: Routing,
+    pub version: u64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl RolloutRecord {
+    pub fn is_active(&self) -> bool {
+        !self.state.phase.is_terminal()
+    }
+}
+
+/// One rollout transition to commit: the new state and the effects the
+/// state machine returned, guarded by the version it was computed from.
+#[derive(Debug, Clone)]
+pub struct TransitionWrite<'a> {
+    pub rollout: i64,
+    pub expected_version: u64,
+    pub state: &'a RolloutState,
+    pub effects: &'a [Effect],
+    /// Who caused it: `controller` or an operator's name.
+    pub actor: &'a str,
+}
+
+/// The store interface. Methods are synchronous (an embedded database is);
+/// async callers use `spawn_blocking`.
+pub trait Store: Send + Sync {
+    // --- registry -------------------------------------------------------
+    /// Creates a model; the same spec again is a no-op, a different one a conflict.
+    fn create_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model>;
+    fn model(&self, name: &str) -> Result<Model>;
+    fn models(&self) -> Result<Vec<Model>>;
+    /// Registers an immutable revision. Its id is the hash of its normalised
+    /// spec, so registering an equivalent spec again returns the same revision.
+    fn register_revision(&self, model: &str, spec: &RevisionSpec, actor: &str) -> Result<Revision>;
+    fn revision(&self, id: &str) -> Result<Revision>;
+    fn revisions(&self, model: &str) -> Result<Vec<Revision>>;
+    /// Makes `revision` the model's champion, archiving the previous one in
+    /// the same transaction. Refused while a rollout is active on the model.
+    fn set_champion(
+        &self,
+        model: &str,
+        revision: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Revision>;
+    /// Lets a rejected revision start a rollout again.
+    fn unblock(&self, revision: &str, actor: &str, reason: &str) -> Result<Revision>;
+
+    // --- rollouts -------------------------------------------------------
+    /// Starts a rollout of `candidate` against the model's champion. One
+    /// active rollout per model; the candidate must not be rejected or the
+    /// champion itself.
+    fn create_rollout(
+        &self,
+        model: &str,
+        candidate: &str,
+        plan: &rollgate_core::Plan,
+        actor: &str,
+    ) -> Result<RolloutRecord>;
+    fn rollout(&self, id: i64) -> Result<RolloutRecord>;
+    /// All rollouts, newest first; only active ones if `active_only`.
+    fn rollouts(&self, active_only: bool) -> Result<Vec<RolloutRecord>>;
+    /// Commits one transition with its effects, atomically, if the rollout's
+    /// version is still `expected_version`.
+    fn apply(&self, write: TransitionWrite) -> Result<RolloutRecord>;
+    /// Commits several transitions in one transaction (group commit). All or
+    /// none: one version conflict aborts the batch.
+    fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>>;
+
+    // --- audit ----------------------------------------------------------
+    fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+    /// Walks the hash chain and reports the first broken link, if any.
+    fn verify_audit(&self) -> Result<ChainReport>;
+}

@@ -1,0 +1,247 @@
+//! Models and their immutable revisions.
+
+use std::collections::BTreeMap;
+
+use rollgate_core::Timestamp;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::{Result, StoreError};
+
+/// The inference protocol a model speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// KServe V1: `POST /v1/models/{model}:predict`.
+    #[default]
+    KserveV1,
+    /// Open Inference Protocol V2: `POST /v2/models/{model}/infer`.
+    OipV2,
+    /// Any JSON body; predictions read with `output_pointer`.
+    Json,
+}
+
+/// How the gateway talks to a model and reads its predictions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSpec {
+    pub protocol: Protocol,
+    /// JSON pointer to the predictions in a response (protocol default if unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_pointer: Option<String>,
+    /// A champion answer at or above this confidence is "high-confidence".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confidence_threshold: Option<f64>,
+}
+
+/// A registered model and its current champion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    pub name: String,
+    pub spec: ModelSpec,
+    pub champion: Option<String>,
+    pub created_at: Timestamp,
+}
+
+/// Request timeout a revision gets when none is given.
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+
+/// What a revision is: where it serves, what it runs, and how.
+///
+/// Identity is the hash of the normalised spec, where absent, empty and
+/// default values are the same thing: a platform that omits an empty list or
+/// a zero default must not make an unchanged revision look new (the drift
+/// loop in the seeds).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RevisionSpec {
+    /// Base URL of the model server, `http://` or `https://`.
+    pub upstream: String,
+    /// The model artifact (path, URI or digest), for the record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+    /// Readiness probe path (protocol default if unset).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readiness_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+fn blank_to_none(s: &Option<String>) -> Option<String> {
+    s.as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+}
+
+impl RevisionSpec {
+    /// The canonical form: trimmed, empty and default values removed.
+    pub fn normalised(&self) -> Result<RevisionSpec> {
+        let upstream = self.upstream.trim().trim_end_matches('/').to_string();
+        if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
+            return Err(StoreError::Invalid(format!(
+                "revision.upstream must be an http:// or https:// URL, got {:?}",
+                self.upstream
+            )));
+        }
+        let readiness_path = blank_to_none(&self.readiness_path);
+        if let Some(p) = &readiness_path
+            && !p.starts_with('/')
+        {
+            return Err(StoreError::Invalid(format!(
+                "revision.readiness_path must start with '/', got {p:?}"
+            )));
+        }
+        if self.timeout_ms == Some(0) {
+            return Err(StoreError::Invalid(
+                "revision.timeout_ms must be positive".into(),
+            ));
+        }
+        Ok(RevisionSpec {
+            upstream,
+            artifact: blank_to_none(&self.artifact),
+            readiness_path,
+            timeout_ms: self.timeout_ms.filter(|&t| t != DEFAULT_TIMEOUT_MS),
+            headers: self.headers.clone(),
+            env: self.env.clone(),
+        })
+    }
+
+    /// `r` + 16 hex digits of SHA-256 over the model name and the canonical
+    /// JSON of the normalised spec.
+    pub fn identity(&self, model: &str) -> Result<String> {
+        let canonical = serde_json::to_string(&self.normalised()?)?;
+        let digest = Sha256::digest(format!("{model}\n{canonical}"));
+        Ok(format!("r{}", hex(&digest[..8])))
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Where a revision stands in its model's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevisionState {
+    /// Registered, not serving.
+    Available,
+    /// Serves the model's traffic. Exactly one per model once set.
+    Champion,
+    /// Under an active rollout. At most one per model.
+    Candidate,
+    /// A former champion.
+    Archived,
+    /// Rolled back; blocked from new rollouts until unblocked.
+    Rejected,
+}
+
+impl RevisionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevisionState::Available => "available",
+            RevisionState::Champion => "champion",
+            RevisionState::Candidate => "candidate",
+            RevisionState::Archived => "archived",
+            RevisionState::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RevisionState> {
+        Some(match s {
+            "available" => RevisionState::Available,
+            "champion" => RevisionState::Champion,
+            "candidate" => RevisionState::Candidate,
+            "archived" => RevisionState::Archived,
+            "rejected" => RevisionState::Rejected,
+            _ => return None,
+        })
+    }
+}
+
+/// An immutable revision and its registry state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    pub id: String,
+    pub model: String,
+    pub spec: RevisionSpec,
+    pub state: RevisionState,
+    /// How many rollouts of it were rolled back, ever.
+    pub rejections: u32,
+    /// Blocked from new rollouts until an operator unblocks it.
+    pub blocked: bool,
+    pub created_at: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(upstream: &str) -> RevisionSpec {
+        RevisionSpec {
+            upstream: upstream.into(),
+            ..RevisionSpec::default()
+        }
+    }
+
+    #[test]
+    fn absent_empty_and_default_spellings_share_one_identity() {
+        let plain = spec("http://127.0.0.1:9001");
+        let spelled = RevisionSpec {
+            upstream: " http://127.0.0.1:9001/ ".into(),
+            artifact: Some("  ".into()),
+            readiness_path: Some(String::new()),
+            timeout_ms: Some(DEFAULT_TIMEOUT_MS),
+            headers: BTreeMap::new(),
+            env: BTreeMap::new(),
+        };
+        assert_eq!(
+            plain.identity("m").expect("valid"),
+            spelled.identity("m").expect("valid")
+        );
+        let json_absent: RevisionSpec =
+            serde_json::from_str(r#"{"upstream":"http://127.0.0.1:9001"}"#).expect("parse");
+        let json_empty: RevisionSpec = serde_json::from_str(
+            r#"{"upstream":"http://127.0.0.1:9001","env":{},"headers":{},"artifact":""}"#,
+        )
+        .expect("parse");
+        assert_eq!(
+            json_absent.identity("m").expect("valid"),
+            json_empty.identity("m").expect("valid")
+        );
+    }
+
+    #[test]
+    fn real_changes_change_identity() {
+        let base = spec("http://127.0.0.1:9001");
+        let id = base.identity("m").expect("valid");
+        let mut env = base.clone();
+        env.env.insert("SECRET_REF".into(), "vault:x".into());
+        let mut timeout = base.clone();
+        timeout.timeout_ms = Some(5_000);
+        let mut artifact = base.clone();
+        artifact.artifact = Some("models/v2.json".into());
+        for changed in [env, timeout, artifact] {
+            assert_ne!(changed.identity("m").expect("valid"), id);
+        }
+        assert_ne!(base.identity("other-model").expect("valid"), id);
+    }
+
+    #[test]
+    fn invalid_specs_name_their_field() {
+        let e = spec("ftp://x").identity("m").expect_err("bad url");
+        assert!(e.to_string().contains("revision.upstream"), "{e}");
+        let mut p = spec("http://x");
+        p.readiness_path = Some("ready".into());
+        assert!(
+            p.identity("m")
+                .expect_err("bad path")
+                .to_string()
+                .contains("readiness_path")
+        );
+    }
+}
