@@ -39,8 +39,10 @@ pub enum StoreError {
     VersionConflict { id: i64, expected: u64, found: u64 },
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// The backing database failed. Boxed so that no implementation's error
+    /// type leaks into the interface.
     #[error("database: {0}")]
-    Database(#[from] rusqlite::Error),
+    Database(Box<dyn std::error::Error + Send + Sync>),
     #[error("stored data is unreadable: {0}")]
     Corrupt(#[from] serde_json::Error),
 }

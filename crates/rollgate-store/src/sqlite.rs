@@ -69,6 +69,12 @@ CREATE TRIGGER audit_is_append_only_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
 "#];
 
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Database(Box::new(e))
+    }
+}
+
 type Clock = Box<dyn Fn() -> Timestamp + Send + Sync>;
 
 /// The default [`Store`]: an embedded SQLite database.
