@@ -8,6 +8,7 @@
 pub mod gate;
 pub mod histogram;
 pub mod plan;
+pub mod protocol;
 pub mod rollout;
 pub mod snapshot;
 pub mod stage;
@@ -16,6 +17,7 @@ pub mod stats;
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::LatencyHistogram;
 pub use plan::{Plan, PlanError};
+pub use protocol::Protocol;
 pub use rollout::{
     Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase,
     RollbackReason, RolloutSpec, RolloutState, Routing, StepError, Timestamp, Transition, step,

@@ -216,7 +216,13 @@ impl RevisionStats {
         self.requests += 1;
         self.latency.record(latency_us);
         for class in classes {
-            *self.predictions.entry(class.to_string()).or_default() += 1;
+            // Look up before inserting: no allocation on the common path.
+            match self.predictions.get_mut(class) {
+                Some(n) => *n += 1,
+                None => {
+                    self.predictions.insert(class.to_string(), 1);
+                }
+            }
         }
     }
 

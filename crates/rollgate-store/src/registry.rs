@@ -2,24 +2,12 @@
 
 use std::collections::BTreeMap;
 
+pub use rollgate_core::Protocol;
 use rollgate_core::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::{Result, StoreError};
-
-/// The inference protocol a model speaks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    /// KServe V1: `POST /v1/models/{model}:predict`.
-    #[default]
-    KserveV1,
-    /// Open Inference Protocol V2: `POST /v2/models/{model}/infer`.
-    OipV2,
-    /// Any JSON body; predictions read with `output_pointer`.
-    Json,
-}
 
 /// How the gateway talks to a model and reads its predictions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! The `rollgate` command.
 
 mod demo;
+mod gateway;
 mod report;
 
 use std::process::ExitCode;
@@ -24,12 +25,15 @@ enum Command {
     /// dead feature (refused in SHADOW) and a candidate that is ready but
     /// answers 503 (rolled back at the first canary step).
     Demo(demo::DemoArgs),
+    /// Run the gateway (data plane) from a TOML config with static routes.
+    Gateway(gateway::GatewayArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(args) => demo::run(&args),
+        Command::Gateway(args) => gateway::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,274 @@
+//! Gateway configuration (TOML) and the routes of each model.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rollgate_core::Protocol;
+use serde::{Deserialize, Serialize};
+
+/// A bad configuration or route, naming the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("gateway config `{field}`: {message}")]
+pub struct ConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    /// The header a sticky key is read from.
+    pub key_header: String,
+    pub limits: Limits,
+    pub mirror: MirrorConfig,
+    pub models: Vec<ModelRoute>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            key_header: "x-rollgate-key".into(),
+            limits: Limits::default(),
+            mirror: MirrorConfig::default(),
+            models: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// Larger upstream response bodies count as invalid output (502).
+    pub max_response_bytes: usize,
+    /// Requests in flight beyond this get 503 at once.
+    pub max_concurrent: usize,
+    /// Default upstream timeout (504, counted as `timeout`).
+    #[serde(with = "humantime_serde")]
+    pub upstream_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long shutdown waits for in-flight requests.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 1 << 20,
+            max_response_bytes: 16 << 20,
+            max_concurrent: 4096,
+            upstream_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// Mirror requests outstanding at once (queued or in flight). Beyond
+    /// this, mirrors are dropped and counted: a stalled shadow costs at most
+    /// this many request bodies of memory, and never a user's latency.
+    pub max_outstanding: usize,
+}
+
+impl Default for MirrorConfig {
+    fn default() -> Self {
+        MirrorConfig {
+            max_outstanding: 1024,
+        }
+    }
+}
+
+/// One revision's upstream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    /// The revision id reported in stats and the response header.
+    pub revision: String,
+    /// Base URL, `http://host:port` (paths are appended).
+    pub url: String,
+    /// Overrides the default upstream timeout.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub timeout: Option<Duration>,
+}
+
+/// How one model is routed. A model has one champion and at most one
+/// candidate (a live share) and one shadow (mirrored).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRoute {
+    pub name: String,
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// For `protocol = "json"`: the path this model is served on.
+    #[serde(default)]
+    pub json_path: Option<String>,
+    /// JSON pointer into the request body for the sticky key, used when the
+    /// key header is absent.
+    #[serde(default)]
+    pub key_field: Option<String>,
+    /// Hash salt; defaults to the model name.
+    #[serde(default)]
+    pub salt: Option<String>,
+    /// JSON pointer to the predictions in a response.
+    #[serde(default)]
+    pub output_pointer: Option<String>,
+    /// A champion answer with at least this confidence is high-confidence.
+    #[serde(default = "default_confidence")]
+    pub confidence_threshold: f64,
+    /// Numeric outputs within this absolute difference agree.
+    #[serde(default = "default_tolerance")]
+    pub numeric_tolerance: f64,
+    /// A candidate that cannot be reached is retried on the champion (the
+    /// candidate's failure is still counted, and so is the fallback).
+    #[serde(default)]
+    pub fallback_to_champion: bool,
+    pub champion: Upstream,
+    #[serde(default)]
+    pub candidate: Option<WeightedUpstream>,
+    #[serde(default)]
+    pub shadow: Option<MirroredUpstream>,
+}
+
+fn default_confidence() -> f64 {
+    0.9
+}
+fn default_tolerance() -> f64 {
+    1e-6
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedUpstream {
+    #[serde(flatten)]
+    pub upstream: Upstream,
+    /// Share of live requests, in basis points (0..=10000).
+    pub weight_bp: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirroredUpstream {
+    #[serde(flatten)]
+    pub upstream: Upstream,
+    /// Share of champion-served requests mirrored, in basis points (0..=10000).
+    pub mirror_bp: u32,
+}
+
+fn check_upstream(field: &str, u: &Upstream) -> Result<(), ConfigError> {
+    if u.revision.trim().is_empty() {
+        return Err(err(format!("{field}.revision"), "must not be empty"));
+    }
+    let uri: http::Uri = u
+        .url
+        .parse()
+        .map_err(|e| err(format!("{field}.url"), format!("not a URL: {e}")))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(err(format!("{field}.url"), "must be http://host:port"));
+    }
+    Ok(())
+}
+
+impl ModelRoute {
+    pub fn validate(&self, i: usize) -> Result<(), ConfigError> {
+        let f = |s: &str| format!("models[{i}].{s}");
+        if self.name.is_empty() || self.name.contains('/') || self.name.contains(':') {
+            return Err(err(f("name"), "must be non-empty, without '/' or ':'"));
+        }
+        if self.protocol == Protocol::Json {
+            match &self.json_path {
+                Some(p) if p.starts_with('/') => {}
+                _ => {
+                    return Err(err(
+                        f("json_path"),
+                        "a json model needs a path starting with '/'",
+                    ));
+                }
+            }
+        }
+        for (name, p) in [
+            ("key_field", &self.key_field),
+            ("output_pointer", &self.output_pointer),
+        ] {
+            if let Some(p) = p
+                && !p.starts_with('/')
+            {
+                return Err(err(f(name), "a JSON pointer starts with '/'"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.confidence_threshold) {
+            return Err(err(f("confidence_threshold"), "must be in [0, 1]"));
+        }
+        if self.numeric_tolerance.is_nan() || self.numeric_tolerance < 0.0 {
+            return Err(err(f("numeric_tolerance"), "must be >= 0"));
+        }
+        check_upstream(&f("champion"), &self.champion)?;
+        if let Some(c) = &self.candidate {
+            check_upstream(&f("candidate"), &c.upstream)?;
+            if c.weight_bp > 10_000 {
+                return Err(err(f("candidate.weight_bp"), "must be at most 10000"));
+            }
+        }
+        if let Some(s) = &self.shadow {
+            check_upstream(&f("shadow"), &s.upstream)?;
+            if s.mirror_bp > 10_000 {
+                return Err(err(f("shadow.mirror_bp"), "must be at most 10000"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GatewayConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.limits.max_concurrent == 0 {
+            return Err(err("limits.max_concurrent", "must be at least 1"));
+        }
+        if self.mirror.max_outstanding == 0 {
+            return Err(err("mirror.max_outstanding", "must be at least 1"));
+        }
+        validate_routes(&self.models)
+    }
+}
+
+/// Checks every route and that names and JSON paths are unique.
+pub fn validate_routes(models: &[ModelRoute]) -> Result<(), ConfigError> {
+    let mut names = std::collections::HashSet::new();
+    let mut paths = std::collections::HashSet::new();
+    for (i, m) in models.iter().enumerate() {
+        m.validate(i)?;
+        if !names.insert(&m.name) {
+            return Err(err(
+                format!("models[{i}].name"),
+                format!("duplicate model {:?}", m.name),
+            ));
+        }
+        if let Some(p) = &m.json_path
+            && !paths.insert(p)
+        {
+            return Err(err(
+                format!("models[{i}].json_path"),
+                format!("duplicate path {p:?}"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! Reading predictions out of model responses, and comparing two answers.
+//!
+//! Protocol-aware defaults (KServe V1: `/predictions`; OIP V2: the first
+//! output tensor), overridable by a JSON pointer. One [`Prediction`] per
+//! instance of a batch. An instance may be a label (string or bool), a number
+//! (a regression output, or an integer class), a vector of probabilities
+//! (class = argmax, confidence = max) or an object with `label`/`class`/
+//! `prediction` and `probabilities`/`scores`/`confidence`.
+
+use rollgate_core::Protocol;
+use serde_json::Value;
+
+/// One instance's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    /// The predicted class, if the output is a classification.
+    pub class: Option<String>,
+    /// The model's confidence in `class`, if it reports one.
+    pub confidence: Option<f64>,
+    /// The numeric output, if it is a number.
+    pub value: Option<f64>,
+}
+
+/// The response could not be read as predictions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid model output: {0}")]
+pub struct ExtractError(pub String);
+
+fn bad(msg: impl Into<String>) -> ExtractError {
+    ExtractError(msg.into())
+}
+
+/// Extracts the predictions of a response body.
+pub fn extract(
+    protocol: Protocol,
+    pointer: Option<&str>,
+    body: &[u8],
+) -> Result<Vec<Prediction>, ExtractError> {
+    let doc: Value = serde_json::from_slice(body).map_err(|e| bad(format!("not JSON: {e}")))?;
+    if protocol == Protocol::OipV2 && pointer.is_none() {
+        return extract_v2(&doc);
+    }
+    let pointer = pointer.unwrap_or("/predictions");
+    let node = doc
+        .pointer(pointer)
+        .ok_or_else(|| bad(format!("no value at {pointer}")))?;
+    match node {
+        Value::Array(items) => items.iter().map(instance).collect(),
+        other => Ok(vec![instance(other)?]),
+    }
+}
+
+/// OIP V2: `outputs[0]` with `data` and `shape`; a `[n, k]` shape with
+/// `k > 1` is `n` rows of class scores.
+fn extract_v2(doc: &Value) -> Result<Vec<Prediction>, ExtractError> {
+    let out = doc
+        .pointer("/outputs/0")
+        .ok_or_else(|| bad("no outputs[0]"))?;
+    let data = out
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("outputs[0].data is not an array"))?;
+    let shape: Vec<usize> = out
+        .get("shape")
+        .and_then(Value::as_array)
+        .map(|s| {
+            s.iter()
+                .filter_map(Value::as_u64)
+                .map(|d| d as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    if shape.len() == 2 && shape[1] > 1 {
+        let width = shape[1];
+        if data.len() != shape[0] * width {
+            return Err(bad("outputs[0].data does not match its shape"));
+        }
+        return data
+            .chunks(width)
+            .map(|row| probabilities(row).ok_or_else(|| bad("scores must be numbers")))
+            .collect();
+    }
+    data.iter().map(instance).collect()
+}
+
+fn probabilities(row: &[Value]) -> Option<Prediction> {
+    let scores: Option<Vec<f64>> = row.iter().map(Value::as_f64).collect();
+    let scores = scores?;
+    let (i, &max) = scores
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))?;
+    Some(Prediction {
+        class: Some(i.to_string()),
+        confidence: Some(max),
+        value: None,
+    })
+}
+
+fn instance(v: &Value) -> Result<Prediction, ExtractError> {
+    Ok(match v {
+        Value::String(s) => Prediction {
+            class: Some(s.clone()),
+            confidence: None,
+            value: None,
+        },
+        Value::Bool(b) => Prediction {
+            class: Some(b.to_string()),
+            confidence: None,
+            value: None,
+        },
+        Value::Number(n) => {
+            let x = n.as_f64().ok_or_else(|| bad("number out of range"))?;
+            Prediction {
+                // Integer outputs are classes too (e.g. 0/1 labels).
+                class: (n.is_i64() || n.is_u64()).then(|| n.to_string()),
+                confidence: None,
+                value: Some(x),
+            }
+        }
+        Value::Array(row) => {
+            probabilities(row).ok_or_else(|| bad("an instance array must be numeric scores"))?
+        }
+        Value::Object(o) => {
+            let class = ["label", "class", "prediction"]
+                .iter()
+                .find_map(|k| o.get(*k))
+                .map(|c| match c {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+            let scores = ["probabilities", "scores"]
+                .iter()
+                .find_map(|k| o.get(*k))
+                .and_then(Value::as_array)
+                .and_then(|row| probabilities(row));
+            let confidence = ["confidence", "probability", "score"]
+                .iter()
+                .find_map(|k| o.get(*k))
+                .and_then(Value::as_f64)
+                .or(scores.as_ref().and_then(|p| p.confidence));
+            let class = class.or(scores.and_then(|p| p.class));
+            if class.is_none() && confidence.is_none() {
+                return Err(bad("object instance without label or scores"));
+            }
+            Prediction {
+                class,
+                confidence,
+                value: None,
+            }
+        }
+        Value::Null => return Err(bad("null instance")),
+    })
+}
+
+/// Whether two answers to the same instance agree: same class, or numbers
+/// within `tolerance` of each other.
+pub fn agree(champion: &Prediction, shadow: &Prediction, tolerance: f64) -> bool {
+    match (&champion.class, &shadow.class, champion.value, shadow.value) {
+        (_, _, Some(a), Some(b)) => (a - b).abs() <= tolerance,
+        (Some(a), Some(b), _, _) => a == b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classes(p: &[Prediction]) -> Vec<Option<&str>> {
+        p.iter().map(|p| p.class.as_deref()).collect()
+    }
+
+    #[test]
+    fn kserve_v1_probabilities_give_argmax_and_max() {
+        let p = extract(
+            Protocol::KserveV1,
+            None,
+            br#"{"predictions":[[0.1,0.9],[0.7,0.3]]}"#,
+        )
+        .expect("valid");
+        assert_eq!(classes(&p), vec![Some("1"), Some("0")]);
+        assert_eq!(p[0].confidence, Some(0.9));
+    }
+
+    #[test]
+    fn kserve_v1_labels_and_numbers() {
+        let p = extract(
+            Protocol::KserveV1,
+            None,
+            br#"{"predictions":["cat", 1, 2.5, true]}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            classes(&p),
+            vec![Some("cat"), Some("1"), None, Some("true")]
+        );
+        assert_eq!(p[2].value, Some(2.5));
+    }
+
+    #[test]
+    fn oip_v2_reads_the_first_output_by_shape() {
+        let body = br#"{"model_name":"m","outputs":[{"name":"p","shape":[2,2],"datatype":"FP32","data":[0.2,0.8,0.6,0.4]}]}"#;
+        let p = extract(Protocol::OipV2, None, body).expect("valid");
+        assert_eq!(classes(&p), vec![Some("1"), Some("0")]);
+        let flat = br#"{"outputs":[{"name":"y","shape":[3],"datatype":"INT64","data":[1,0,1]}]}"#;
+        assert_eq!(
+            classes(&extract(Protocol::OipV2, None, flat).expect("valid")),
+            vec![Some("1"), Some("0"), Some("1")]
+        );
+    }
+
+    #[test]
+    fn json_pointer_and_objects() {
+        let body = br#"{"result":{"items":[{"label":"fraud","confidence":0.97},{"probabilities":[0.3,0.7]}]}}"#;
+        let p = extract(Protocol::Json, Some("/result/items"), body).expect("valid");
+        assert_eq!(classes(&p), vec![Some("fraud"), Some("1")]);
+        assert_eq!(p[0].confidence, Some(0.97));
+        assert_eq!(p[1].confidence, Some(0.7));
+    }
+
+    #[test]
+    fn unreadable_outputs_are_errors() {
+        for body in [
+            &b"not json"[..],
+            br#"{"nope":1}"#,
+            br#"{"predictions":[null]}"#,
+            br#"{"predictions":[{}]}"#,
+        ] {
+            assert!(
+                extract(Protocol::KserveV1, None, body).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let mismatched = br#"{"outputs":[{"shape":[2,2],"data":[0.1,0.9,0.5]}]}"#;
+        assert!(extract(Protocol::OipV2, None, mismatched).is_err());
+    }
+
+    #[test]
+    fn agreement_uses_class_or_numeric_tolerance() {
+        let c = |s: &str| Prediction {
+            class: Some(s.into()),
+            confidence: None,
+            value: None,
+        };
+        let v = |x: f64| Prediction {
+            class: None,
+            confidence: None,
+            value: Some(x),
+        };
+        assert!(agree(&c("a"), &c("a"), 0.0));
+        assert!(!agree(&c("a"), &c("b"), 0.0));
+        assert!(agree(&v(1.0), &v(1.05), 0.1));
+        assert!(!agree(&v(1.0), &v(1.5), 0.1));
+        assert!(!agree(&c("a"), &v(1.0), 0.1));
+    }
+}

@@ -1,0 +1,168 @@
+//! rollgate's data plane. It routes inference requests to a model's
+//! champion, sends a sticky weighted share to a candidate, mirrors traffic to
+//! a shadow fire-and-forget, and measures every revision. It measures; it
+//! never judges: verdicts are the controller's.
+//!
+//! **Architecture invariant:** a shadow can neither fail nor slow a user's
+//! request: mirrors are sent after the champion answered, on spawned tasks
+//! bounded by a semaphore, and dropped (and counted) when it is exhausted.
+
+pub mod assign;
+pub mod config;
+pub mod extract;
+mod metrics;
+mod proxy;
+mod recorder;
+mod routing;
+mod server;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::HeaderName;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rollgate_core::Snapshot;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+pub use config::{
+    ConfigError, GatewayConfig, Limits, MirrorConfig, MirroredUpstream, ModelRoute, Upstream,
+    WeightedUpstream,
+};
+pub use proxy::REVISION_HEADER;
+pub use server::serve;
+
+use recorder::Recorders;
+use routing::RoutingTable;
+
+/// Gateway-level counters (not any revision's).
+#[derive(Debug, Default)]
+struct Counters {
+    in_flight: AtomicI64,
+    overloaded: AtomicU64,
+    fallbacks: Mutex<HashMap<String, u64>>,
+}
+
+impl Counters {
+    fn fallback(&self, model: &str) {
+        let mut f = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+        *f.entry(model.to_string()).or_default() += 1;
+    }
+}
+
+struct Inner {
+    limits: Limits,
+    key_header: HeaderName,
+    routes: ArcSwap<RoutingTable>,
+    recorders: Recorders,
+    client: Client<HttpConnector, Full<Bytes>>,
+    capacity: Arc<Semaphore>,
+    mirror_slots: Arc<Semaphore>,
+    counters: Counters,
+}
+
+/// A gateway's measurements at one instant: cumulative since it started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GatewaySnapshot {
+    /// Per model: stats per revision and shadow pairs.
+    pub models: BTreeMap<String, Snapshot>,
+    /// Requests refused because the gateway was at capacity.
+    pub overloaded: u64,
+    /// Per model: candidate requests retried on the champion.
+    pub fallbacks: BTreeMap<String, u64>,
+    pub in_flight: i64,
+}
+
+impl Inner {
+    fn snapshot(&self) -> GatewaySnapshot {
+        GatewaySnapshot {
+            models: self.recorders.snapshot(),
+            overloaded: self.counters.overloaded.load(Ordering::Relaxed),
+            fallbacks: self
+                .counters
+                .fallbacks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A handle to a gateway; cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Builds a gateway from a validated configuration. Needs a tokio runtime
+    /// only once it serves.
+    pub fn new(config: &GatewayConfig) -> Result<Gateway, ConfigError> {
+        config.validate()?;
+        let key_header = HeaderName::from_bytes(config.key_header.to_ascii_lowercase().as_bytes())
+            .map_err(|_| ConfigError {
+                field: "key_header".into(),
+                message: format!("{:?} is not a valid header name", config.key_header),
+            })?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.limits.connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let recorders = Recorders::default();
+        let table =
+            RoutingTable::compile(&config.models, config.limits.upstream_timeout, &recorders);
+        Ok(Gateway {
+            inner: Arc::new(Inner {
+                limits: config.limits.clone(),
+                key_header,
+                routes: ArcSwap::from_pointee(table),
+                recorders,
+                client,
+                capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),
+                mirror_slots: Arc::new(Semaphore::new(config.mirror.max_outstanding)),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// Replaces every route at once. Requests in flight finish on the table
+    /// they started with; new requests see the new one.
+    pub fn set_routes(&self, models: &[ModelRoute]) -> Result<(), ConfigError> {
+        config::validate_routes(models)?;
+        let table = RoutingTable::compile(
+            models,
+            self.inner.limits.upstream_timeout,
+            &self.inner.recorders,
+        );
+        self.inner.routes.store(Arc::new(table));
+        Ok(())
+    }
+
+    /// Cumulative measurements, as served at `GET /rollgate/stats`.
+    pub fn snapshot(&self) -> GatewaySnapshot {
+        self.inner.snapshot()
+    }
+
+    /// Prometheus text exposition, as served at `GET /metrics`.
+    pub fn metrics_text(&self) -> String {
+        metrics::render(&self.inner)
+    }
+}

@@ -1,0 +1,155 @@
+//! Prometheus exposition, rendered from one stats snapshot at scrape time:
+//! the hot path records once (into the sharded recorders) and scrapes read
+//! the same numbers the controller sees.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use crate::{GatewaySnapshot, Inner};
+
+#[derive(Debug)]
+struct SnapshotCollector(GatewaySnapshot);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn family<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let metric_type = rows[0].1.metric_type();
+    let mut m = enc.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, metric) in rows {
+        metric.encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let rev =
+            |model: &str, r: &str| vec![("model", model.to_string()), ("revision", r.to_string())];
+        let mut requests = Vec::new();
+        let mut failures = Vec::new();
+        let mut client_errors = Vec::new();
+        let mut latency = Vec::new();
+        let mut pairs = Vec::new();
+        let mut agreements = Vec::new();
+        let mut flips = Vec::new();
+        let mut drops = Vec::new();
+        for (model, snap) in &s.models {
+            for (r, st) in &snap.revisions {
+                requests.push((rev(model, r), ConstCounter::new(st.requests())));
+                client_errors.push((rev(model, r), ConstCounter::new(st.client_errors())));
+                for class in rollgate_core::FailureClass::ALL {
+                    let mut l = rev(model, r);
+                    l.push(("class", class.as_str().to_string()));
+                    failures.push((l, ConstCounter::new(st.failures().get(class))));
+                }
+                for (q, name) in [(0.5, "0.5"), (0.95, "0.95"), (0.99, "0.99")] {
+                    if let Some(us) = st.latency().percentile_us(q) {
+                        let mut l = rev(model, r);
+                        l.push(("quantile", name.to_string()));
+                        latency.push((l, ConstGauge::new(us as f64 / 1e6)));
+                    }
+                }
+            }
+            for (shadow, p) in &snap.pairs {
+                pairs.push((rev(model, shadow), ConstCounter::new(p.pairs())));
+                agreements.push((rev(model, shadow), ConstCounter::new(p.agreements())));
+                flips.push((rev(model, shadow), ConstCounter::new(p.confident_flips())));
+                drops.push((rev(model, shadow), ConstCounter::new(p.mirror_dropped())));
+            }
+        }
+        family(
+            &mut enc,
+            "rollgate_requests",
+            "Requests counted for a revision (successes and failures).",
+            requests,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_failures",
+            "Failures counted against a revision, by class.",
+            failures,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_client_errors",
+            "Client errors (4xx), never counted against a revision.",
+            client_errors,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_latency_seconds",
+            "Latency of successes since start (nearest-rank quantiles).",
+            latency,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_shadow_pairs",
+            "Mirrored requests answered by both champion and shadow.",
+            pairs,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_shadow_agreements",
+            "Pairs whose answers agreed.",
+            agreements,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_shadow_confident_flips",
+            "Disagreements on the champion's high-confidence answers.",
+            flips,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_mirror_dropped",
+            "Mirrors dropped because the mirror pool was full.",
+            drops,
+        )?;
+        let fallbacks = s
+            .fallbacks
+            .iter()
+            .map(|(m, n)| (vec![("model", m.clone())], ConstCounter::new(*n)))
+            .collect();
+        family(
+            &mut enc,
+            "rollgate_fallbacks",
+            "Unreachable-candidate requests retried on the champion.",
+            fallbacks,
+        )?;
+        family(
+            &mut enc,
+            "rollgate_overloaded",
+            "Requests refused at capacity (503).",
+            vec![(vec![], ConstCounter::new(s.overloaded))],
+        )?;
+        family(
+            &mut enc,
+            "rollgate_in_flight",
+            "Requests in flight.",
+            vec![(vec![], ConstGauge::new(s.in_flight))],
+        )?;
+        Ok(())
+    }
+}
+
+pub(crate) fn render(inner: &Inner) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(inner.snapshot())));
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    out
+}

@@ -1,0 +1,512 @@
+//! The request path: route, forward, measure, and maybe mirror.
+//!
+//! The gateway measures and never judges. Failures are attributed to the
+//! revision that caused them (5xx, timeout, connect error, unreadable
+//! output); a client's 4xx is counted apart; gateway limits (413, 503 at
+//! capacity) are the gateway's own and count against no revision. Request
+//! and response payloads are never logged.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use rollgate_core::FailureClass;
+
+use crate::Inner;
+use crate::extract::{Prediction, agree, extract};
+use crate::routing::{Route, Target};
+
+pub type Body = Full<Bytes>;
+
+/// The header naming the revision that answered.
+pub const REVISION_HEADER: &str = "x-rollgate-revision";
+
+/// What became of one upstream call.
+enum Upstreamed {
+    Answer {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+        latency_us: u64,
+    },
+    Timeout,
+    Connect,
+    Broken,
+}
+
+pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn json_ok(body: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// What a path asks for.
+enum Endpoint<'a> {
+    Predict(&'a str),
+    JsonRoute,
+    Metadata(&'a str),
+    Health,
+    Stats,
+    Metrics,
+    NotFound,
+}
+
+fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
+    if let Some(rest) = path.strip_prefix("/v1/models/")
+        && let Some(model) = rest.strip_suffix(":predict")
+        && method == Method::POST
+    {
+        return Endpoint::Predict(model);
+    }
+    if let Some(rest) = path.strip_prefix("/v2/models/") {
+        if let Some(model) = rest.strip_suffix("/infer")
+            && method == Method::POST
+        {
+            return Endpoint::Predict(model.split('/').next().unwrap_or(model));
+        }
+        if method == Method::GET {
+            let model = rest.strip_suffix("/ready").unwrap_or(rest);
+            return Endpoint::Metadata(model);
+        }
+    }
+    match (method, path) {
+        (&Method::GET, "/healthz" | "/v2/health/live" | "/v2/health/ready" | "/v2") => {
+            Endpoint::Health
+        }
+        (&Method::GET, "/rollgate/stats") => Endpoint::Stats,
+        (&Method::GET, "/metrics") => Endpoint::Metrics,
+        (&Method::POST, _) => Endpoint::JsonRoute,
+        _ => Endpoint::NotFound,
+    }
+}
+
+pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match classify(req.method(), &path) {
+        Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
+        Endpoint::Stats => json_ok(serde_json::to_string(&inner.snapshot()).unwrap_or_default()),
+        Endpoint::Metrics => {
+            let mut r = Response::new(Full::new(Bytes::from(crate::metrics::render(&inner))));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            r
+        }
+        Endpoint::Metadata(model) => {
+            let route = inner.routes.load().model(model).cloned();
+            match route {
+                Some(route) => metadata(&inner, &route, req).await,
+                None => json_error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_model",
+                    &format!("no model {model:?}"),
+                ),
+            }
+        }
+        Endpoint::Predict(model) => {
+            let route = inner.routes.load().model(model).cloned();
+            match route {
+                Some(route) => predict(inner, route, req).await,
+                None => json_error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_model",
+                    &format!("no model {model:?}"),
+                ),
+            }
+        }
+        Endpoint::JsonRoute => {
+            let route = inner.routes.load().json_path(&path).cloned();
+            match route {
+                Some(route) => predict(inner, route, req).await,
+                None => json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path"),
+            }
+        }
+        Endpoint::NotFound => {
+            json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
+        }
+    }
+}
+
+/// Metadata and readiness are the champion's; passed through unmeasured.
+async fn metadata(inner: &Inner, route: &Route, req: Request<Incoming>) -> Response<Body> {
+    let path_q = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let headers = req.headers().clone();
+    match forward(
+        inner,
+        &route.champion,
+        Method::GET,
+        &path_q,
+        &headers,
+        Bytes::new(),
+    )
+    .await
+    {
+        Upstreamed::Answer {
+            status,
+            headers,
+            body,
+            ..
+        } => respond(status, &headers, body, &route.champion.revision),
+        Upstreamed::Timeout => json_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "champion timed out",
+        ),
+        Upstreamed::Connect | Upstreamed::Broken => json_error(
+            StatusCode::BAD_GATEWAY,
+            "upstream_unavailable",
+            "champion unavailable",
+        ),
+    }
+}
+
+/// The sticky key: the configured header, else a JSON field of the body,
+/// else random (that request alone is then assigned at random).
+fn sticky_key(inner: &Inner, route: &Route, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+    if let Some(v) = headers.get(&inner.key_header) {
+        return v.as_bytes().to_vec();
+    }
+    if let Some(ptr) = &route.key_field
+        && let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body)
+        && let Some(v) = doc.pointer(ptr)
+    {
+        return match v {
+            serde_json::Value::String(s) => s.as_bytes().to_vec(),
+            other => other.to_string().into_bytes(),
+        };
+    }
+    rand::random::<u64>().to_le_bytes().to_vec()
+}
+
+async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
+    // Capacity first: beyond the cap, answer at once rather than queue.
+    let Ok(_permit) = Arc::clone(&inner.capacity).try_acquire_owned() else {
+        inner.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "at_capacity",
+            "gateway at capacity, retry",
+        );
+    };
+    inner.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+    let response = predict_inner(&inner, &route, req).await;
+    inner.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    response
+}
+
+async fn predict_inner(
+    inner: &Arc<Inner>,
+    route: &Arc<Route>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, inner.limits.max_body_bytes)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &format!("request body exceeds {} bytes", inner.limits.max_body_bytes),
+            );
+        }
+        Err(_) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "could not read the request body",
+            );
+        }
+    };
+    let path_q = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let key = sticky_key(inner, route, &parts.headers, &body);
+    let bucket = crate::assign::bucket(&route.salt, &key);
+
+    let chosen = match &route.candidate {
+        Some((target, weight)) if crate::assign::to_candidate(bucket, *weight) => Some(target),
+        _ => None,
+    };
+    if let Some(candidate) = chosen {
+        let outcome = forward(
+            inner,
+            candidate,
+            parts.method.clone(),
+            &path_q,
+            &parts.headers,
+            body.clone(),
+        )
+        .await;
+        let unreachable = matches!(outcome, Upstreamed::Connect);
+        record(route, candidate, &outcome);
+        if !(unreachable && route.fallback_to_champion) {
+            return finish(outcome, &candidate.revision);
+        }
+        inner.counters.fallback(&route.name);
+    }
+    let champion = &route.champion;
+    let outcome = forward(
+        inner,
+        champion,
+        parts.method.clone(),
+        &path_q,
+        &parts.headers,
+        body.clone(),
+    )
+    .await;
+    let preds = record(route, champion, &outcome);
+    if chosen.is_none()
+        && let Some((_, mirror_bp, pairs)) = &route.shadow
+        && rand::random_range(0..10_000u32) < *mirror_bp
+    {
+        mirror(
+            inner,
+            route,
+            pairs,
+            parts.method,
+            path_q,
+            parts.headers,
+            body,
+            preds,
+        );
+    }
+    finish(outcome, &champion.revision)
+}
+
+/// Records the outcome against `target`. Returns the predictions of a
+/// successful answer (empty if the model's output is not read).
+fn record(route: &Route, target: &Target, outcome: &Upstreamed) -> Option<Vec<Prediction>> {
+    let failure = |class| {
+        target.stats.with(|s| s.record_failure(class));
+        None
+    };
+    match outcome {
+        Upstreamed::Timeout => failure(FailureClass::Timeout),
+        Upstreamed::Connect => failure(FailureClass::Connect),
+        Upstreamed::Broken => failure(FailureClass::Upstream5xx),
+        Upstreamed::Answer {
+            status,
+            body,
+            latency_us,
+            ..
+        } => {
+            if status.is_server_error() {
+                return failure(FailureClass::Upstream5xx);
+            }
+            if status.is_client_error() {
+                target.stats.with(|s| s.record_client_error());
+                return None;
+            }
+            let preds = if route.read_predictions {
+                match extract(route.protocol, route.output_pointer.as_deref(), body) {
+                    Ok(p) => p,
+                    Err(_) => return failure(FailureClass::InvalidOutput),
+                }
+            } else {
+                Vec::new()
+            };
+            target.stats.with(|s| {
+                s.record_success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()))
+            });
+            Some(preds)
+        }
+    }
+}
+
+/// The user's response. A 2xx with unreadable output is still passed through
+/// (the gateway does not judge); it was counted as a failure by `record`.
+fn finish(outcome: Upstreamed, revision: &str) -> Response<Body> {
+    match outcome {
+        Upstreamed::Answer {
+            status,
+            headers,
+            body,
+            ..
+        } => respond(status, &headers, body, revision),
+        Upstreamed::Timeout => with_revision(
+            json_error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the model did not answer in time",
+            ),
+            revision,
+        ),
+        Upstreamed::Connect | Upstreamed::Broken => with_revision(
+            json_error(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unavailable",
+                "the model could not be reached",
+            ),
+            revision,
+        ),
+    }
+}
+
+fn with_revision(mut r: Response<Body>, revision: &str) -> Response<Body> {
+    if let Ok(v) = HeaderValue::from_str(revision) {
+        r.headers_mut()
+            .insert(HeaderName::from_static(REVISION_HEADER), v);
+    }
+    r
+}
+
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+fn respond(status: StatusCode, headers: &HeaderMap, body: Bytes, revision: &str) -> Response<Body> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    for (k, v) in headers {
+        if !hop_by_hop(k) {
+            r.headers_mut().append(k, v.clone());
+        }
+    }
+    with_revision(r, revision)
+}
+
+async fn forward(
+    inner: &Inner,
+    target: &Target,
+    method: Method,
+    path_q: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Upstreamed {
+    let uri = format!("{}{}", target.base, path_q);
+    let mut builder = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        if !hop_by_hop(k) {
+            builder = builder.header(k, v);
+        }
+    }
+    let Ok(request) = builder.body(Full::new(body)) else {
+        return Upstreamed::Broken;
+    };
+    let started = Instant::now();
+    let call = async {
+        let resp = inner
+            .client
+            .request(request)
+            .await
+            .map_err(|e| e.is_connect())?;
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, inner.limits.max_response_bytes)
+            .collect()
+            .await
+            .map_err(|_| false)?
+            .to_bytes();
+        Ok::<_, bool>((parts, body))
+    };
+    match tokio::time::timeout(target.timeout, call).await {
+        Err(_) => Upstreamed::Timeout,
+        Ok(Err(true)) => Upstreamed::Connect,
+        Ok(Err(false)) => Upstreamed::Broken,
+        Ok(Ok((parts, body))) => Upstreamed::Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+            latency_us: started.elapsed().as_micros() as u64,
+        },
+    }
+}
+
+/// Fire-and-forget: the user's response never waits for this. A slot from
+/// the bounded pool, or a counted drop.
+#[allow(clippy::too_many_arguments)]
+fn mirror(
+    inner: &Arc<Inner>,
+    route: &Arc<Route>,
+    pairs: &Arc<crate::recorder::Sharded<rollgate_core::PairStats>>,
+    method: Method,
+    path_q: String,
+    headers: HeaderMap,
+    body: Bytes,
+    champion: Option<Vec<Prediction>>,
+) {
+    let Ok(slot) = Arc::clone(&inner.mirror_slots).try_acquire_owned() else {
+        pairs.with(|p| p.record_drop());
+        return;
+    };
+    let inner = Arc::clone(inner);
+    let route = Arc::clone(route);
+    let pairs = Arc::clone(pairs);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let Some((shadow, _, _)) = &route.shadow else {
+            return;
+        };
+        let outcome = forward(&inner, shadow, method, &path_q, &headers, body).await;
+        let answer = record(&route, shadow, &outcome);
+        if let (Some(champion), Some(answer)) = (champion, answer)
+            && route.read_predictions
+        {
+            pair(&route, &pairs, &champion, &answer);
+        }
+    });
+}
+
+/// Counts agreement per instance; a missing counterpart is a disagreement.
+fn pair(
+    route: &Route,
+    pairs: &crate::recorder::Sharded<rollgate_core::PairStats>,
+    champion: &[Prediction],
+    shadow: &[Prediction],
+) {
+    pairs.with(|p| {
+        for (i, c) in champion.iter().enumerate() {
+            let agreed = shadow
+                .get(i)
+                .is_some_and(|s| agree(c, s, route.numeric_tolerance));
+            let confident = c
+                .confidence
+                .is_some_and(|x| x >= route.confidence_threshold);
+            p.record_pair(agreed, confident);
+        }
+    });
+}

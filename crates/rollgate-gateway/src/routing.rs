@@ -1,0 +1,108 @@
+//! The compiled routing table: immutable, swapped atomically as a whole
+//! (`ArcSwap`), so a request sees one consistent table from start to end and
+//! a change never drops a request in flight.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollgate_core::{PairStats, Protocol, RevisionStats};
+
+use crate::config::{ModelRoute, Upstream};
+use crate::recorder::{Recorders, Sharded};
+
+/// One revision's upstream, ready to use.
+#[derive(Debug)]
+pub struct Target {
+    pub revision: String,
+    /// `http://host:port`, no trailing slash.
+    pub base: String,
+    pub timeout: Duration,
+    pub stats: Arc<Sharded<RevisionStats>>,
+}
+
+impl Target {
+    fn new(model: &str, u: &Upstream, default_timeout: Duration, rec: &Recorders) -> Target {
+        Target {
+            revision: u.revision.clone(),
+            base: u.url.trim_end_matches('/').to_string(),
+            timeout: u.timeout.unwrap_or(default_timeout),
+            stats: rec.revision(model, &u.revision),
+        }
+    }
+}
+
+/// A model's routes, compiled.
+#[derive(Debug)]
+pub struct Route {
+    pub name: String,
+    pub protocol: Protocol,
+    pub salt: String,
+    pub key_field: Option<String>,
+    /// `None` for a generic JSON model with no pointer: predictions are not read.
+    pub output_pointer: Option<String>,
+    pub read_predictions: bool,
+    pub confidence_threshold: f64,
+    pub numeric_tolerance: f64,
+    pub fallback_to_champion: bool,
+    pub champion: Target,
+    pub candidate: Option<(Target, u32)>,
+    pub shadow: Option<(Target, u32, Arc<Sharded<PairStats>>)>,
+}
+
+#[derive(Debug, Default)]
+pub struct RoutingTable {
+    by_name: HashMap<String, Arc<Route>>,
+    by_path: HashMap<String, Arc<Route>>,
+}
+
+impl RoutingTable {
+    /// Compiles validated routes.
+    pub fn compile(
+        models: &[ModelRoute],
+        default_timeout: Duration,
+        rec: &Recorders,
+    ) -> RoutingTable {
+        let mut t = RoutingTable::default();
+        for m in models {
+            let route = Arc::new(Route {
+                name: m.name.clone(),
+                protocol: m.protocol,
+                salt: m.salt.clone().unwrap_or_else(|| m.name.clone()),
+                key_field: m.key_field.clone(),
+                output_pointer: m.output_pointer.clone(),
+                read_predictions: m.protocol != Protocol::Json || m.output_pointer.is_some(),
+                confidence_threshold: m.confidence_threshold,
+                numeric_tolerance: m.numeric_tolerance,
+                fallback_to_champion: m.fallback_to_champion,
+                champion: Target::new(&m.name, &m.champion, default_timeout, rec),
+                candidate: m.candidate.as_ref().map(|c| {
+                    (
+                        Target::new(&m.name, &c.upstream, default_timeout, rec),
+                        c.weight_bp,
+                    )
+                }),
+                shadow: m.shadow.as_ref().map(|s| {
+                    (
+                        Target::new(&m.name, &s.upstream, default_timeout, rec),
+                        s.mirror_bp,
+                        rec.pairs(&m.name, &s.upstream.revision),
+                    )
+                }),
+            });
+            if let Some(p) = &m.json_path {
+                t.by_path.insert(p.clone(), Arc::clone(&route));
+            }
+            t.by_name.insert(m.name.clone(), route);
+        }
+        t
+    }
+
+    pub fn model(&self, name: &str) -> Option<&Arc<Route>> {
+        self.by_name.get(name)
+    }
+
+    pub fn json_path(&self, path: &str) -> Option<&Arc<Route>> {
+        self.by_path.get(path)
+    }
+}

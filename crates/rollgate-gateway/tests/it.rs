@@ -1,0 +1,722 @@
+//! The gateway against real upstream servers over real sockets on
+//! 127.0.0.1: fixed answers, failures, stalls and slow answers.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rollgate_core::Protocol;
+use rollgate_gateway::assign::bucket;
+use rollgate_gateway::{
+    Gateway, GatewayConfig, GatewaySnapshot, MirroredUpstream, ModelRoute, Upstream,
+    WeightedUpstream, serve,
+};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, oneshot};
+
+/// What a test upstream does with each request.
+#[derive(Clone)]
+enum Behaviour {
+    Answer(u16, &'static str),
+    /// Answers after a delay.
+    Slow(Duration, &'static str),
+    /// Never answers.
+    Stall,
+    /// Waits until notified, then answers 200.
+    Gated(Arc<Notify>),
+}
+
+struct TestUpstream {
+    url: String,
+    hits: Arc<AtomicU64>,
+}
+
+async fn upstream(behaviour: Behaviour) -> TestUpstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let hits = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&hits);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let behaviour = behaviour.clone();
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let behaviour = behaviour.clone();
+                    let counter = Arc::clone(&counter);
+                    async move {
+                        let _ = req.into_body().collect().await;
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        let (status, body) = match behaviour {
+                            Behaviour::Answer(s, b) => (s, b),
+                            Behaviour::Slow(d, b) => {
+                                tokio::time::sleep(d).await;
+                                (200, b)
+                            }
+                            Behaviour::Stall => std::future::pending().await,
+                            Behaviour::Gated(n) => {
+                                n.notified().await;
+                                (200, r#"{"predictions":[1]}"#)
+                            }
+                        };
+                        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                        *r.status_mut() = StatusCode::from_u16(status).expect("status");
+                        r.headers_mut()
+                            .insert("content-type", "application/json".parse().expect("hv"));
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    TestUpstream {
+        url: format!("http://{addr}"),
+        hits,
+    }
+}
+
+/// A URL where nothing listens.
+async fn closed_url() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}
+
+fn up(revision: &str, url: &str) -> Upstream {
+    Upstream {
+        revision: revision.into(),
+        url: url.into(),
+        timeout: None,
+    }
+}
+
+fn route(champion: &str) -> ModelRoute {
+    ModelRoute {
+        name: "m".into(),
+        protocol: Protocol::KserveV1,
+        json_path: None,
+        key_field: None,
+        salt: None,
+        output_pointer: None,
+        confidence_threshold: 0.9,
+        numeric_tolerance: 1e-6,
+        fallback_to_champion: false,
+        champion: up("champ", champion),
+        candidate: None,
+        shadow: None,
+    }
+}
+
+fn with_candidate(mut r: ModelRoute, url: &str, weight_bp: u32) -> ModelRoute {
+    r.candidate = Some(WeightedUpstream {
+        upstream: up("cand", url),
+        weight_bp,
+    });
+    r
+}
+
+fn with_shadow(mut r: ModelRoute, url: &str, mirror_bp: u32) -> ModelRoute {
+    r.shadow = Some(MirroredUpstream {
+        upstream: up("shadow", url),
+        mirror_bp,
+    });
+    r
+}
+
+struct Running {
+    addr: SocketAddr,
+    gateway: Gateway,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Running {
+    async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), d).await;
+        }
+    }
+}
+
+async fn start(config: GatewayConfig) -> Running {
+    let gateway = Gateway::new(&config).expect("valid config");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = oneshot::channel::<()>();
+    let done = tokio::spawn(serve(listener, gateway.clone(), async move {
+        let _ = rx.await;
+    }));
+    Running {
+        addr,
+        gateway,
+        stop: Some(tx),
+        done: Some(done),
+    }
+}
+
+fn config(models: Vec<ModelRoute>) -> GatewayConfig {
+    GatewayConfig {
+        models,
+        ..GatewayConfig::default()
+    }
+}
+
+struct Reply {
+    status: StatusCode,
+    revision: Option<String>,
+    body: String,
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+async fn call(
+    c: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> Reply {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("x-rollgate-key", k);
+    }
+    let req = b
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("the gateway answered within 10 s")
+        .expect("http");
+    let status = resp.status();
+    let revision = resp
+        .headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    Reply {
+        status,
+        revision,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+async fn predict(
+    c: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    key: Option<&str>,
+) -> Reply {
+    call(
+        c,
+        addr,
+        "POST",
+        "/v1/models/m:predict",
+        key,
+        r#"{"instances":[[1,2]]}"#,
+    )
+    .await
+}
+
+/// Polls the gateway's snapshot until `cond` holds (bounded: 10 s).
+async fn eventually(g: &Gateway, cond: impl Fn(&GatewaySnapshot) -> bool) -> GatewaySnapshot {
+    for _ in 0..1000 {
+        let s = g.snapshot();
+        if cond(&s) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not reached: {:?}", g.snapshot());
+}
+
+fn rev(s: &GatewaySnapshot, r: &str) -> rollgate_core::RevisionStats {
+    s.models.get("m").map(|m| m.revision(r)).unwrap_or_default()
+}
+
+const ONE: &str = r#"{"predictions":[1]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignment_is_sticky_and_follows_the_documented_hash() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let gw = start(config(vec![with_candidate(
+        route(&champ.url),
+        &cand.url,
+        1000,
+    )]))
+    .await;
+    let c = client();
+    let mut on_candidate = 0;
+    for i in 0..1000 {
+        let key = format!("user-{i}");
+        let r = predict(&c, gw.addr, Some(&key)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let expected = if bucket("m", key.as_bytes()) < 1000 {
+            "cand"
+        } else {
+            "champ"
+        };
+        assert_eq!(r.revision.as_deref(), Some(expected), "key {key}");
+        on_candidate += usize::from(expected == "cand");
+    }
+    assert!(
+        (70..=130).contains(&on_candidate),
+        "{on_candidate}/1000 at 10%"
+    );
+    for _ in 0..20 {
+        let r = predict(&c, gw.addr, Some("user-7")).await;
+        let expected = if bucket("m", b"user-7") < 1000 {
+            "cand"
+        } else {
+            "champ"
+        };
+        assert_eq!(r.revision.as_deref(), Some(expected));
+    }
+    let s = gw.gateway.snapshot();
+    assert_eq!(
+        rev(&s, "cand").requests() + rev(&s, "champ").requests(),
+        1020
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ramping_up_only_moves_keys_to_the_candidate() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let gw = start(config(vec![with_candidate(
+        route(&champ.url),
+        &cand.url,
+        500,
+    )]))
+    .await;
+    let c = client();
+    let mut was_candidate: HashMap<String, bool> = HashMap::new();
+    for weight in [500u32, 2500, 5000] {
+        gw.gateway
+            .set_routes(&[with_candidate(route(&champ.url), &cand.url, weight)])
+            .expect("routes");
+        for i in 0..300 {
+            let key = format!("k{i}");
+            let now = predict(&c, gw.addr, Some(&key)).await.revision.as_deref() == Some("cand");
+            if let Some(&before) = was_candidate.get(&key) {
+                assert!(
+                    !before || now,
+                    "key {key} moved back to the champion at {weight}bp"
+                );
+            }
+            was_candidate.insert(key, now);
+        }
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shadow_neither_fails_nor_holds_the_user() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Stall).await;
+    let gw = start(config(vec![with_shadow(
+        route(&champ.url),
+        &shadow.url,
+        10_000,
+    )]))
+    .await;
+    let c = client();
+    for i in 0..20 {
+        // The shadow never answers: each reply arriving at all shows the user
+        // never waits for it.
+        let r = predict(&c, gw.addr, Some(&format!("u{i}"))).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.revision.as_deref(), Some("champ"));
+        assert_eq!(r.body, ONE);
+    }
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shadow_is_counted_against_itself_only() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Answer(500, "boom")).await;
+    let gw = start(config(vec![with_shadow(
+        route(&champ.url),
+        &shadow.url,
+        10_000,
+    )]))
+    .await;
+    let c = client();
+    for i in 0..50 {
+        assert_eq!(
+            predict(&c, gw.addr, Some(&format!("u{i}"))).await.status,
+            StatusCode::OK
+        );
+    }
+    let s = eventually(&gw.gateway, |s| rev(s, "shadow").requests() == 50).await;
+    assert_eq!(rev(&s, "shadow").failures().upstream_5xx, 50);
+    assert_eq!(rev(&s, "champ").failure_count(), 0);
+    assert_eq!(rev(&s, "champ").requests(), 50);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_overflow_is_dropped_and_counted() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Stall).await;
+    let mut cfg = config(vec![with_shadow(route(&champ.url), &shadow.url, 10_000)]);
+    cfg.mirror.max_outstanding = 2;
+    let gw = start(cfg).await;
+    let c = client();
+    for i in 0..30 {
+        assert_eq!(
+            predict(&c, gw.addr, Some(&format!("u{i}"))).await.status,
+            StatusCode::OK
+        );
+    }
+    let s = gw.gateway.snapshot();
+    let pairs = s.models["m"]
+        .pairs_for("shadow")
+        .copied()
+        .unwrap_or_default();
+    // Two mirrors hold the two slots forever; every later one is dropped.
+    assert_eq!(pairs.mirror_dropped(), 28);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_answers_are_paired_with_the_champions() {
+    let champ = upstream(Behaviour::Answer(
+        200,
+        r#"{"predictions":[[0.05,0.95],[0.6,0.4]]}"#,
+    ))
+    .await;
+    let flipped = upstream(Behaviour::Answer(
+        200,
+        r#"{"predictions":[[0.9,0.1],[0.6,0.4]]}"#,
+    ))
+    .await;
+    let gw = start(config(vec![with_shadow(
+        route(&champ.url),
+        &flipped.url,
+        10_000,
+    )]))
+    .await;
+    let c = client();
+    for i in 0..40 {
+        predict(&c, gw.addr, Some(&format!("u{i}"))).await;
+    }
+    let s = eventually(&gw.gateway, |s| {
+        s.models["m"]
+            .pairs_for("shadow")
+            .is_some_and(|p| p.pairs() == 80)
+    })
+    .await;
+    let p = s.models["m"].pairs_for("shadow").copied().expect("pairs");
+    // Instance 1: champion class 1 at 0.95 (confident), shadow class 0: a flip.
+    // Instance 2: both class 0, champion at 0.6 (not confident): agreement.
+    assert_eq!(
+        (p.agreements(), p.champion_confident(), p.confident_flips()),
+        (40, 40, 40)
+    );
+    assert_eq!(rev(&s, "champ").predictions().get("1"), Some(&40));
+    assert_eq!(rev(&s, "champ").predictions().get("0"), Some(&40));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_attributed_to_the_revision_that_caused_them() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let c = client();
+    let cases: Vec<(Behaviour, StatusCode, &str)> = vec![
+        (
+            Behaviour::Answer(503, "unavailable"),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream_5xx",
+        ),
+        (
+            Behaviour::Answer(200, "not json"),
+            StatusCode::OK,
+            "invalid_output",
+        ),
+        (
+            Behaviour::Answer(400, r#"{"error":"bad input"}"#),
+            StatusCode::BAD_REQUEST,
+            "client",
+        ),
+        (
+            Behaviour::Slow(Duration::from_secs(5), ONE),
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+        ),
+    ];
+    for (behaviour, want_status, class) in cases {
+        let cand = upstream(behaviour).await;
+        let mut r = with_candidate(route(&champ.url), &cand.url, 10_000);
+        if let Some(c) = r.candidate.as_mut() {
+            c.upstream.timeout = Some(Duration::from_millis(200));
+        }
+        let gw = start(config(vec![r])).await;
+        for i in 0..5 {
+            let reply = predict(&c, gw.addr, Some(&format!("u{i}"))).await;
+            assert_eq!(reply.status, want_status, "{class}");
+            assert_eq!(reply.revision.as_deref(), Some("cand"), "{class}");
+        }
+        let s = gw.gateway.snapshot();
+        let cand_stats = rev(&s, "cand");
+        let counted = match class {
+            "upstream_5xx" => cand_stats.failures().upstream_5xx,
+            "invalid_output" => cand_stats.failures().invalid_output,
+            "timeout" => cand_stats.failures().timeout,
+            _ => cand_stats.client_errors(),
+        };
+        assert_eq!(counted, 5, "{class}: {cand_stats:?}");
+        if class == "client" {
+            assert_eq!(
+                cand_stats.requests(),
+                0,
+                "a client's 4xx is not the revision's request"
+            );
+        }
+        assert_eq!(rev(&s, "champ").requests(), 0);
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_candidate_fails_or_falls_back_to_the_champion_counted() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let dead = closed_url().await;
+    let c = client();
+    for fallback in [false, true] {
+        let mut r = with_candidate(route(&champ.url), &dead, 10_000);
+        r.fallback_to_champion = fallback;
+        let gw = start(config(vec![r])).await;
+        let reply = predict(&c, gw.addr, Some("u1")).await;
+        let s = gw.gateway.snapshot();
+        assert_eq!(rev(&s, "cand").failures().connect, 1);
+        if fallback {
+            assert_eq!(reply.status, StatusCode::OK);
+            assert_eq!(reply.revision.as_deref(), Some("champ"));
+            assert_eq!(s.fallbacks.get("m"), Some(&1));
+            assert_eq!(rev(&s, "champ").requests(), 1);
+        } else {
+            assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
+            assert_eq!(reply.revision.as_deref(), Some("cand"));
+            assert!(s.fallbacks.is_empty());
+        }
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_get_413_and_never_reach_a_model() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let mut cfg = config(vec![route(&champ.url)]);
+    cfg.limits.max_body_bytes = 1024;
+    let gw = start(cfg).await;
+    let c = client();
+    let big = format!(r#"{{"instances":["{}"]}}"#, "x".repeat(4096));
+    let r = call(&c, gw.addr, "POST", "/v1/models/m:predict", None, &big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(r.body.contains("body_too_large"));
+    assert_eq!(champ.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(rev(&gw.gateway.snapshot(), "champ").requests(), 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_concurrency_cap_requests_get_503_at_once() {
+    let gate = Arc::new(Notify::new());
+    let champ = upstream(Behaviour::Gated(Arc::clone(&gate))).await;
+    let mut cfg = config(vec![route(&champ.url)]);
+    cfg.limits.max_concurrent = 1;
+    let gw = start(cfg).await;
+    let c = client();
+    let addr = gw.addr;
+    let c2 = c.clone();
+    let first = tokio::spawn(async move { predict(&c2, addr, Some("a")).await });
+    // Wait (bounded) until the first request holds the only slot.
+    let champ_hits = Arc::clone(&champ.hits);
+    for _ in 0..500 {
+        if champ_hits.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = predict(&c, gw.addr, Some("b")).await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(second.body.contains("at_capacity"));
+    gate.notify_waiters();
+    assert_eq!(first.await.expect("join").status, StatusCode::OK);
+    assert_eq!(gw.gateway.snapshot().overloaded, 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_requests_in_flight() {
+    let champ = upstream(Behaviour::Slow(Duration::from_millis(300), ONE)).await;
+    let gw = start(config(vec![route(&champ.url)])).await;
+    let c = client();
+    let addr = gw.addr;
+    let in_flight = tokio::spawn(async move { predict(&c, addr, Some("a")).await });
+    for _ in 0..500 {
+        if champ.hits.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gw.shutdown().await;
+    let r = in_flight.await.expect("join");
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, ONE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routing_change_does_not_disturb_requests_in_flight() {
+    let old = upstream(Behaviour::Slow(Duration::from_millis(200), ONE)).await;
+    let new = upstream(Behaviour::Answer(200, r#"{"predictions":[0]}"#)).await;
+    let gw = start(config(vec![route(&old.url)])).await;
+    let c = client();
+    let addr = gw.addr;
+    let c2 = c.clone();
+    let in_flight = tokio::spawn(async move { predict(&c2, addr, Some("a")).await });
+    for _ in 0..500 {
+        if old.hits.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut next = route(&new.url);
+    next.champion.revision = "champ-2".into();
+    gw.gateway.set_routes(&[next]).expect("routes");
+    let after = predict(&c, gw.addr, Some("b")).await;
+    assert_eq!(after.revision.as_deref(), Some("champ-2"));
+    let before = in_flight.await.expect("join");
+    assert_eq!(
+        (before.status, before.revision.as_deref()),
+        (StatusCode::OK, Some("champ"))
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_json_routes_metadata_stats_and_metrics() {
+    let v2 = upstream(Behaviour::Answer(
+        200,
+        r#"{"outputs":[{"name":"p","shape":[1,2],"datatype":"FP32","data":[0.2,0.8]}]}"#,
+    ))
+    .await;
+    let json = upstream(Behaviour::Answer(
+        200,
+        r#"{"score":{"label":"fraud","confidence":0.99}}"#,
+    ))
+    .await;
+    let mut m2 = route(&v2.url);
+    m2.name = "v2model".into();
+    m2.protocol = Protocol::OipV2;
+    let mut mj = route(&json.url);
+    mj.name = "scorer".into();
+    mj.protocol = Protocol::Json;
+    mj.json_path = Some("/score".into());
+    mj.output_pointer = Some("/score".into());
+    mj.key_field = Some("/user".into());
+    let gw = start(config(vec![m2, mj])).await;
+    let c = client();
+    let r = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/v2/models/v2model/infer",
+        None,
+        r#"{"inputs":[]}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/score",
+        None,
+        r#"{"user":"u1","x":[1]}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.revision.as_deref()),
+        (StatusCode::OK, Some("champ"))
+    );
+    let meta = call(&c, gw.addr, "GET", "/v2/models/v2model", None, "").await;
+    assert_eq!(meta.status, StatusCode::OK);
+    let missing = call(&c, gw.addr, "POST", "/v1/models/nope:predict", None, "{}").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.body.contains("unknown_model"));
+
+    let stats = call(&c, gw.addr, "GET", "/rollgate/stats", None, "").await;
+    let snap: GatewaySnapshot = serde_json::from_str(&stats.body).expect("stats are a snapshot");
+    assert_eq!(
+        snap.models["v2model"]
+            .revision("champ")
+            .predictions()
+            .get("1"),
+        Some(&1)
+    );
+    assert_eq!(
+        snap.models["scorer"]
+            .revision("champ")
+            .predictions()
+            .get("fraud"),
+        Some(&1)
+    );
+    let metrics = call(&c, gw.addr, "GET", "/metrics", None, "").await;
+    assert!(
+        metrics
+            .body
+            .contains(r#"rollgate_requests_total{model="scorer",revision="champ"} 1"#),
+        "{}",
+        metrics.body
+    );
+    assert!(metrics.body.contains("rollgate_in_flight"));
+    gw.shutdown().await;
+}
+
+#[test]
+fn invalid_routes_are_rejected_with_the_field_named() {
+    let mut r = route("ftp://nope");
+    let e = Gateway::new(&config(vec![r.clone()])).expect_err("bad url");
+    assert_eq!(e.field, "models[0].champion.url");
+    r = route("http://127.0.0.1:1");
+    r.protocol = Protocol::Json;
+    let e = Gateway::new(&config(vec![r])).expect_err("json without path");
+    assert_eq!(e.field, "models[0].json_path");
+    let e = Gateway::new(&config(vec![
+        route("http://127.0.0.1:1"),
+        route("http://127.0.0.1:2"),
+    ]))
+    .expect_err("duplicate");
+    assert_eq!(e.field, "models[1].name");
+}

@@ -1,0 +1,89 @@
+//! `rollgate gateway --config FILE`: the data plane as its own process.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use rollgate_gateway::{Gateway, GatewayConfig, serve};
+
+#[derive(Args, Debug)]
+pub struct GatewayArgs {
+    /// Gateway config (TOML): listen address, limits, mirror pool, routes.
+    #[arg(long)]
+    config: PathBuf,
+    /// Overrides `listen` from the config.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Reads and validates a TOML config; errors name the line and the field.
+pub fn load_config(path: &std::path::Path) -> anyhow::Result<GatewayConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config: GatewayConfig =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(config)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
+    let mut config = match load_config(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rollgate: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt.enable_all().build().context("starting the runtime")?;
+    rt.block_on(async {
+        let gateway = Gateway::new(&config)?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, models = config.models.len(), "gateway serving");
+        serve(listener, gateway, shutdown_signal()).await?;
+        tracing::info!("gateway stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
