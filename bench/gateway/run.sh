@@ -83,7 +83,7 @@ taskset -c 0 nginx -p "$W/front" -c "$W/front/nginx.conf" & PIDS+=($!)
 cat > "$W/haproxy.cfg" <<CONF
 global
   nbthread 1
-  maxconn 100000
+  maxconn 4096
 defaults
   mode http
   timeout connect 2s
@@ -137,6 +137,11 @@ run() { # label port conns
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$3" "$rps" "$p50" "$p99" "$non2xx" | tee -a "$RESULTS"
 }
 
+# c=1: the unloaded cost of one extra hop (no queueing).
+run direct 18081 1
+run rollgate_plain 18090 1
+run haproxy_weighted 18094 1
+run nginx_split_mirror 18093 1
 for c in 16 64; do
   run direct 18081 $c
   run rollgate_plain 18090 $c

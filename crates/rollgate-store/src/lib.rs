@@ -68,6 +68,25 @@ impl RolloutRecord {
     }
 }
 
+/// A gateway that reported in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayInfo {
+    pub id: String,
+    /// Where its `GET /rollgate/stats` is served.
+    pub stats_url: String,
+    pub last_seen: Timestamp,
+}
+
+/// A model's routing as stored: its champion and, during a rollout, the
+/// candidate and the routing the rollout implies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRoutes {
+    pub model: Model,
+    pub champion: Option<Revision>,
+    /// `(candidate, routing, rollout id)` while a rollout is active.
+    pub rollout: Option<(Revision, Routing, i64)>,
+}
+
 /// One rollout transition to commit: the new state and the effects the
 /// state machine returned, guarded by the version it was computed from.
 #[derive(Debug, Clone)]
@@ -125,6 +144,14 @@ pub trait Store: Send + Sync {
     /// Commits several transitions in one transaction (group commit). All or
     /// none: one version conflict aborts the batch.
     fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>>;
+
+    // --- gateways -------------------------------------------------------
+    /// Records that gateway `id` is alive and serves its stats at `stats_url`.
+    fn heartbeat(&self, id: &str, stats_url: &str) -> Result<()>;
+    /// Gateways whose last heartbeat is at most `seen_within` old.
+    fn gateways(&self, seen_within: std::time::Duration) -> Result<Vec<GatewayInfo>>;
+    /// What every gateway must route, read at one instant.
+    fn routes(&self) -> Result<Vec<ModelRoutes>>;
 
     // --- audit ----------------------------------------------------------
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;

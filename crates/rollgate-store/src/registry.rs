@@ -14,6 +14,12 @@ use crate::{Result, StoreError};
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSpec {
     pub protocol: Protocol,
+    /// For `protocol = "json"`: the gateway path the model is served on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json_path: Option<String>,
+    /// JSON pointer to a sticky key in request bodies (when no key header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_field: Option<String>,
     /// JSON pointer to the predictions in a response (protocol default if unset).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_pointer: Option<String>,

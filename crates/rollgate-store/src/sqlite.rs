@@ -15,11 +15,12 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehav
 
 use crate::audit::{AuditFilter, AuditRecord, ChainReport, GENESIS, verify_chain};
 use crate::registry::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
-use crate::{Result, RolloutRecord, Store, StoreError, TransitionWrite};
+use crate::{GatewayInfo, ModelRoutes, Result, RolloutRecord, Store, StoreError, TransitionWrite};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Append only: never edit a released migration.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE models (
     name TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -67,7 +68,15 @@ CREATE TRIGGER audit_is_append_only_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
 CREATE TRIGGER audit_is_append_only_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
-"#];
+"#,
+    r#"
+CREATE TABLE gateways (
+    id TEXT PRIMARY KEY,
+    stats_url TEXT NOT NULL,
+    last_seen INTEGER NOT NULL
+);
+"#,
+];
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -739,6 +748,71 @@ impl Store for SqliteStore {
             )?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
+    }
+
+    fn heartbeat(&self, id: &str, stats_url: &str) -> Result<()> {
+        self.write(|tx, now| {
+            tx.execute(
+                "INSERT INTO gateways (id, stats_url, last_seen) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET stats_url = excluded.stats_url, last_seen = excluded.last_seen",
+                params![id, stats_url, now.0],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn gateways(&self, seen_within: std::time::Duration) -> Result<Vec<GatewayInfo>> {
+        let since = (self.clock)()
+            .0
+            .saturating_sub(seen_within.as_millis() as u64);
+        self.read(|c| {
+            let mut st = c.prepare(
+                "SELECT id, stats_url, last_seen FROM gateways WHERE last_seen >= ?1 ORDER BY id",
+            )?;
+            let rows = st.query_map([since], |r| {
+                Ok(GatewayInfo {
+                    id: r.get(0)?,
+                    stats_url: r.get(1)?,
+                    last_seen: Timestamp(r.get(2)?),
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+    }
+
+    fn routes(&self) -> Result<Vec<ModelRoutes>> {
+        // One read transaction: the routing of every model at one instant.
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| StoreError::Conflict("store lock poisoned by an earlier panic".into()))?;
+        let tx = conn.transaction()?;
+        let models: Vec<Model> = {
+            let mut st = tx.prepare(&format!("SELECT {MODEL_COLS} FROM models ORDER BY name"))?;
+            let rows = st.query_map([], model_row)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()?
+        };
+        let mut out = Vec::with_capacity(models.len());
+        for model in models {
+            let champion = match &model.champion {
+                Some(id) => Some(get_revision(&tx, id)?),
+                None => None,
+            };
+            let rollout = match active_rollout(&tx, &model.name)? {
+                Some(id) => {
+                    let r = get_rollout(&tx, id)?;
+                    Some((get_revision(&tx, &r.spec.candidate)?, r.routing, r.id))
+                }
+                None => None,
+            };
+            out.push(ModelRoutes {
+                model,
+                champion,
+                rollout,
+            });
+        }
+        tx.commit()?;
+        Ok(out)
     }
 
     fn verify_audit(&self) -> Result<ChainReport> {

@@ -532,7 +532,7 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
     let v: i64 = c
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
-    assert_eq!(v, 1);
+    assert_eq!(v, 2);
 }
 
 /// Not a test on its own: the child process of the SIGKILL test. It writes

@@ -18,6 +18,13 @@ pub struct GatewayArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Follow routes from the store in this data directory (and heartbeat),
+    /// instead of the config's static `models`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Gateway id for heartbeats (default: derived from the listen address).
+    #[arg(long)]
+    id: Option<String>,
 }
 
 /// Reads and validates a TOML config; errors name the line and the field.
@@ -63,6 +70,14 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
     };
     if let Some(l) = args.listen {
         config.listen = l;
+    }
+    if let Some(data) = &args.data {
+        return crate::serve::gateway_following_store(
+            config,
+            data,
+            args.id.clone(),
+            std::time::Duration::from_millis(500),
+        );
     }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

@@ -1,8 +1,11 @@
 //! The `rollgate` command.
 
+mod cli;
+mod client;
 mod demo;
 mod gateway;
 mod report;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -15,6 +18,8 @@ use clap::{Parser, Subcommand};
     about = "Progressive delivery for ML model services"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: cli::Global,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,15 +30,42 @@ enum Command {
     /// dead feature (refused in SHADOW) and a candidate that is ready but
     /// answers 503 (rolled back at the first canary step).
     Demo(demo::DemoArgs),
-    /// Run the gateway (data plane) from a TOML config with static routes.
+    /// Store, gateway, controller and admin API in one process.
+    Up(serve::UpArgs),
+    /// The gateway (data plane): static routes from --config, or following
+    /// the store with --data.
     Gateway(gateway::GatewayArgs),
+    /// The controller and admin API as their own process.
+    Controller(serve::ControllerArgs),
+    /// Models: add, list, show.
+    #[command(subcommand)]
+    Model(cli::ModelCmd),
+    /// Revisions: add, list.
+    #[command(subcommand)]
+    Revision(cli::RevisionCmd),
+    /// The champion: set.
+    #[command(subcommand)]
+    Champion(cli::ChampionCmd),
+    /// Rollouts: start, status, pause, resume, abort, promote, unblock, wait.
+    #[command(subcommand)]
+    Rollout(cli::RolloutCmd),
+    /// The audit log: the evidence of every decision; `audit verify`.
+    Audit(cli::AuditArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo(args) => demo::run(&args),
-        Command::Gateway(args) => gateway::run(&args),
+    let g = &cli.global;
+    let result = match &cli.command {
+        Command::Demo(args) => demo::run(args),
+        Command::Up(args) => serve::up(args),
+        Command::Gateway(args) => gateway::run(args),
+        Command::Controller(args) => serve::controller(args),
+        Command::Model(c) => cli::model(g, c),
+        Command::Revision(c) => cli::revision(g, c),
+        Command::Champion(c) => cli::champion(g, c),
+        Command::Rollout(c) => cli::rollout(g, c),
+        Command::Audit(a) => cli::audit(g, a),
     };
     match result {
         Ok(code) => code,

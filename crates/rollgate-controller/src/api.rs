@@ -1,0 +1,530 @@
+//! The admin API: JSON under `/api/v1`, axum.
+//!
+//! User mistakes are 4xx with a stable code and a message that names the
+//! field; internal failures are 500 with no detail leaked. Bound to a
+//! non-loopback address the API requires a bearer token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use rollgate_core::{Input, OperatorAction, Plan, StepError, step};
+use rollgate_store::{AuditFilter, ModelSpec, RevisionSpec, StoreError, write_jsonl};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::reconcile::{Context, Error as ReconcileError, blocking, commit};
+
+/// An API error: status, stable code, message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+            }
+            StoreError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
+            StoreError::Rejected { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "revision_rejected", e.to_string())
+            }
+            StoreError::VersionConflict { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "version_conflict", e.to_string())
+            }
+            StoreError::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m),
+            StoreError::Database(_) | StoreError::Corrupt(_) => {
+                tracing::error!(error = %e, "store failure");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                )
+            }
+        }
+    }
+}
+
+impl From<ReconcileError> for ApiError {
+    fn from(e: ReconcileError) -> Self {
+        match e {
+            ReconcileError::Store(s) => s.into(),
+            ReconcileError::Join(m) => {
+                tracing::error!(error = %m, "task failure");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                )
+            }
+        }
+    }
+}
+
+impl From<StepError> for ApiError {
+    fn from(e: StepError) -> Self {
+        match e {
+            StepError::ReasonRequired { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+                format!("field `reason`: {e}"),
+            ),
+            StepError::Terminal { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "rollout_finished", e.to_string())
+            }
+            StepError::AlreadyPaused | StepError::NotPaused => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
+        }
+    }
+}
+
+/// `Json<T>` whose rejections are API errors naming the problem (serde's
+/// message names the field: "missing field `revision`").
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(JsonBody(v)),
+            Err(rejection) => Err(bad_json(rejection)),
+        }
+    }
+}
+
+fn bad_json(r: JsonRejection) -> ApiError {
+    let status = match r {
+        JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    ApiError::new(status, "bad_request", r.body_text())
+}
+
+/// Shared state of the API. Its `Debug` never shows the token.
+#[derive(Clone)]
+pub struct ApiState {
+    pub ctx: Context,
+    /// Bearer token; `None` only when bound to loopback.
+    pub token: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn actor(headers: &HeaderMap) -> String {
+    headers
+        .get("x-rollgate-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("operator")
+        .chars()
+        .take(64)
+        .collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateModel {
+    name: String,
+    #[serde(default)]
+    spec: ModelSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetChampion {
+    revision: String,
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartRollout {
+    model: String,
+    revision: String,
+    #[serde(default)]
+    plan: Option<Plan>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Reason {
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditQuery {
+    model: Option<String>,
+    rollout: Option<i64>,
+    after: Option<u64>,
+    limit: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RolloutQuery {
+    #[serde(default)]
+    active: bool,
+}
+
+async fn create_model(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    JsonBody(b): JsonBody<CreateModel>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    let m = blocking(&s.ctx.store, move |st| {
+        st.create_model(&b.name, &b.spec, &who)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(m)))
+}
+
+async fn list_models(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(blocking(&s.ctx.store, |st| st.models()).await?))
+}
+
+async fn show_model(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.model(&name)).await?,
+    ))
+}
+
+async fn add_revision(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    JsonBody(spec): JsonBody<RevisionSpec>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    let r = blocking(&s.ctx.store, move |st| {
+        st.register_revision(&name, &spec, &who)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(r)))
+}
+
+async fn list_revisions(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.revisions(&name)).await?,
+    ))
+}
+
+async fn show_revision(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.revision(&id)).await?,
+    ))
+}
+
+async fn unblock(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(b): JsonBody<Reason>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.unblock(&id, &who, &b.reason)).await?,
+    ))
+}
+
+async fn set_champion(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    JsonBody(b): JsonBody<SetChampion>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    let r = blocking(&s.ctx.store, move |st| {
+        st.set_champion(&name, &b.revision, &who, &b.reason)
+    })
+    .await?;
+    resync(&s.ctx).await;
+    Ok(Json(r))
+}
+
+async fn start_rollout(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    JsonBody(b): JsonBody<StartRollout>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    let plan = b.plan.unwrap_or_default();
+    let r = blocking(&s.ctx.store, move |st| {
+        st.create_rollout(&b.model, &b.revision, &plan, &who)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(r)))
+}
+
+async fn list_rollouts(
+    State(s): State<ApiState>,
+    Query(q): Query<RolloutQuery>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.rollouts(q.active)).await?,
+    ))
+}
+
+async fn show_rollout(
+    State(s): State<ApiState>,
+    Path(id): Path<i64>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.rollout(id)).await?,
+    ))
+}
+
+async fn rollout_action(
+    State(s): State<ApiState>,
+    Path((id, verb)): Path<(i64, String)>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> ApiResult<impl IntoResponse> {
+    // The body is optional here (pause and resume need none).
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        String::new()
+    } else {
+        serde_json::from_slice::<Reason>(&body)
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("invalid JSON body: {e}"),
+                )
+            })?
+            .reason
+    };
+    let action = match verb.as_str() {
+        "pause" => OperatorAction::Pause,
+        "resume" => OperatorAction::Resume,
+        "abort" => OperatorAction::Abort { reason },
+        "promote" => OperatorAction::Promote { reason },
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no rollout action {other:?}; use pause, resume, abort or promote"),
+            ));
+        }
+    };
+    let who = actor(&headers);
+    // CAS retry: the controller may commit between our read and our write.
+    for _ in 0..5 {
+        let rec = blocking(&s.ctx.store, move |st| st.rollout(id)).await?;
+        let t = step(
+            &rec.spec,
+            &rec.state,
+            Input::Operator {
+                actor: who.clone(),
+                action: action.clone(),
+            },
+            (s.ctx.clock)(),
+        )?;
+        if let Some(done) = commit(&s.ctx, &rec, t.state, t.effects, &who).await? {
+            return Ok(Json(done));
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "version_conflict",
+        "the rollout kept changing; retry",
+    ))
+}
+
+async fn audit(
+    State(s): State<ApiState>,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<impl IntoResponse> {
+    let f = AuditFilter {
+        model: q.model,
+        rollout: q.rollout,
+        after_seq: q.after,
+        limit: q.limit,
+    };
+    Ok(Json(blocking(&s.ctx.store, move |st| st.audit(&f)).await?))
+}
+
+async fn audit_export(
+    State(s): State<ApiState>,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult<impl IntoResponse> {
+    let f = AuditFilter {
+        model: q.model,
+        rollout: q.rollout,
+        after_seq: q.after,
+        limit: q.limit,
+    };
+    let records = blocking(&s.ctx.store, move |st| st.audit(&f)).await?;
+    let mut out = Vec::new();
+    write_jsonl(&records, &mut out).map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out))
+}
+
+async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(blocking(&s.ctx.store, |st| st.verify_audit()).await?))
+}
+
+async fn healthz() -> impl IntoResponse {
+    Json(json!({ "ok": true }))
+}
+
+async fn readyz(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
+    blocking(&s.ctx.store, |st| st.models()).await?;
+    Ok(Json(json!({ "ready": true })))
+}
+
+async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.ctx.metrics.render(),
+    )
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}
+
+/// Pushes the store's routing to the in-process gateway right away.
+async fn resync(ctx: &Context) {
+    if let Some(g) = &ctx.local_gateway {
+        let (s, g) = (Arc::clone(&ctx.store), g.clone());
+        let _ = tokio::task::spawn_blocking(move || crate::follow::sync_once(s.as_ref(), &g)).await;
+    }
+}
+
+async fn require_token(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
+    if let Some(token) = &s.token
+        && req.uri().path() != "/healthz"
+    {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
+        if !ok {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so timing does not reveal the prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The API's router (tests drive it with `oneshot`, no socket).
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/models", get(list_models).post(create_model))
+        .route("/api/v1/models/{name}", get(show_model))
+        .route(
+            "/api/v1/models/{name}/revisions",
+            get(list_revisions).post(add_revision),
+        )
+        .route("/api/v1/models/{name}/champion", put(set_champion))
+        .route("/api/v1/revisions/{id}", get(show_revision))
+        .route("/api/v1/revisions/{id}/unblock", post(unblock))
+        .route("/api/v1/rollouts", get(list_rollouts).post(start_rollout))
+        .route("/api/v1/rollouts/{id}", get(show_rollout))
+        .route("/api/v1/rollouts/{id}/{action}", post(rollout_action))
+        .route("/api/v1/audit", get(audit))
+        .route("/api/v1/audit/export", get(audit_export))
+        .route("/api/v1/audit/verify", get(audit_verify))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+/// Refuses to expose an unauthenticated API beyond loopback.
+pub fn check_binding(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
+    if !addr.ip().is_loopback() && token.is_none_or(|t| t.trim().is_empty()) {
+        return Err(format!(
+            "the admin API on {addr} is not loopback: set ROLLGATE_TOKEN or --token-file"
+        ));
+    }
+    Ok(())
+}
+
+/// Serves the API until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    check_binding(addr, state.token.as_deref()).map_err(std::io::Error::other)?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,20 @@
+//! rollgate's control plane. The controller judges and never serves: it
+//! reconciles rollouts from the store through the pure state machine, and
+//! serves the admin API. Gateways follow the store (`follow`).
+//!
+//! **Architecture invariant:** the store is the only truth. Every decision
+//! commits with its effects in one transaction, compare-and-swap on the
+//! rollout's version; a crashed or racing controller can lose a pass, never
+//! duplicate or half-apply one.
+
+pub mod api;
+pub mod follow;
+pub mod http;
+pub mod metrics;
+pub mod reconcile;
+
+pub use api::{ApiState, router};
+pub use follow::{follow, gateway_routes, sync_once};
+pub use http::HttpClient;
+pub use metrics::ControllerMetrics;
+pub use reconcile::{Action, Context, error_policy, reconcile, run};

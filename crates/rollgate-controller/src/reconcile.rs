@@ -1,0 +1,261 @@
+//! The reconcile loop, in the kube-rs style: `reconcile(rollout, ctx)`
+//! returns what to do next; `error_policy` decides on failures.
+//!
+//! A pass reads the rollout from the store, probes the candidate, merges one
+//! stats snapshot from every live gateway, runs the pure state machine, and
+//! commits the new state with all its effects in one store transaction,
+//! compare-and-swap on the rollout's version. It is idempotent: a pass that
+//! loses the race (another controller, an operator) commits nothing and is
+//! simply requeued. A crash anywhere leaves the store at the last commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollgate_core::{
+    Effect, Input, Observation, Phase, Protocol, RolloutState, Routing, Snapshot, Timestamp, step,
+};
+use rollgate_gateway::{Gateway, GatewaySnapshot};
+use rollgate_store::{Model, Revision, RolloutRecord, Store, StoreError, TransitionWrite};
+
+use crate::http::HttpClient;
+use crate::metrics::ControllerMetrics;
+
+/// What to do after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Action {
+    /// Reconcile again after this long.
+    Requeue(Duration),
+    /// Nothing to do until the rollout changes (it is finished).
+    AwaitChange,
+}
+
+impl Action {
+    pub fn requeue(d: Duration) -> Action {
+        Action::Requeue(d)
+    }
+    pub fn await_change() -> Action {
+        Action::AwaitChange
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("store task failed: {0}")]
+    Join(String),
+}
+
+/// What a pass needs. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    pub store: Arc<dyn Store>,
+    pub http: HttpClient,
+    /// Gateways whose heartbeat is older than this are not merged.
+    pub gateway_ttl: Duration,
+    /// How often an active rollout is reconciled.
+    pub tick: Duration,
+    pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// The in-process gateway of `rollgate up`: it gets routing pushed at
+    /// once instead of at its next poll.
+    pub local_gateway: Option<Gateway>,
+    pub metrics: Arc<ControllerMetrics>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("tick", &self.tick)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs a blocking store call off the async runtime.
+pub async fn blocking<T: Send + 'static>(
+    store: &Arc<dyn Store>,
+    f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Error> {
+    let s = Arc::clone(store);
+    tokio::task::spawn_blocking(move || f(s.as_ref()))
+        .await
+        .map_err(|e| Error::Join(e.to_string()))?
+        .map_err(Error::from)
+}
+
+/// The readiness URL of a revision: its configured path, or the protocol's.
+pub fn readiness_url(model: &Model, rev: &Revision) -> String {
+    let path = rev
+        .spec
+        .readiness_path
+        .clone()
+        .unwrap_or_else(|| match model.spec.protocol {
+            Protocol::KserveV1 => format!("/v1/models/{}", model.name),
+            Protocol::OipV2 => format!("/v2/models/{}/ready", model.name),
+            Protocol::Json => "/".to_string(),
+        });
+    format!("{}{}", rev.spec.upstream, path)
+}
+
+async fn probe_ready(ctx: &Context, model: &Model, rev: &Revision) -> bool {
+    matches!(
+        ctx.http.get(&readiness_url(model, rev)).await,
+        Some((200, _))
+    )
+}
+
+/// One snapshot of `model` merged from every live gateway. `None` if there
+/// is no live gateway or any of them did not answer: a partial sum would
+/// look like counters going backwards, and missing evidence is never health.
+pub async fn merged_stats(ctx: &Context, model: &str) -> Result<Option<Snapshot>, Error> {
+    let ttl = ctx.gateway_ttl;
+    let gateways = blocking(&ctx.store, move |s| s.gateways(ttl)).await?;
+    if gateways.is_empty() {
+        return Ok(None);
+    }
+    let mut merged = Snapshot::default();
+    for g in &gateways {
+        let Some((200, body)) = ctx.http.get(&g.stats_url).await else {
+            return Ok(None);
+        };
+        let Ok(snap) = serde_json::from_slice::<GatewaySnapshot>(&body) else {
+            return Ok(None);
+        };
+        if let Some(m) = snap.models.get(model) {
+            merged.merge(m);
+        }
+    }
+    Ok(Some(merged))
+}
+
+/// Pushes champion-only routing for `model` to the in-process gateway
+/// before a rollback or abort is committed: the safe direction, so a failed
+/// commit can only have reduced exposure.
+fn pre_route_to_champion(
+    ctx: &Context,
+    rec: &RolloutRecord,
+    effects: &[Effect],
+    next: &RolloutState,
+) {
+    let back = matches!(next.phase, Phase::RolledBack { .. } | Phase::Aborted)
+        && effects.contains(&Effect::SetRouting {
+            routing: Routing::CHAMPION_ONLY,
+        });
+    if let (true, Some(g)) = (back, &ctx.local_gateway)
+        && let Ok(mut routes) = ctx.store.routes()
+    {
+        for m in routes.iter_mut().filter(|m| m.model.name == rec.spec.model) {
+            m.rollout = None;
+        }
+        let _ = g.set_routes(&crate::follow::gateway_routes(&routes));
+    }
+}
+
+/// Commits a transition; a lost race is not an error.
+pub async fn commit(
+    ctx: &Context,
+    rec: &RolloutRecord,
+    state: RolloutState,
+    effects: Vec<Effect>,
+    actor: &str,
+) -> Result<Option<RolloutRecord>, Error> {
+    pre_route_to_champion(ctx, rec, &effects, &state);
+    let (id, version, actor) = (rec.id, rec.version, actor.to_string());
+    let out = blocking(&ctx.store, move |s| {
+        match s.apply(TransitionWrite {
+            rollout: id,
+            expected_version: version,
+            state: &state,
+            effects: &effects,
+            actor: &actor,
+        }) {
+            Ok(r) => Ok(Some(r)),
+            Err(StoreError::VersionConflict { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .await?;
+    if let (Some(_), Some(g)) = (&out, &ctx.local_gateway) {
+        let (s, g) = (Arc::clone(&ctx.store), g.clone());
+        let _ = tokio::task::spawn_blocking(move || crate::follow::sync_once(s.as_ref(), &g)).await;
+    }
+    Ok(out)
+}
+
+/// One pass over rollout `id`.
+pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
+    let rec = blocking(&ctx.store, move |s| s.rollout(id)).await?;
+    if rec.state.phase.is_terminal() {
+        return Ok(Action::await_change());
+    }
+    let (model_name, cand) = (rec.spec.model.clone(), rec.spec.candidate.clone());
+    let (model, candidate) = blocking(&ctx.store, move |s| {
+        Ok((s.model(&model_name)?, s.revision(&cand)?))
+    })
+    .await?;
+    let candidate_ready = probe_ready(ctx, &model, &candidate).await;
+    let snapshot = merged_stats(ctx, &rec.spec.model).await?;
+    let now = (ctx.clock)();
+    let t = match step(
+        &rec.spec,
+        &rec.state,
+        Input::Observe(Observation {
+            candidate_ready,
+            snapshot,
+        }),
+        now,
+    ) {
+        Ok(t) => t,
+        // Observations never err; if one did, try again later.
+        Err(_) => return Ok(Action::requeue(ctx.tick)),
+    };
+    if t.state == rec.state && t.effects.is_empty() {
+        return Ok(Action::requeue(ctx.tick));
+    }
+    let evaluated = t.state.evaluations > rec.state.evaluations;
+    let next = t.state.phase.clone();
+    if let Some(done) = commit(ctx, &rec, t.state, t.effects, "controller").await? {
+        if evaluated {
+            ctx.metrics.evaluation();
+        }
+        if let Phase::RolledBack { reason } = &next {
+            ctx.metrics.rollback(reason.code());
+        }
+        if done.state.phase.is_terminal() {
+            return Ok(Action::await_change());
+        }
+    }
+    Ok(Action::requeue(ctx.tick))
+}
+
+/// On an error, retry after a short back-off: the store is the truth, so a
+/// later pass simply starts again from it.
+pub fn error_policy(err: &Error, ctx: &Context) -> Action {
+    tracing::warn!(error = %err, "reconcile failed; retrying");
+    Action::requeue(ctx.tick.max(Duration::from_millis(500)))
+}
+
+/// Reconciles every active rollout each tick until `shutdown` resolves.
+pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let active = blocking(&ctx.store, |s| s.rollouts(true)).await;
+        match active {
+            Ok(rollouts) => {
+                ctx.metrics.set_active(&rollouts);
+                for r in rollouts {
+                    if let Err(e) = reconcile(r.id, &ctx).await {
+                        let _ = error_policy(&e, &ctx);
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = error_policy(&e, &ctx);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(ctx.tick) => {}
+            () = &mut shutdown => return,
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! Admin commands: models, revisions, the champion, rollouts and the audit
+//! log, over the admin API. Exit codes: 0 success (or promoted), 3 rolled
+//! back or aborted (`rollout wait`), 2 usage or input errors, 1 other failures.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+use rollgate_core::{Phase, Plan, Protocol};
+use rollgate_store::{AuditRecord, RolloutRecord};
+use serde_json::{Value, json};
+
+use crate::client::{Api, CallError};
+use crate::report;
+
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// The admin API.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLGATE_API",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    api: String,
+    /// Output of read commands.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ModelCmd {
+    /// Register a model.
+    Add {
+        name: String,
+        #[arg(long, value_enum, default_value_t = ProtocolArg::KserveV1)]
+        protocol: ProtocolArg,
+        /// JSON pointer to predictions in responses.
+        #[arg(long)]
+        output_pointer: Option<String>,
+        /// For JSON models: the gateway path.
+        #[arg(long)]
+        json_path: Option<String>,
+        /// High-confidence threshold for shadow flips.
+        #[arg(long)]
+        confidence_threshold: Option<f64>,
+    },
+    List,
+    Show {
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProtocolArg {
+    KserveV1,
+    OipV2,
+    Json,
+}
+
+impl From<ProtocolArg> for Protocol {
+    fn from(p: ProtocolArg) -> Protocol {
+        match p {
+            ProtocolArg::KserveV1 => Protocol::KserveV1,
+            ProtocolArg::OipV2 => Protocol::OipV2,
+            ProtocolArg::Json => Protocol::Json,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RevisionCmd {
+    /// Register an immutable revision (same spec again: same id).
+    Add {
+        model: String,
+        #[arg(long)]
+        upstream: String,
+        #[arg(long)]
+        artifact: Option<String>,
+        #[arg(long)]
+        readiness_path: Option<String>,
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
+    List {
+        model: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ChampionCmd {
+    /// Make a revision the champion (the first one, or a manual switch).
+    Set {
+        model: String,
+        revision: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RolloutCmd {
+    /// Start a rollout of REVISION against MODEL's champion.
+    Start {
+        model: String,
+        revision: String,
+        /// Plan file (TOML); the default plan if absent.
+        #[arg(long)]
+        plan: Option<PathBuf>,
+    },
+    /// One rollout, or every rollout.
+    Status {
+        id: Option<i64>,
+        /// Redraw a live view until the rollout ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    Pause {
+        id: i64,
+    },
+    Resume {
+        id: i64,
+    },
+    Abort {
+        id: i64,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Promote now, skipping remaining stages (a reason is required).
+    Promote {
+        id: i64,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Allow a rejected revision to start a rollout again.
+    Unblock {
+        revision: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Wait until the rollout ends: exit 0 promoted, 3 rolled back or aborted.
+    Wait {
+        id: i64,
+        /// Give up after this long (e.g. 10m): exit 1.
+        #[arg(long, value_parser = humantime_duration)]
+        timeout: Option<Duration>,
+    },
+}
+
+fn humantime_duration(s: &str) -> Result<Duration, String> {
+    #[derive(serde::Deserialize)]
+    struct D(#[serde(with = "humantime_serde")] Duration);
+    serde_json::from_value::<D>(Value::String(s.into()))
+        .map(|d| d.0)
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    cmd: Option<AuditCmd>,
+    #[arg(long)]
+    rollout: Option<i64>,
+    #[arg(long)]
+    model: Option<String>,
+    /// `table` (readable evidence) or `json` (JSON Lines).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    format: Output,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuditCmd {
+    /// Walk the hash chain; exit 1 at the first broken link.
+    Verify,
+}
+
+fn api(g: &Global) -> anyhow::Result<Api> {
+    Api::new(
+        &g.api,
+        std::env::var("ROLLGATE_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
+    )
+}
+
+/// Maps a call's result to an exit code, printing errors.
+fn finish(r: Result<ExitCode, CallError>) -> ExitCode {
+    match r {
+        Ok(c) => c,
+        Err(CallError::Input(m)) => {
+            eprintln!("rollgate: {m}");
+            ExitCode::from(2)
+        }
+        Err(CallError::Other(m)) => {
+            eprintln!("rollgate: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn print(g: &Global, v: &Value, table: impl FnOnce(&Value)) {
+    match g.output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
+        Output::Table => table(v),
+    }
+}
+
+fn s(v: &Value, k: &str) -> String {
+    match v.get(k) {
+        Some(Value::String(x)) => x.clone(),
+        Some(Value::Null) | None => "-".into(),
+        Some(other) => other.to_string(),
+    }
+}
+
+pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    Ok(finish((|| match cmd {
+        ModelCmd::Add {
+            name,
+            protocol,
+            output_pointer,
+            json_path,
+            confidence_threshold,
+        } => {
+            let spec = json!({
+                "protocol": Protocol::from(*protocol),
+                "output_pointer": output_pointer, "json_path": json_path,
+                "confidence_threshold": confidence_threshold,
+            });
+            let spec: serde_json::Map<String, Value> = spec
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter(|(_, v)| !v.is_null())
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let m = a.call(
+                "POST",
+                "/api/v1/models",
+                Some(&json!({ "name": name, "spec": spec })),
+            )?;
+            print(g, &m, |m| {
+                println!("model {} ({})", s(m, "name"), m["spec"]["protocol"])
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCmd::List => {
+            let ms = a.call("GET", "/api/v1/models", None)?;
+            print(g, &ms, |ms| {
+                println!("{:<24} {:<10} CHAMPION", "MODEL", "PROTOCOL");
+                for m in ms.as_array().into_iter().flatten() {
+                    println!(
+                        "{:<24} {:<10} {}",
+                        s(m, "name"),
+                        s(&m["spec"], "protocol"),
+                        s(m, "champion")
+                    );
+                }
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCmd::Show { name } => {
+            let m = a.call("GET", &format!("/api/v1/models/{name}"), None)?;
+            let revs = a.call("GET", &format!("/api/v1/models/{name}/revisions"), None)?;
+            let both = json!({ "model": m, "revisions": revs });
+            print(g, &both, |b| {
+                println!(
+                    "model {}  protocol {}  champion {}",
+                    s(&b["model"], "name"),
+                    s(&b["model"]["spec"], "protocol"),
+                    s(&b["model"], "champion")
+                );
+                revision_table(&b["revisions"]);
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+    })()))
+}
+
+fn revision_table(revs: &Value) {
+    println!(
+        "{:<20} {:<10} {:>10} {:<8} UPSTREAM",
+        "REVISION", "STATE", "REJECTIONS", "BLOCKED"
+    );
+    for r in revs.as_array().into_iter().flatten() {
+        println!(
+            "{:<20} {:<10} {:>10} {:<8} {}",
+            s(r, "id"),
+            s(r, "state"),
+            s(r, "rejections"),
+            s(r, "blocked"),
+            s(&r["spec"], "upstream")
+        );
+    }
+}
+
+pub fn revision(g: &Global, cmd: &RevisionCmd) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    Ok(finish((|| match cmd {
+        RevisionCmd::Add {
+            model,
+            upstream,
+            artifact,
+            readiness_path,
+            timeout_ms,
+        } => {
+            let mut spec = json!({ "upstream": upstream });
+            for (k, v) in [
+                ("artifact", json!(artifact)),
+                ("readiness_path", json!(readiness_path)),
+                ("timeout_ms", json!(timeout_ms)),
+            ] {
+                if !v.is_null() {
+                    spec[k] = v;
+                }
+            }
+            let r = a.call(
+                "POST",
+                &format!("/api/v1/models/{model}/revisions"),
+                Some(&spec),
+            )?;
+            print(g, &r, |r| println!("{}", s(r, "id")));
+            Ok(ExitCode::SUCCESS)
+        }
+        RevisionCmd::List { model } => {
+            let r = a.call("GET", &format!("/api/v1/models/{model}/revisions"), None)?;
+            print(g, &r, revision_table);
+            Ok(ExitCode::SUCCESS)
+        }
+    })()))
+}
+
+pub fn champion(g: &Global, cmd: &ChampionCmd) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    let ChampionCmd::Set {
+        model,
+        revision,
+        reason,
+    } = cmd;
+    Ok(finish((|| {
+        let r = a.call(
+            "PUT",
+            &format!("/api/v1/models/{model}/champion"),
+            Some(&json!({ "revision": revision, "reason": reason })),
+        )?;
+        print(g, &r, |r| println!("champion of {model}: {}", s(r, "id")));
+        Ok(ExitCode::SUCCESS)
+    })()))
+}
+
+fn weight_label(p: &Phase) -> String {
+    match p {
+        Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
+        other => other.name().to_string(),
+    }
+}
+
+/// A compact view of one rollout: stage, weight, per-gate verdict and bounds.
+fn rollout_view(r: &RolloutRecord) -> String {
+    let mut out = format!(
+        "rollout {}  {}  {} -> {}  {}{}\n",
+        r.id,
+        r.spec.model,
+        r.spec.champion,
+        r.spec.candidate,
+        weight_label(&r.state.phase),
+        if r.state.paused { "  (PAUSED)" } else { "" }
+    );
+    if r.state.phase.is_terminal() {
+        out.push_str(&format!("  {}\n", report::phase_line(&r.state.phase)));
+    }
+    if let Some(v) = &r.state.last_verdict {
+        out.push_str(&format!(
+            "  last evaluation: {:?} ({}), {:.0}s into the stage\n",
+            v.outcome,
+            v.reason.code(),
+            v.elapsed_ms as f64 / 1000.0
+        ));
+        for line in report::verdict_lines(v) {
+            out.push_str(&format!("    {line}\n"));
+        }
+    }
+    out
+}
+
+fn rollout_record(v: Value) -> Result<RolloutRecord, CallError> {
+    serde_json::from_value(v)
+        .map_err(|e| CallError::Other(format!("unexpected rollout from the API: {e}")))
+}
+
+pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    let action = |id: i64, verb: &str, body: Option<Value>| -> Result<ExitCode, CallError> {
+        let r = a.call(
+            "POST",
+            &format!("/api/v1/rollouts/{id}/{verb}"),
+            body.as_ref(),
+        )?;
+        let rec = rollout_record(r.clone())?;
+        print(g, &r, |_| print!("{}", rollout_view(&rec)));
+        Ok(ExitCode::SUCCESS)
+    };
+    Ok(finish((|| match cmd {
+        RolloutCmd::Start {
+            model,
+            revision,
+            plan,
+        } => {
+            let plan: Option<Plan> = match plan {
+                Some(p) => Some(
+                    crate::serve::read_toml(p).map_err(|e| CallError::Input(format!("{e:#}")))?,
+                ),
+                None => None,
+            };
+            if let Some(p) = &plan {
+                p.validate().map_err(|e| CallError::Input(e.to_string()))?;
+            }
+            let r = a.call(
+                "POST",
+                "/api/v1/rollouts",
+                Some(&json!({ "model": model, "revision": revision, "plan": plan })),
+            )?;
+            print(g, &r, |r| println!("rollout {} started", s(r, "id")));
+            Ok(ExitCode::SUCCESS)
+        }
+        RolloutCmd::Status {
+            id: Some(id),
+            watch,
+        } => loop {
+            let r = a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?;
+            let rec = rollout_record(r.clone())?;
+            if *watch {
+                print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
+                if rec.state.phase.is_terminal() {
+                    return Ok(ExitCode::SUCCESS);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            } else {
+                print(g, &r, |_| print!("{}", rollout_view(&rec)));
+                return Ok(ExitCode::SUCCESS);
+            }
+        },
+        RolloutCmd::Status { id: None, .. } => {
+            let rs = a.call("GET", "/api/v1/rollouts", None)?;
+            print(g, &rs, |rs| {
+                println!(
+                    "{:>4}  {:<16} {:<20} {:<14} EVALUATIONS",
+                    "ID", "MODEL", "CANDIDATE", "PHASE"
+                );
+                for r in rs.as_array().into_iter().flatten() {
+                    if let Ok(rec) = serde_json::from_value::<RolloutRecord>(r.clone()) {
+                        println!(
+                            "{:>4}  {:<16} {:<20} {:<14} {}",
+                            rec.id,
+                            rec.spec.model,
+                            rec.spec.candidate,
+                            weight_label(&rec.state.phase),
+                            rec.state.evaluations
+                        );
+                    }
+                }
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        RolloutCmd::Pause { id } => action(*id, "pause", None),
+        RolloutCmd::Resume { id } => action(*id, "resume", None),
+        RolloutCmd::Abort { id, reason } => action(*id, "abort", Some(json!({ "reason": reason }))),
+        RolloutCmd::Promote { id, reason } => {
+            action(*id, "promote", Some(json!({ "reason": reason })))
+        }
+        RolloutCmd::Unblock { revision, reason } => {
+            let r = a.call(
+                "POST",
+                &format!("/api/v1/revisions/{revision}/unblock"),
+                Some(&json!({ "reason": reason })),
+            )?;
+            print(g, &r, |r| println!("revision {} unblocked", s(r, "id")));
+            Ok(ExitCode::SUCCESS)
+        }
+        RolloutCmd::Wait { id, timeout } => {
+            let started = Instant::now();
+            loop {
+                let rec =
+                    rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
+                match &rec.state.phase {
+                    Phase::Promoted { .. } => {
+                        println!("{}", report::phase_line(&rec.state.phase));
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    p @ (Phase::RolledBack { .. } | Phase::Aborted) => {
+                        println!("{}", report::phase_line(p));
+                        return Ok(ExitCode::from(3));
+                    }
+                    _ => {}
+                }
+                if timeout.is_some_and(|t| started.elapsed() >= t) {
+                    return Err(CallError::Other(format!(
+                        "rollout {id} still {} after the timeout",
+                        weight_label(&rec.state.phase)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    })()))
+}
+
+fn audit_line(r: &AuditRecord) -> String {
+    let mut line = format!(
+        "#{:<5} {} {:<12} {:<20} {}",
+        r.seq,
+        r.at.0,
+        r.actor,
+        r.kind,
+        r.rollout
+            .map_or(String::from("-"), |id| format!("rollout {id}"))
+    );
+    if let Ok(event) = serde_json::from_value::<rollgate_core::AuditEvent>(r.body.clone()) {
+        line.push_str(&format!(
+            "  {} -> {}",
+            weight_label(&event.from),
+            weight_label(&event.to)
+        ));
+        if let Some(note) = &event.note {
+            line.push_str(&format!("  ({note})"));
+        }
+        if let Some(v) = &event.verdict {
+            line.push_str(&format!(
+                "\n        verdict {:?}: {}",
+                v.outcome,
+                v.reason.code()
+            ));
+            for l in report::verdict_lines(v) {
+                line.push_str(&format!("\n          {l}"));
+            }
+        }
+    } else if let Some(reason) = r.body.get("reason").and_then(Value::as_str) {
+        line.push_str(&format!("  reason: {reason}"));
+    }
+    line
+}
+
+pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    Ok(finish((|| {
+        if let Some(AuditCmd::Verify) = args.cmd {
+            let report = a.call("GET", "/api/v1/audit/verify", None)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
+            return Ok(if report.get("first_break").is_some_and(|b| !b.is_null()) {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            });
+        }
+        let mut q = Vec::new();
+        if let Some(r) = args.rollout {
+            q.push(format!("rollout={r}"));
+        }
+        if let Some(m) = &args.model {
+            q.push(format!("model={m}"));
+        }
+        let query = if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&"))
+        };
+        if args.format == Output::Json || g.output == Output::Json {
+            let raw = a.call_raw("GET", &format!("/api/v1/audit/export{query}"), None)?;
+            print!("{}", String::from_utf8_lossy(&raw));
+            return Ok(ExitCode::SUCCESS);
+        }
+        let records: Vec<AuditRecord> =
+            serde_json::from_value(a.call("GET", &format!("/api/v1/audit{query}"), None)?)
+                .map_err(|e| CallError::Other(e.to_string()))?;
+        for r in &records {
+            println!("{}", audit_line(r));
+        }
+        Ok(ExitCode::SUCCESS)
+    })()))
+}

@@ -1,0 +1,136 @@
+//! A small blocking client of the admin API for the CLI.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// Why a call failed, mapped to the CLI's exit codes.
+#[derive(Debug)]
+pub enum CallError {
+    /// The API refused the input (4xx): exit code 2.
+    Input(String),
+    /// Anything else: exit code 1.
+    Other(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Input(m) | CallError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+pub struct Api {
+    base: String,
+    token: Option<String>,
+    rt: tokio::runtime::Runtime,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Api {
+    pub fn new(base: &str, token: Option<String>) -> anyhow::Result<Api> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let client = {
+            let _guard = rt.enter();
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+        };
+        Ok(Api {
+            base: base.trim_end_matches('/').to_string(),
+            token,
+            rt,
+            client,
+        })
+    }
+
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, CallError> {
+        let raw = self.call_raw(method, path, body)?;
+        if raw.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&raw)
+            .map_err(|e| CallError::Other(format!("bad JSON from the API: {e}")))
+    }
+
+    pub fn call_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Bytes, CallError> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("x-rollgate-actor", actor());
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let payload = match body {
+            Some(b) => {
+                req = req.header("content-type", "application/json");
+                Bytes::from(b.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let req = req
+            .body(Full::new(payload))
+            .map_err(|e| CallError::Input(format!("bad request {url}: {e}")))?;
+        let fut = async {
+            let resp = self.client.request(req).await.map_err(|e| {
+                CallError::Other(format!(
+                    "cannot reach the rollgate API at {}: {e}",
+                    self.base
+                ))
+            })?;
+            let status = resp.status();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| CallError::Other(e.to_string()))?
+                .to_bytes();
+            Ok::<_, CallError>((status, bytes))
+        };
+        let (status, bytes) = self
+            .rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), fut).await })
+            .map_err(|_| {
+                CallError::Other(format!("the API at {} did not answer in 30 s", self.base))
+            })??;
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        let msg = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| {
+                let e = v.get("error")?;
+                Some(format!(
+                    "{} ({})",
+                    e.get("message")?.as_str()?,
+                    e.get("code")?.as_str()?
+                ))
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        if status.is_client_error() {
+            Err(CallError::Input(msg))
+        } else {
+            Err(CallError::Other(msg))
+        }
+    }
+}
+
+fn actor() -> String {
+    std::env::var("ROLLGATE_ACTOR")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "operator".into())
+}

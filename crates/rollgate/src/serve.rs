@@ -1,0 +1,317 @@
+//! The long-running parts: `rollgate up`, `rollgate controller`, and
+//! `rollgate gateway` (static routes, or following the store with `--data`).
+//! The same parts run in one process or several without changing their
+//! interfaces: they meet in the store.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use clap::Args;
+use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient};
+use rollgate_core::Timestamp;
+use rollgate_gateway::{Gateway, GatewayConfig};
+use rollgate_store::{SqliteStore, Store};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+/// `rollgate up` / `rollgate controller` configuration (TOML).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpConfig {
+    pub api: ApiConfig,
+    pub controller: ControllerConfig,
+    /// The gateway; its `models` are ignored: routes come from the store.
+    pub gateway: GatewayConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    /// File holding the bearer token (else `ROLLGATE_TOKEN`).
+    pub token_file: Option<PathBuf>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            token_file: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// How often each active rollout is reconciled.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// Gateways silent for longer are not merged.
+    #[serde(with = "humantime_serde")]
+    pub gateway_ttl: Duration,
+    /// How often gateways reload routes from the store and heartbeat.
+    #[serde(with = "humantime_serde")]
+    pub follow_interval: Duration,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            tick: Duration::from_secs(1),
+            gateway_ttl: Duration::from_secs(5),
+            follow_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Reads a TOML file; errors carry the file, the line and the field.
+pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn token(cfg: &ApiConfig) -> anyhow::Result<Option<Arc<str>>> {
+    if let Some(f) = &cfg.token_file {
+        let t = std::fs::read_to_string(f)
+            .with_context(|| format!("reading token file {}", f.display()))?;
+        return Ok(Some(Arc::from(t.trim())));
+    }
+    Ok(std::env::var("ROLLGATE_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| Arc::from(t.trim())))
+}
+
+fn system_clock() -> Timestamp {
+    Timestamp(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}
+
+fn open_store(data: &Path) -> anyhow::Result<Arc<dyn Store>> {
+    let store = SqliteStore::open_dir(data)
+        .with_context(|| format!("opening the store in {}", data.display()))?;
+    Ok(Arc::new(store))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// A shutdown signal several tasks can wait on.
+fn broadcast_shutdown() -> (
+    watch::Sender<bool>,
+    impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Clone,
+) {
+    let (tx, rx) = watch::channel(false);
+    let wait = move || {
+        let mut rx = rx.clone();
+        Box::pin(async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    };
+    (tx, wait)
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Config file (TOML): [api], [controller], [gateway].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Data directory of the embedded store.
+    #[arg(long, default_value = "rollgate-data")]
+    data: PathBuf,
+}
+
+/// Store, gateway, controller and admin API in one process.
+pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
+    let cfg: UpConfig = match &args.config {
+        Some(p) => read_toml(p)?,
+        None => UpConfig::default(),
+    };
+    init_tracing();
+    let store = open_store(&args.data)?;
+    runtime()?.block_on(async move {
+        let (stop, wait) = broadcast_shutdown();
+        let gateway = Gateway::new(&GatewayConfig {
+            models: vec![],
+            ..cfg.gateway.clone()
+        })?;
+        let gw_listener = tokio::net::TcpListener::bind(cfg.gateway.listen)
+            .await
+            .with_context(|| format!("binding the gateway on {}", cfg.gateway.listen))?;
+        let gw_addr = gw_listener.local_addr()?;
+        let api_listener = tokio::net::TcpListener::bind(cfg.api.listen)
+            .await
+            .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
+        let api_addr = api_listener.local_addr()?;
+        let ctx = Context {
+            store: Arc::clone(&store),
+            http: HttpClient::new(Duration::from_secs(2)),
+            gateway_ttl: cfg.controller.gateway_ttl,
+            tick: cfg.controller.tick,
+            clock: Arc::new(system_clock),
+            local_gateway: Some(gateway.clone()),
+            metrics: Arc::new(ControllerMetrics::default()),
+        };
+        let state = ApiState {
+            ctx: ctx.clone(),
+            token: token(&cfg.api)?,
+        };
+        rollgate_controller::api::check_binding(api_addr, state.token.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
+        println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
+        let follow = tokio::spawn(rollgate_controller::follow(
+            Arc::clone(&store),
+            gateway.clone(),
+            format!("up-{gw_addr}"),
+            format!("http://{gw_addr}/rollgate/stats"),
+            cfg.controller.follow_interval,
+            wait(),
+        ));
+        let serve_gw = tokio::spawn(rollgate_gateway::serve(gw_listener, gateway, wait()));
+        let controller = tokio::spawn(rollgate_controller::run(ctx, wait()));
+        let api = tokio::spawn(rollgate_controller::api::serve(api_listener, state, wait()));
+        shutdown_signal().await;
+        let _ = stop.send(true);
+        let _ = tokio::join!(follow, serve_gw, controller, api);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    /// Data directory of the store.
+    #[arg(long, default_value = "rollgate-data")]
+    data: PathBuf,
+    /// Config file (TOML): [api], [controller].
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides [api].listen.
+    #[arg(long)]
+    api_listen: Option<SocketAddr>,
+}
+
+/// The controller and admin API as their own process.
+pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg: UpConfig = match &args.config {
+        Some(p) => read_toml(p)?,
+        None => UpConfig::default(),
+    };
+    if let Some(l) = args.api_listen {
+        cfg.api.listen = l;
+    }
+    init_tracing();
+    let store = open_store(&args.data)?;
+    runtime()?.block_on(async move {
+        let (stop, wait) = broadcast_shutdown();
+        let listener = tokio::net::TcpListener::bind(cfg.api.listen)
+            .await
+            .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
+        let addr = listener.local_addr()?;
+        let ctx = Context {
+            store,
+            http: HttpClient::new(Duration::from_secs(2)),
+            gateway_ttl: cfg.controller.gateway_ttl,
+            tick: cfg.controller.tick,
+            clock: Arc::new(system_clock),
+            local_gateway: None,
+            metrics: Arc::new(ControllerMetrics::default()),
+        };
+        let state = ApiState {
+            ctx: ctx.clone(),
+            token: token(&cfg.api)?,
+        };
+        rollgate_controller::api::check_binding(addr, state.token.as_deref())
+            .map_err(anyhow::Error::msg)?;
+        println!("rollgate controller: admin API http://{addr}");
+        let controller = tokio::spawn(rollgate_controller::run(ctx, wait()));
+        let api = tokio::spawn(rollgate_controller::api::serve(listener, state, wait()));
+        shutdown_signal().await;
+        let _ = stop.send(true);
+        let _ = tokio::join!(controller, api);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A gateway that follows the store at `data` (used by `rollgate gateway --data`).
+pub fn gateway_following_store(
+    config: GatewayConfig,
+    data: &Path,
+    id: Option<String>,
+    follow_every: Duration,
+) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    let store = open_store(data)?;
+    runtime()?.block_on(async move {
+        let (stop, wait) = broadcast_shutdown();
+        let gateway = Gateway::new(&GatewayConfig {
+            models: vec![],
+            ..config.clone()
+        })?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        rollgate_controller::sync_once(store.as_ref(), &gateway)?;
+        println!(
+            "rollgate gateway: http://{addr} following the store in {}",
+            data.display()
+        );
+        let id = id.unwrap_or_else(|| format!("gateway-{addr}"));
+        let follow = tokio::spawn(rollgate_controller::follow(
+            Arc::clone(&store),
+            gateway.clone(),
+            id,
+            format!("http://{addr}/rollgate/stats"),
+            follow_every,
+            wait(),
+        ));
+        let serve = tokio::spawn(rollgate_gateway::serve(listener, gateway, wait()));
+        shutdown_signal().await;
+        let _ = stop.send(true);
+        let _ = tokio::join!(follow, serve);
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
