@@ -501,6 +501,56 @@ fn the_hash_chain_detects_reordered_records() {
 }
 
 #[test]
+fn routes_follow_rollouts_and_gateways_heartbeat() {
+    for_each_store(|store, _| {
+        let ids = model_with_champion(store, 1);
+        let routes = store.routes().expect("routes");
+        assert_eq!(routes.len(), 1);
+        assert_eq!(
+            routes[0].champion.as_ref().map(|r| r.id.clone()),
+            Some(ids[0].clone())
+        );
+        assert!(routes[0].rollout.is_none());
+        let r = store
+            .create_rollout("risk", &ids[1], &Plan::default(), "a")
+            .expect("rollout");
+        let mut state = r.state.clone();
+        state.phase = Phase::Shadow;
+        let routing = Routing {
+            candidate_weight_bp: 0,
+            mirror_bp: 10_000,
+        };
+        store
+            .apply(TransitionWrite {
+                rollout: r.id,
+                expected_version: r.version,
+                state: &state,
+                effects: &[Effect::SetRouting { routing }],
+                actor: "controller",
+            })
+            .expect("apply");
+        let routes = store.routes().expect("routes");
+        let (cand, got, id) = routes[0].rollout.clone().expect("active rollout");
+        assert_eq!((cand.id, got, id), (ids[1].clone(), routing, r.id));
+
+        store
+            .heartbeat("gw-1", "http://127.0.0.1:1/rollgate/stats")
+            .expect("heartbeat");
+        store
+            .heartbeat("gw-2", "http://127.0.0.1:2/rollgate/stats")
+            .expect("heartbeat");
+        store
+            .heartbeat("gw-1", "http://127.0.0.1:3/rollgate/stats")
+            .expect("heartbeat again");
+        let live = store.gateways(Duration::from_secs(60)).expect("gateways");
+        assert_eq!(live.len(), 2);
+        assert_eq!(live[0].stats_url, "http://127.0.0.1:3/rollgate/stats");
+        // The test clock moves forward on every call: nothing is that fresh.
+        assert!(store.gateways(Duration::ZERO).expect("gateways").is_empty());
+    });
+}
+
+#[test]
 fn jsonl_export_round_trips_and_still_verifies() {
     for_each_store(|store, _| {
         model_with_champion(store, 2);

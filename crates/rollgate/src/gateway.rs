@@ -10,8 +10,9 @@ use rollgate_gateway::{Gateway, GatewayConfig, serve};
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
     /// Gateway config (TOML): listen address, limits, mirror pool, routes.
-    #[arg(long)]
-    config: PathBuf,
+    /// Optional with --data (routes then come from the store).
+    #[arg(long, required_unless_present = "data")]
+    config: Option<PathBuf>,
     /// Overrides `listen` from the config.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -61,7 +62,11 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
-    let mut config = match load_config(&args.config) {
+    let loaded = match &args.config {
+        Some(path) => load_config(path),
+        None => Ok(GatewayConfig::default()),
+    };
+    let mut config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rollgate: {e:#}");

@@ -1,0 +1,702 @@
+//! Rollouts end to end with real processes on 127.0.0.1: `rollgate gateway`
+//! and `rollgate controller` meeting in one store, small upstream servers
+//! that answer, fail, or are ready and then answer 503, and live traffic.
+//! Every wait is bounded.
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+struct Proc {
+    child: Child,
+    addr: String,
+}
+
+impl Proc {
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `rollgate ARGS` and waits (bounded) for the `http://ADDR` it prints.
+fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn rollgate");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {} // keep draining so the child never blocks on stdout
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("rollgate printed its address");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .expect("an http:// address")
+        .to_string();
+    Proc { child, addr }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write file");
+    p.to_string_lossy().into_owned()
+}
+
+const CONTROLLER_TOML: &str = r#"
+[api]
+listen = "127.0.0.1:0"
+[controller]
+tick = "200ms"
+gateway_ttl = "3s"
+"#;
+
+fn start_controller(dir: &Path, env: &[(&str, &str)]) -> Proc {
+    let cfg = write(dir, "controller.toml", CONTROLLER_TOML);
+    let data = dir.join("data");
+    spawn(
+        &[
+            "controller",
+            "--data",
+            &data.to_string_lossy(),
+            "--config",
+            &cfg,
+        ],
+        env,
+    )
+}
+
+fn start_gateway(dir: &Path) -> Proc {
+    let data = dir.join("data");
+    spawn(
+        &[
+            "gateway",
+            "--data",
+            &data.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    )
+}
+
+/// How a test model server behaves.
+#[derive(Clone)]
+struct Model {
+    /// POSTs answer 503 while set.
+    failing: Arc<AtomicBool>,
+    predictions: Arc<AtomicU64>,
+}
+
+impl Model {
+    fn new(failing: bool) -> Model {
+        Model {
+            failing: Arc::new(AtomicBool::new(failing)),
+            predictions: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+/// A KServe-V1-speaking model server: readiness always passes.
+async fn model_server(model: Model) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let model = model.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let model = model.clone();
+                    async move {
+                        let post = req.method() == hyper::Method::POST;
+                        let _ = req.into_body().collect().await;
+                        let (status, body) = if !post {
+                            (200, r#"{"name":"m","ready":true}"#)
+                        } else if model.failing.load(Ordering::SeqCst) {
+                            (503, r#"{"error":"unavailable"}"#)
+                        } else {
+                            model.predictions.fetch_add(1, Ordering::SeqCst);
+                            (200, r#"{"predictions":[[0.1,0.9]]}"#)
+                        };
+                        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                        *r.status_mut() = StatusCode::from_u16(status).expect("status");
+                        Ok::<_, Infallible>(r)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+async fn request(
+    c: &HttpClient,
+    method: &str,
+    url: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> (u16, Value, Option<String>) {
+    let mut b = Request::builder().method(method).uri(url);
+    if body.is_some() {
+        b = b.header("content-type", "application/json");
+    }
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let req = b
+        .body(Full::new(Bytes::from(
+            body.map(|v| v.to_string()).unwrap_or_default(),
+        )))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("answered within 10 s")
+        .expect("http");
+    let status = resp.status().as_u16();
+    let revision = resp
+        .headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        revision,
+    )
+}
+
+async fn api(
+    c: &HttpClient,
+    ctl: &Proc,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let (s, v, _) = request(c, method, &format!("http://{}{path}", ctl.addr), body, None).await;
+    (s, v)
+}
+
+/// A short plan: stages of 1 s, a 6 s evidence deadline, small floors.
+fn plan() -> Value {
+    json!({
+        "steps": [20, 50],
+        "min_stage_duration": "1s",
+        "evidence_timeout": "6s",
+        "readiness_timeout": "5s",
+        "gates": {
+            "error_rate": { "min_requests": 20 },
+            "latency": { "min_requests": 20 },
+            "shadow": { "min_pairs": 30 }
+        }
+    })
+}
+
+/// Registers model `m` with a champion and a candidate; returns their ids.
+async fn setup(
+    c: &HttpClient,
+    ctl: &Proc,
+    champion_url: &str,
+    candidate_url: &str,
+) -> (String, String) {
+    let (s, _) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m" })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, champ) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": champion_url })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (_, cand) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": candidate_url })),
+    )
+    .await;
+    let (champ, cand) = (
+        champ["id"].as_str().expect("id").to_string(),
+        cand["id"].as_str().expect("id").to_string(),
+    );
+    let (s, _) = api(
+        c,
+        ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": champ, "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200);
+    (champ, cand)
+}
+
+async fn start_rollout(c: &HttpClient, ctl: &Proc, cand: &str) -> i64 {
+    let (s, r) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "m", "revision": cand, "plan": plan() })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    r["id"].as_i64().expect("rollout id")
+}
+
+/// Sends traffic with sticky keys until `stop` is set (bounded by 120 s).
+fn traffic(gw: &Proc, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+    tokio::spawn(async move {
+        let c = client();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+            let req = Request::builder()
+                .method("POST")
+                .uri(&url)
+                .header("content-type", "application/json")
+                .header("x-rollgate-key", format!("user-{}", n % 5000))
+                .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+                .expect("request");
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await {
+                let _ = r.into_body().collect().await;
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        n
+    })
+}
+
+/// Polls the rollout until `done` holds; panics after `limit`.
+async fn wait_for(
+    c: &HttpClient,
+    ctl: &Proc,
+    id: i64,
+    limit: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        let (s, r) = api(c, ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+        if s == 200 && done(&r) {
+            return r;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "rollout {id} did not get there in {limit:?}: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn phase(r: &Value) -> &str {
+    r["state"]["phase"]["phase"].as_str().unwrap_or("")
+}
+
+fn finished(r: &Value) -> bool {
+    matches!(phase(r), "promoted" | "rolled_back" | "aborted")
+}
+
+async fn audit_kinds(c: &HttpClient, ctl: &Proc, id: i64) -> Vec<String> {
+    let (_, a) = api(c, ctl, "GET", &format!("/api/v1/audit?rollout={id}"), None).await;
+    a.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["kind"].as_str().map(str::to_string))
+        .collect()
+}
+
+async fn chain_intact(c: &HttpClient, ctl: &Proc) -> bool {
+    let (s, v) = api(c, ctl, "GET", "/api/v1/audit/verify", None).await;
+    s == 200 && v["first_break"].is_null() && v["records"].as_u64().unwrap_or(0) > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let (champion, candidate) = (model_server(Model::new(false)).await, Model::new(false));
+    let cand_url = model_server(candidate.clone()).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &cand_url).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    assert_eq!(m["champion"].as_str(), Some(cand.as_str()));
+    // The gateway follows the store: soon every request is the new champion's.
+    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+    let started = Instant::now();
+    loop {
+        let (s, _, rev) = request(&c, "POST", &url, Some(json!({"instances": [[1]]})), None).await;
+        if s == 200 && rev.as_deref() == Some(cand.as_str()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "gateway never switched"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kinds = audit_kinds(&c, &ctl, id).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "advanced").count(),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.iter().filter(|k| *k == "promoted").count(), 1);
+    assert!(chain_intact(&c, &ctl).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_then_503_is_rolled_back_rejected_and_the_champion_serves_everyone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let broken = model_server(Model::new(true)).await;
+    let (champ, cand) = setup(&c, &ctl, &champion, &broken).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+    let (_, rev) = api(&c, &ctl, "GET", &format!("/api/v1/revisions/{cand}"), None).await;
+    assert_eq!(rev["state"], "rejected");
+    assert_eq!(rev["blocked"], true);
+    // A new rollout of it is refused until unblocked.
+    let (s, e) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "m", "revision": cand })),
+    )
+    .await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (409, Some("revision_rejected"))
+    );
+    // Afterwards every request is served, by the champion (once the gateway
+    // has followed the store: bounded wait for the first champion answer).
+    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+    let started = Instant::now();
+    while request(&c, "POST", &url, Some(json!({"instances": [[1]]})), None)
+        .await
+        .2
+        .as_deref()
+        != Some(champ.as_str())
+    {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..30 {
+        let key = format!("after-{i}");
+        let req = Request::builder()
+            .method("POST")
+            .uri(&url)
+            .header("x-rollgate-key", key)
+            .body(Full::new(Bytes::from_static(b"{\"instances\":[[1]]}")))
+            .expect("req");
+        let resp = c.request(req).await.expect("http");
+        assert_eq!(resp.status(), 200);
+        let rev = resp
+            .headers()
+            .get("x-rollgate-revision")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        assert_eq!(rev.as_deref(), Some(champ.as_str()));
+    }
+    assert!(chain_intact(&c, &ctl).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_outage_does_not_roll_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let (champion_model, candidate_model) = (Model::new(true), Model::new(true));
+    let champion = model_server(champion_model.clone()).await;
+    let candidate = model_server(candidate_model.clone()).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    // Well past the 6 s evidence deadline: held, not rolled back.
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        r["state"]["last_verdict"]["reason"]["code"] == "shared_outage"
+    })
+    .await;
+    assert!(!finished(&r));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (_, r) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+    assert!(!finished(&r), "{r}");
+    assert_eq!(
+        r["state"]["last_verdict"]["reason"]["code"],
+        "shared_outage"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_that_stops_fails_safe_and_never_promotes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let _gw = start_gateway(dir.path());
+    // No traffic at all.
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(40), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(r["state"]["phase"]["reason"]["code"], "evidence_timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_killed_mid_rollout_resumes_to_the_same_outcome() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    ctl.kill(); // SIGKILL, mid-rollout
+    let ctl = start_controller(dir.path(), &[]);
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let kinds = audit_kinds(&c, &ctl, id).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "advanced").count(),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "promoted").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(chain_intact(&c, &ctl).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controllers_never_double_advance_a_rollout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let _second = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let kinds = audit_kinds(&c, &ctl, id).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "started").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "advanced").count(),
+        2,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "promoted").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "champion_set").count(),
+        1,
+        "{kinds:?}"
+    );
+    // Evaluations were committed once each: the rollout's version counts them.
+    let evaluations = r["state"]["evaluations"].as_u64().expect("evaluations");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "evaluated").count() as u64,
+        evaluations
+    );
+    assert!(chain_intact(&c, &ctl).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_name_the_problem_and_auth_guards_every_endpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[("ROLLGATE_TOKEN", "s3cret")]);
+    let c = client();
+    let base = format!("http://{}", ctl.addr);
+    let (s, e, _) = request(&c, "GET", &format!("{base}/api/v1/models"), None, None).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (s, _, _) = request(
+        &c,
+        "GET",
+        &format!("{base}/api/v1/models"),
+        None,
+        Some("wrong"),
+    )
+    .await;
+    assert_eq!(s, 401);
+    let (s, _, _) = request(&c, "GET", &format!("{base}/healthz"), None, None).await;
+    assert_eq!(s, 200);
+    let tok = Some("s3cret");
+    let (s, _, _) = request(&c, "GET", &format!("{base}/api/v1/models"), None, tok).await;
+    assert_eq!(s, 200);
+    let (s, e, _) = request(
+        &c,
+        "POST",
+        &format!("{base}/api/v1/rollouts"),
+        Some(json!({ "model": "m" })),
+        tok,
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("revision"),
+        "{e}"
+    );
+    let (s, e, _) = request(&c, "GET", &format!("{base}/api/v1/models/nope"), None, tok).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("not_found")));
+    let (s, e, _) = request(
+        &c,
+        "POST",
+        &format!("{base}/api/v1/models"),
+        Some(json!({ "name": "bad name!" })),
+        tok,
+    )
+    .await;
+    assert_eq!((s, e["error"]["code"].as_str()), (422, Some("invalid")));
+    let bad_plan = json!({ "model": "m", "revision": "r", "plan": { "steps": [50, 5] } });
+    let (s, e, _) = request(
+        &c,
+        "POST",
+        &format!("{base}/api/v1/rollouts"),
+        Some(bad_plan),
+        tok,
+    )
+    .await;
+    assert_eq!(s, 422, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("steps[1]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_admin_api_refuses_a_public_address_without_a_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args([
+            "controller",
+            "--data",
+            &data.to_string_lossy(),
+            "--api-listen",
+            "0.0.0.0:0",
+        ])
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ROLLGATE_TOKEN"));
+}
