@@ -1,152 +1,396 @@
-//! `rollgate demo`: three rollouts, each decided by the real gates and state
-//! machine, with their evidence in plain words.
-//!
-//! Traffic is simulated in-process by `rollgate-sim` (seeded Poisson
-//! arrivals, sticky keys, per-arm failures and latency, paired answers), so
-//! the demo runs in a second with nothing to set up. It does not yet start
-//! model servers or a gateway.
+//! `rollgate demo`: the main job. From nothing but the toolchain: trains the
+//! model zoo, starts four model servers, the gateway, the controller and the
+//! admin API on free loopback ports with the embedded store, drives traffic,
+//! and runs three rollouts: `retrained` (promoted), `broken-feature`
+//! (refused in SHADOW, zero live exposure) and the champion's model behind a
+//! ready-then-503 server (rolled back at the first canary step). Each
+//! decision is shown with its evidence; the audit log is kept for inspection.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use clap::Args;
-use rollgate_core::{AuditKind, Phase, Plan};
-use rollgate_sim::{ArmModel, Scenario, SimResult, simulate};
+use rollgate_controller::{Context, ControllerMetrics, HttpClient};
+use rollgate_core::{Phase, Plan, Timestamp};
+use rollgate_gateway::{Gateway, GatewayConfig};
+use rollgate_modelkit::model::{LinearModel, train_zoo};
+use rollgate_modelkit::server::{Faults, ServerConfig};
+use rollgate_modelkit::traffic::{TrafficConfig, run as run_traffic};
+use rollgate_store::{ModelSpec, RevisionSpec, SqliteStore, Store};
+use tokio::sync::watch;
 
 use crate::report;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
-    /// Seed for the simulated traffic.
+    /// Seed for training and traffic.
     #[arg(long, default_value_t = 7)]
-    seed: u64,
-    /// Simulated requests per second.
-    #[arg(long, default_value_t = 300.0)]
-    rps: f64,
+    pub seed: u64,
+    /// Requests per second through the gateway.
+    #[arg(long, default_value_t = 400.0)]
+    pub rps: f64,
+    /// Shorter stages (1 s minimum instead of 3 s): for tests.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to keep the models, the store and the audit export (default: a
+    /// new directory under the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Decide the same three rollouts on in-process simulated traffic
+    /// instead (no sockets, about a second).
+    #[arg(long)]
+    pub simulated: bool,
 }
 
-struct Case {
-    scenario: Scenario,
-    plan: Plan,
-    expect: fn(&Phase) -> bool,
-    story: &'static str,
-}
-
-fn demo_plan() -> Plan {
-    Plan {
-        min_stage_duration: Duration::from_secs(10),
-        evidence_timeout: Duration::from_secs(120),
+/// The demo's plan: the default gates, shorter clocks, a 2% error margin so a
+/// 5% step at a few hundred requests per second decides in seconds.
+fn demo_plan(quick: bool, shadow: bool) -> Plan {
+    let mut p = Plan {
+        min_stage_duration: Duration::from_secs(if quick { 1 } else { 3 }),
+        evidence_timeout: Duration::from_secs(60),
+        readiness_timeout: Duration::from_secs(10),
         ..Plan::default()
-    }
+    };
+    p.shadow.enabled = shadow;
+    p.gates.error_rate.margin = 0.02;
+    p
 }
 
-fn cases(rps: f64) -> Vec<Case> {
-    let base = Scenario::identical("", rps);
-    let mut no_shadow = demo_plan();
-    no_shadow.shadow.enabled = false;
-    vec![
-        Case {
-            scenario: Scenario {
-                name: "retrained".into(),
-                candidate: ArmModel {
-                    median_ms: 21.0,
-                    ..ArmModel::HEALTHY
-                },
-                flip_rate: 0.005,
-                unconfident_disagreement: 0.03,
-                ..base.clone()
-            },
-            plan: demo_plan(),
-            expect: |p| matches!(p, Phase::Promoted { .. }),
-            story: "same recipe, new seed: a healthy new version",
-        },
-        Case {
-            scenario: Scenario {
-                name: "broken-feature".into(),
-                flip_rate: 0.124,
-                unconfident_disagreement: 0.25,
-                ..base.clone()
-            },
-            plan: demo_plan(),
-            expect: |p| matches!(p, Phase::RolledBack { .. }),
-            story: "one informative feature dead: fast, well-formed, and different",
-        },
-        Case {
-            scenario: Scenario {
-                name: "ready-then-503".into(),
-                candidate: ArmModel {
-                    failure: 1.0,
-                    ..ArmModel::HEALTHY
-                },
-                ..base
-            },
-            plan: no_shadow,
-            expect: |p| matches!(p, Phase::RolledBack { .. }),
-            story: "passes readiness, then answers 503 to every prediction (no shadow stage)",
-        },
-    ]
+fn now() -> Timestamp {
+    Timestamp(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
 }
 
-fn print_result(r: &SimResult, story: &str) {
-    println!("\n== {} — {story}", r.scenario);
-    for t in &r.audit {
-        let e = &t.event;
-        match e.kind {
-            AuditKind::Started | AuditKind::Advanced => {
-                println!(
-                    "  t={:>5.0}s  {} -> {}",
-                    t.at_s,
-                    phase_label(&e.from),
-                    phase_label(&e.to)
-                )
-            }
-            AuditKind::Promoted | AuditKind::RolledBack => {
-                println!("  t={:>5.0}s  {}", t.at_s, report::phase_line(&e.to));
-                if let Some(v) = &e.verdict {
-                    println!(
-                        "  evidence at {} ({} s into the stage):",
-                        phase_label(&e.from),
-                        v.elapsed_ms / 1000
-                    );
-                    for line in report::verdict_lines(v) {
-                        println!("    {line}");
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    println!(
-        "  candidate exposure: {} live requests, {} mirrored; {} evaluations, all in the audit trail",
-        r.candidate_live_requests, r.candidate_mirrored_requests, r.evaluations
-    );
-}
-
-fn phase_label(p: &Phase) -> String {
+fn label(p: &Phase) -> String {
     match p {
         Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
         other => other.name().to_string(),
     }
 }
 
-pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+async fn model_server(
+    model: LinearModel,
+    faults: Faults,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let cfg = ServerConfig {
+        name: "fraud".into(),
+        model,
+        faults,
+    };
+    tokio::spawn(rollgate_modelkit::server::serve(listener, cfg, wait(stop)));
+    Ok(format!("http://{addr}"))
+}
+
+async fn wait(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+struct Outcome {
+    name: &'static str,
+    phase: Phase,
+    seconds: f64,
+    max_weight: u32,
+}
+
+/// Runs one rollout to its end, printing each phase change as it happens.
+async fn rollout(
+    store: &Arc<dyn Store>,
+    name: &'static str,
+    story: &str,
+    candidate: &str,
+    plan: &Plan,
+) -> anyhow::Result<Outcome> {
+    println!("\n== {name}: {story}");
+    let (s, c, p) = (Arc::clone(store), candidate.to_string(), plan.clone());
+    let rec =
+        tokio::task::spawn_blocking(move || s.create_rollout("fraud", &c, &p, "demo")).await??;
+    let started = Instant::now();
+    let mut last = label(&rec.state.phase);
+    let mut max_weight = 0;
     println!(
-        "rollgate demo: three rollouts at {} rps of simulated traffic (seed {}), plan: shadow, then 5/25/50%, 10 s minimum per stage",
-        args.rps, args.seed
+        "  t={:>5.1}s  rollout {} of {} started: {}",
+        0.0, rec.id, candidate, last
     );
-    let mut all_as_expected = true;
-    for case in cases(args.rps) {
-        case.plan.validate()?;
-        let r = simulate(&case.plan, &case.scenario, args.seed);
-        print_result(&r, case.story);
-        if !(case.expect)(&r.phase) {
-            all_as_expected = false;
-            println!("  !! unexpected outcome");
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (s, id) = (Arc::clone(store), rec.id);
+        let r = tokio::task::spawn_blocking(move || s.rollout(id)).await??;
+        max_weight = max_weight.max(r.routing.candidate_weight_bp);
+        let now_label = label(&r.state.phase);
+        if now_label != last {
+            println!(
+                "  t={:>5.1}s  {} -> {}",
+                started.elapsed().as_secs_f64(),
+                last,
+                now_label
+            );
+            last = now_label;
+        }
+        if r.state.phase.is_terminal() {
+            println!("  {}", report::phase_line(&r.state.phase));
+            if let Some(v) = &r.state.last_verdict {
+                println!("  evidence ({} s into the stage):", v.elapsed_ms / 1000);
+                for line in report::verdict_lines(v) {
+                    println!("    {line}");
+                }
+            }
+            return Ok(Outcome {
+                name,
+                phase: r.state.phase,
+                seconds: started.elapsed().as_secs_f64(),
+                max_weight,
+            });
+        }
+        if started.elapsed() > Duration::from_secs(180) {
+            anyhow::bail!("rollout {} did not finish in 180 s", rec.id);
         }
     }
-    Ok(if all_as_expected {
+}
+
+pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    if args.simulated {
+        return crate::sim_demo::run(args);
+    }
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("rollgate-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    println!("rollgate demo: everything under {}", dir.display());
+    println!(
+        "\n-- training the model zoo (linfa logistic regression, seed {})",
+        args.seed
+    );
+    let zoo = train_zoo(&dir.join("models"), args.seed)?;
+    for e in &zoo {
+        println!(
+            "  {:<15} holdout accuracy {:>5.1}%  agrees with champion {:>5.1}%  flips {:>4.1}% of its confident decisions",
+            e.model.name,
+            e.model.holdout_accuracy * 100.0,
+            e.vs_champion.agreement * 100.0,
+            e.vs_champion.confident_flip_rate * 100.0
+        );
+    }
+    let model = |n: &str| {
+        zoo.iter()
+            .find(|e| e.model.name == n)
+            .map(|e| e.model.clone())
+            .context("zoo entry")
+    };
+    let (champion, retrained, broken) = (
+        model("champion")?,
+        model("retrained")?,
+        model("broken-feature")?,
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let outcomes = rt.block_on(demo(args, &dir, champion, retrained, broken))?;
+
+    println!("\n-- summary");
+    let expected = [
+        ("retrained", "PROMOTED"),
+        ("broken-feature", "ROLLED_BACK"),
+        ("ready-then-503", "ROLLED_BACK"),
+    ];
+    let mut ok = true;
+    for (o, (name, want)) in outcomes.iter().zip(expected) {
+        let live = if o.max_weight == 0 {
+            "zero live exposure".to_string()
+        } else {
+            format!("at most {}% of live traffic", o.max_weight / 100)
+        };
+        println!(
+            "  {:<15} {:<12} after {:>5.1}s, {live}",
+            o.name,
+            o.phase.name(),
+            o.seconds
+        );
+        ok &= o.name == name && o.phase.name() == want;
+    }
+    let db = dir.join("data").join("rollgate.db");
+    println!("\nThe audit log (every evaluation, its counts, bounds and reasons, hash-chained):");
+    println!("  exported:  {}", dir.join("audit.jsonl").display());
+    println!("  database:  {}", db.display());
+    println!(
+        "  inspect:   rollgate up --data {} &  then  rollgate audit --rollout 2",
+        dir.join("data").display()
+    );
+    Ok(if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+async fn demo(
+    args: &DemoArgs,
+    dir: &Path,
+    champion: LinearModel,
+    retrained: LinearModel,
+    broken: LinearModel,
+) -> anyhow::Result<Vec<Outcome>> {
+    let (stop, rx) = watch::channel(false);
+    println!("\n-- starting model servers, gateway, controller and admin API on 127.0.0.1");
+    let urls = [
+        model_server(champion.clone(), Faults::default(), rx.clone()).await?,
+        model_server(retrained, Faults::default(), rx.clone()).await?,
+        model_server(broken, Faults::default(), rx.clone()).await?,
+        model_server(
+            champion,
+            Faults {
+                ready_then_503: true,
+                ..Faults::default()
+            },
+            rx.clone(),
+        )
+        .await?,
+    ];
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir.join("data"))?);
+    let gateway = Gateway::new(&GatewayConfig::default())?;
+    let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let gw_addr = gw_listener.local_addr()?;
+    let api_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api_addr = api_listener.local_addr()?;
+    let ctx = Context {
+        store: Arc::clone(&store),
+        http: HttpClient::new(Duration::from_secs(2)),
+        gateway_ttl: Duration::from_secs(5),
+        tick: Duration::from_millis(250),
+        clock: Arc::new(now),
+        local_gateway: Some(gateway.clone()),
+        metrics: Arc::new(ControllerMetrics::default()),
+    };
+    let tasks = vec![
+        tokio::spawn(rollgate_controller::follow(
+            Arc::clone(&store),
+            gateway.clone(),
+            "demo-gateway".into(),
+            format!("http://{gw_addr}/rollgate/stats"),
+            Duration::from_millis(200),
+            wait(rx.clone()),
+        )),
+        tokio::spawn(async move {
+            let _ = rollgate_gateway::serve(gw_listener, gateway, wait(rx.clone())).await;
+        }),
+    ];
+    let rx2 = stop.subscribe();
+    let controller = tokio::spawn(rollgate_controller::run(ctx.clone(), wait(rx2.clone())));
+    let api_state = rollgate_controller::ApiState { ctx, token: None };
+    let api = tokio::spawn(rollgate_controller::api::serve(
+        api_listener,
+        api_state,
+        wait(rx2.clone()),
+    ));
+    println!("  model servers {}", urls.join(" "));
+    println!("  gateway http://{gw_addr}   admin API http://{api_addr}");
+
+    // Registry: the model, four immutable revisions, the champion.
+    let s = Arc::clone(&store);
+    let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+        s.create_model("fraud", &ModelSpec::default(), "demo")?;
+        let ids = urls
+            .iter()
+            .map(|u| {
+                let spec = RevisionSpec {
+                    upstream: u.clone(),
+                    ..RevisionSpec::default()
+                };
+                Ok(s.register_revision("fraud", &spec, "demo")?.id)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        s.set_champion("fraud", &ids[0], "demo", "the demo's first champion")?;
+        Ok(ids)
+    })
+    .await??;
+
+    println!(
+        "  traffic: {} requests/s to http://{gw_addr}/v1/models/fraud:predict, 10,000 sticky keys",
+        args.rps
+    );
+    let traffic = tokio::spawn(run_traffic(
+        TrafficConfig {
+            url: format!("http://{gw_addr}/v1/models/fraud:predict"),
+            rps: args.rps,
+            duration: Duration::from_secs(600),
+            keys: 10_000,
+            seed: args.seed,
+            max_in_flight: 512,
+            v2: false,
+            progress: false,
+        },
+        wait(stop.subscribe()),
+    ));
+
+    let mut outcomes = Vec::new();
+    outcomes.push(
+        rollout(
+            &store,
+            "retrained",
+            "same recipe, another sample: a healthy new version",
+            &ids[1],
+            &demo_plan(args.quick, true),
+        )
+        .await?,
+    );
+    outcomes.push(
+        rollout(
+            &store,
+            "broken-feature",
+            "trained with its strongest feature dead: plausible accuracy, different answers",
+            &ids[2],
+            &demo_plan(args.quick, true),
+        )
+        .await?,
+    );
+    outcomes.push(
+        rollout(
+            &store,
+            "ready-then-503",
+            "the champion's model behind a server that passes readiness, then answers 503 (plan without SHADOW)",
+            &ids[3],
+            &demo_plan(args.quick, false),
+        )
+        .await?,
+    );
+
+    let _ = stop.send(true);
+    if let Ok(report) = traffic.await {
+        print!("\n-- traffic: ");
+        crate::kit::print_report(&report);
+    }
+    let _ = controller.await;
+    let _ = api.await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    let s = Arc::clone(&store);
+    let out = dir.join("audit.jsonl");
+    let verified =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<rollgate_store::ChainReport> {
+            let records = s.audit(&rollgate_store::AuditFilter::default())?;
+            let file = std::fs::File::create(&out)?;
+            rollgate_store::write_jsonl(&records, std::io::BufWriter::new(file))?;
+            Ok(s.verify_audit()?)
+        })
+        .await??;
+    println!(
+        "  audit chain: {} records, {}",
+        verified.records,
+        if verified.is_intact() {
+            "intact"
+        } else {
+            "BROKEN"
+        }
+    );
+    Ok(outcomes)
 }

@@ -4,8 +4,10 @@ mod cli;
 mod client;
 mod demo;
 mod gateway;
+mod kit;
 mod report;
 mod serve;
+mod sim_demo;
 
 use std::process::ExitCode;
 
@@ -51,6 +53,12 @@ enum Command {
     Rollout(cli::RolloutCmd),
     /// The audit log: the evidence of every decision; `audit verify`.
     Audit(cli::AuditArgs),
+    /// Train the demo model zoo: champion, retrained, broken-feature.
+    Train(kit::TrainArgs),
+    /// Serve a trained model (KServe V1 and OIP V2), with fault injection.
+    Serve(kit::ServeArgs),
+    /// Send open-loop traffic at a fixed rate with sticky keys.
+    Traffic(kit::TrafficArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +74,9 @@ fn main() -> ExitCode {
         Command::Champion(c) => cli::champion(g, c),
         Command::Rollout(c) => cli::rollout(g, c),
         Command::Audit(a) => cli::audit(g, a),
+        Command::Train(a) => kit::train(a),
+        Command::Serve(a) => kit::serve_model(a),
+        Command::Traffic(a) => kit::traffic(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,14 @@
+//! The model kit for demos and benchmarks: everything needed to run a real
+//! rollout without outside data or downloads.
+//!
+//! - [`task`]: a seeded synthetic transaction-risk task.
+//! - [`model`]: logistic-regression models trained with linfa, saved as JSON,
+//!   and the zoo: `champion`, `retrained`, `broken-feature`.
+//! - [`server`]: a KServe V1 / Open Inference Protocol V2 model server with
+//!   fault injection (failure rate, added latency, ready-then-503).
+//! - [`traffic`]: an open-loop load generator with sticky keys.
+
+pub mod model;
+pub mod server;
+pub mod task;
+pub mod traffic;

@@ -1,0 +1,231 @@
+//! A model server speaking KServe V1 and Open Inference Protocol V2, with
+//! fault injection for tests, the demo and benchmarks. Faults touch only
+//! predictions: health, readiness and metadata always answer, so a
+//! "ready-then-503" server passes its readiness probe and fails every call.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::model::LinearModel;
+
+/// Faults to inject into predictions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Faults {
+    /// Share of predictions answered 500.
+    pub failure_rate: f64,
+    /// Added to every prediction.
+    pub latency: Duration,
+    /// Added on top for a `tail_fraction` share of predictions.
+    pub tail_latency: Duration,
+    pub tail_fraction: f64,
+    /// Readiness passes; every prediction answers 503.
+    pub ready_then_503: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model name in request paths.
+    pub name: String,
+    pub model: LinearModel,
+    pub faults: Faults,
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn bad(msg: impl Into<String>) -> Response<Full<Bytes>> {
+    reply(StatusCode::BAD_REQUEST, json!({ "error": msg.into() }))
+}
+
+/// Reads KServe V1 `instances` or OIP V2 `inputs[0]` into rows.
+fn rows(v2: bool, body: &Value, width: usize) -> Result<Vec<Vec<f64>>, String> {
+    let numbers = |v: &Value| -> Result<Vec<f64>, String> {
+        v.as_array()
+            .ok_or("an instance must be an array of numbers")?
+            .iter()
+            .map(|x| {
+                x.as_f64()
+                    .ok_or_else(|| "features must be numbers".to_string())
+            })
+            .collect()
+    };
+    if !v2 {
+        let inst = body
+            .get("instances")
+            .and_then(Value::as_array)
+            .ok_or("body must be {\"instances\": [[...], ...]}")?;
+        return inst.iter().map(numbers).collect();
+    }
+    let input = body
+        .pointer("/inputs/0")
+        .ok_or("body must have inputs[0]")?;
+    let data = numbers(input.get("data").ok_or("inputs[0].data is required")?)?;
+    if data.is_empty() || data.len() % width != 0 {
+        return Err(format!("inputs[0].data must hold rows of {width} features"));
+    }
+    Ok(data.chunks(width).map(<[f64]>::to_vec).collect())
+}
+
+async fn predict(cfg: &ServerConfig, v2: bool, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let Ok(body) = Limited::new(req.into_body(), 8 << 20).collect().await else {
+        return bad("could not read the body (limit 8 MiB)");
+    };
+    let Ok(doc) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
+        return bad("body is not JSON");
+    };
+    let width = cfg.model.weights.len();
+    let rows = match rows(v2, &doc, width) {
+        Ok(r) => r,
+        Err(e) => return bad(e),
+    };
+    let mut probs = Vec::with_capacity(rows.len());
+    for r in &rows {
+        match cfg.model.predict_proba(r) {
+            Ok(p) => probs.push(p),
+            Err(e) => return bad(e),
+        }
+    }
+    let f = &cfg.faults;
+    let mut delay = f.latency;
+    if f.tail_fraction > 0.0 && rand::random_bool(f.tail_fraction.clamp(0.0, 1.0)) {
+        delay += f.tail_latency;
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if f.ready_then_503 {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "error": "model unavailable" }),
+        );
+    }
+    if f.failure_rate > 0.0 && rand::random_bool(f.failure_rate.clamp(0.0, 1.0)) {
+        return reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "error": "injected failure" }),
+        );
+    }
+    if v2 {
+        let data: Vec<f64> = probs.iter().flat_map(|p| p.iter().copied()).collect();
+        reply(
+            StatusCode::OK,
+            json!({ "model_name": cfg.name, "outputs": [{ "name": "probabilities", "shape": [probs.len(), 2], "datatype": "FP64", "data": data }] }),
+        )
+    } else {
+        reply(StatusCode::OK, json!({ "predictions": probs }))
+    }
+}
+
+async fn handle(cfg: Arc<ServerConfig>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let name = cfg.name.as_str();
+    let is_get = req.method() == Method::GET;
+    let is_post = req.method() == Method::POST;
+    if let Some(rest) = path.strip_prefix("/v1/models/") {
+        if is_post && let Some(m) = rest.strip_suffix(":predict") {
+            return if m == name {
+                predict(&cfg, false, req).await
+            } else {
+                not_found(m)
+            };
+        }
+        if is_get {
+            return if rest == name {
+                reply(StatusCode::OK, json!({ "name": name, "ready": true }))
+            } else {
+                not_found(rest)
+            };
+        }
+    }
+    if let Some(rest) = path.strip_prefix("/v2/models/") {
+        if is_post && let Some(m) = rest.strip_suffix("/infer") {
+            return if m == name {
+                predict(&cfg, true, req).await
+            } else {
+                not_found(m)
+            };
+        }
+        if is_get && let Some(m) = rest.strip_suffix("/ready") {
+            return if m == name {
+                reply(StatusCode::OK, json!({ "name": name, "ready": true }))
+            } else {
+                not_found(m)
+            };
+        }
+        if is_get {
+            return if rest == name {
+                reply(
+                    StatusCode::OK,
+                    json!({
+                        "name": name, "versions": [], "platform": "rollgate-linear",
+                        "inputs": [{ "name": "x", "datatype": "FP64", "shape": [-1, cfg.model.weights.len()] }],
+                        "outputs": [{ "name": "probabilities", "datatype": "FP64", "shape": [-1, 2] }]
+                    }),
+                )
+            } else {
+                not_found(rest)
+            };
+        }
+    }
+    match (is_get, path.as_str()) {
+        (true, "/v2/health/live") => reply(StatusCode::OK, json!({ "live": true })),
+        (true, "/v2/health/ready") => reply(StatusCode::OK, json!({ "ready": true })),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            json!({ "error": "no such endpoint" }),
+        ),
+    }
+}
+
+fn not_found(model: &str) -> Response<Full<Bytes>> {
+    reply(
+        StatusCode::NOT_FOUND,
+        json!({ "error": format!("model {model:?} is not served here") }),
+    )
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    cfg: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let cfg = Arc::new(cfg);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let cfg = Arc::clone(&cfg);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let cfg = Arc::clone(&cfg);
+                        async move { Ok::<_, Infallible>(handle(cfg, req).await) }
+                    });
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}
