@@ -202,6 +202,17 @@ struct AuditQuery {
     limit: Option<u64>,
 }
 
+impl From<AuditQuery> for AuditFilter {
+    fn from(q: AuditQuery) -> Self {
+        AuditFilter {
+            model: q.model,
+            rollout: q.rollout,
+            after_seq: q.after,
+            limit: q.limit,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RolloutQuery {
@@ -387,12 +398,7 @@ async fn audit(
     State(s): State<ApiState>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let f = AuditFilter {
-        model: q.model,
-        rollout: q.rollout,
-        after_seq: q.after,
-        limit: q.limit,
-    };
+    let f = AuditFilter::from(q);
     Ok(Json(blocking(&s.ctx.store, move |st| st.audit(&f)).await?))
 }
 
@@ -400,12 +406,7 @@ async fn audit_export(
     State(s): State<ApiState>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let f = AuditFilter {
-        model: q.model,
-        rollout: q.rollout,
-        after_seq: q.after,
-        limit: q.limit,
-    };
+    let f = AuditFilter::from(q);
     let records = blocking(&s.ctx.store, move |st| st.audit(&f)).await?;
     let mut out = Vec::new();
     write_jsonl(&records, &mut out).map_err(|_| {

@@ -131,7 +131,7 @@ pub async fn merged_stats(ctx: &Context, model: &str) -> Result<Option<Snapshot>
 /// Pushes champion-only routing for `model` to the in-process gateway
 /// before a rollback or abort is committed: the safe direction, so a failed
 /// commit can only have reduced exposure.
-fn pre_route_to_champion(
+async fn pre_route_to_champion(
     ctx: &Context,
     rec: &RolloutRecord,
     effects: &[Effect],
@@ -141,14 +141,19 @@ fn pre_route_to_champion(
         && effects.contains(&Effect::SetRouting {
             routing: Routing::CHAMPION_ONLY,
         });
-    if let (true, Some(g)) = (back, &ctx.local_gateway)
-        && let Ok(mut routes) = ctx.store.routes()
-    {
-        for m in routes.iter_mut().filter(|m| m.model.name == rec.spec.model) {
-            m.rollout = None;
+    let (true, Some(g)) = (back, &ctx.local_gateway) else {
+        return;
+    };
+    let (store, gateway, model) = (Arc::clone(&ctx.store), g.clone(), rec.spec.model.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Ok(mut routes) = store.routes() {
+            for m in routes.iter_mut().filter(|m| m.model.name == model) {
+                m.rollout = None;
+            }
+            let _ = gateway.set_routes(&crate::follow::gateway_routes(&routes));
         }
-        let _ = g.set_routes(&crate::follow::gateway_routes(&routes));
-    }
+    })
+    .await;
 }
 
 /// Commits a transition; a lost race is not an error.
@@ -159,7 +164,7 @@ pub async fn commit(
     effects: Vec<Effect>,
     actor: &str,
 ) -> Result<Option<RolloutRecord>, Error> {
-    pre_route_to_champion(ctx, rec, &effects, &state);
+    pre_route_to_champion(ctx, rec, &effects, &state).await;
     let (id, version, actor) = (rec.id, rec.version, actor.to_string());
     let out = blocking(&ctx.store, move |s| {
         match s.apply(TransitionWrite {

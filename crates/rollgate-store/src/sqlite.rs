@@ -326,6 +326,29 @@ fn get_rollout(c: &Connection, id: i64) -> Result<RolloutRecord> {
     })
 }
 
+/// The revision `id`, which must belong to `model`.
+fn revision_of(c: &Connection, model: &str, id: &str) -> Result<Revision> {
+    let rev = get_revision(c, id)?;
+    if rev.model != model {
+        return Err(StoreError::Invalid(format!(
+            "revision {id} belongs to model {:?}, not {model:?}",
+            rev.model
+        )));
+    }
+    Ok(rev)
+}
+
+/// A rejected revision stays out until an operator unblocks it.
+fn not_blocked(rev: &Revision) -> Result<()> {
+    if rev.blocked {
+        return Err(StoreError::Rejected {
+            revision: rev.id.clone(),
+            rejections: rev.rejections,
+        });
+    }
+    Ok(())
+}
+
 fn set_state(tx: &Transaction, revision: &str, state: RevisionState) -> Result<()> {
     tx.execute(
         "UPDATE revisions SET state = ?2 WHERE id = ?1",
@@ -584,24 +607,13 @@ impl Store for SqliteStore {
         let reason = require_reason(reason, "setting the champion")?;
         self.write(|tx, now| {
             let m = get_model(tx, model)?;
-            let rev = get_revision(tx, revision)?;
-            if rev.model != model {
-                return Err(StoreError::Invalid(format!(
-                    "revision {revision} belongs to model {:?}, not {model:?}",
-                    rev.model
-                )));
-            }
+            let rev = revision_of(tx, model, revision)?;
             if let Some(id) = active_rollout(tx, model)? {
                 return Err(StoreError::Conflict(format!(
                     "rollout {id} is active on model {model:?}; promote or abort it instead"
                 )));
             }
-            if rev.blocked {
-                return Err(StoreError::Rejected {
-                    revision: rev.id,
-                    rejections: rev.rejections,
-                });
-            }
+            not_blocked(&rev)?;
             if m.champion.as_deref() == Some(revision) {
                 return Ok(rev);
             }
@@ -646,13 +658,7 @@ impl Store for SqliteStore {
             .map_err(|e| StoreError::Invalid(e.to_string()))?;
         self.write(|tx, now| {
             let m = get_model(tx, model)?;
-            let rev = get_revision(tx, candidate)?;
-            if rev.model != model {
-                return Err(StoreError::Invalid(format!(
-                    "revision {candidate} belongs to model {:?}, not {model:?}",
-                    rev.model
-                )));
-            }
+            let rev = revision_of(tx, model, candidate)?;
             let Some(champion) = m.champion.clone() else {
                 return Err(StoreError::Conflict(format!(
                     "model {model:?} has no champion yet; set one first"
@@ -663,12 +669,7 @@ impl Store for SqliteStore {
                     "revision {candidate} is already the champion of {model:?}"
                 )));
             }
-            if rev.blocked {
-                return Err(StoreError::Rejected {
-                    revision: rev.id,
-                    rejections: rev.rejections,
-                });
-            }
+            not_blocked(&rev)?;
             if let Some(id) = active_rollout(tx, model)? {
                 return Err(StoreError::Conflict(format!(
                     "rollout {id} is already active on model {model:?}"

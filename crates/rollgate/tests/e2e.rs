@@ -25,10 +25,15 @@ use tokio::net::TcpListener;
 /// A child process killed (SIGKILL) and reaped when dropped.
 struct Proc {
     child: Child,
-    addr: String,
+    /// Every `http://` address on the first line the process printed.
+    addrs: Vec<String>,
 }
 
 impl Proc {
+    fn addr(&self) -> &str {
+        &self.addrs[0]
+    }
+
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -64,12 +69,13 @@ fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
     let line = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("rollgate printed its address");
-    let addr = line
+    let addrs: Vec<String> = line
         .split_whitespace()
-        .find_map(|w| w.strip_prefix("http://"))
-        .expect("an http:// address")
-        .to_string();
-    Proc { child, addr }
+        .filter_map(|w| w.strip_prefix("http://"))
+        .map(str::to_string)
+        .collect();
+    assert!(!addrs.is_empty(), "no address in {line:?}");
+    Proc { child, addrs }
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
@@ -220,19 +226,28 @@ async fn api(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let (s, v, _) = request(c, method, &format!("http://{}{path}", ctl.addr), body, None).await;
+    let (s, v, _) = request(
+        c,
+        method,
+        &format!("http://{}{path}", ctl.addr()),
+        body,
+        None,
+    )
+    .await;
     (s, v)
 }
 
-/// A short plan: stages of 1 s, a 6 s evidence deadline, small floors.
+/// A short plan: stages of 1 s, a 10 s evidence deadline, small floors and
+/// a 5% error margin, so that stages decide within seconds even when the
+/// machine is busy with other tests.
 fn plan() -> Value {
     json!({
         "steps": [20, 50],
         "min_stage_duration": "1s",
-        "evidence_timeout": "6s",
+        "evidence_timeout": "10s",
         "readiness_timeout": "5s",
         "gates": {
-            "error_rate": { "min_requests": 20 },
+            "error_rate": { "min_requests": 20, "margin": 0.05 },
             "latency": { "min_requests": 20 },
             "shadow": { "min_pairs": 30 }
         }
@@ -302,8 +317,8 @@ async fn start_rollout(c: &HttpClient, ctl: &Proc, cand: &str) -> i64 {
 }
 
 /// Sends traffic with sticky keys until `stop` is set (bounded by 120 s).
-fn traffic(gw: &Proc, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
-    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+fn traffic(gateway: &str, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    let url = format!("http://{gateway}/v1/models/m:predict");
     tokio::spawn(async move {
         let c = client();
         let started = Instant::now();
@@ -380,14 +395,14 @@ async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
     let (_, cand) = setup(&c, &ctl, &champion, &cand_url).await;
     let gw = start_gateway(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, Arc::clone(&stop));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
     let id = start_rollout(&c, &ctl, &cand).await;
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
     assert_eq!(m["champion"].as_str(), Some(cand.as_str()));
     // The gateway follows the store: soon every request is the new champion's.
-    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+    let url = format!("http://{}/v1/models/m:predict", gw.addr());
     let started = Instant::now();
     loop {
         let (s, _, rev) = request(&c, "POST", &url, Some(json!({"instances": [[1]]})), None).await;
@@ -422,7 +437,7 @@ async fn ready_then_503_is_rolled_back_rejected_and_the_champion_serves_everyone
     let (champ, cand) = setup(&c, &ctl, &champion, &broken).await;
     let gw = start_gateway(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, Arc::clone(&stop));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
     let id = start_rollout(&c, &ctl, &cand).await;
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
@@ -446,7 +461,7 @@ async fn ready_then_503_is_rolled_back_rejected_and_the_champion_serves_everyone
     );
     // Afterwards every request is served, by the champion (once the gateway
     // has followed the store: bounded wait for the first champion answer).
-    let url = format!("http://{}/v1/models/m:predict", gw.addr);
+    let url = format!("http://{}/v1/models/m:predict", gw.addr());
     let started = Instant::now();
     while request(&c, "POST", &url, Some(json!({"instances": [[1]]})), None)
         .await
@@ -488,15 +503,15 @@ async fn a_shared_outage_does_not_roll_back() {
     let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
     let gw = start_gateway(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, Arc::clone(&stop));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
     let id = start_rollout(&c, &ctl, &cand).await;
-    // Well past the 6 s evidence deadline: held, not rolled back.
+    // Held, not rolled back: first the verdict, then past the 10 s deadline.
     let r = wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
         r["state"]["last_verdict"]["reason"]["code"] == "shared_outage"
     })
     .await;
     assert!(!finished(&r));
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let (_, r) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
     assert!(!finished(&r), "{r}");
     assert_eq!(
@@ -518,7 +533,7 @@ async fn traffic_that_stops_fails_safe_and_never_promotes() {
     let _gw = start_gateway(dir.path());
     // No traffic at all.
     let id = start_rollout(&c, &ctl, &cand).await;
-    let r = wait_for(&c, &ctl, id, Duration::from_secs(40), finished).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
     assert_eq!(r["state"]["phase"]["reason"]["code"], "evidence_timeout");
 }
@@ -533,7 +548,7 @@ async fn a_controller_killed_mid_rollout_resumes_to_the_same_outcome() {
     let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
     let gw = start_gateway(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, Arc::clone(&stop));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
     let id = start_rollout(&c, &ctl, &cand).await;
     wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
         phase(r) == "canary"
@@ -575,7 +590,7 @@ async fn two_controllers_never_double_advance_a_rollout() {
     let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
     let gw = start_gateway(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, Arc::clone(&stop));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
     let id = start_rollout(&c, &ctl, &cand).await;
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
@@ -616,7 +631,7 @@ async fn api_errors_name_the_problem_and_auth_guards_every_endpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ctl = start_controller(dir.path(), &[("ROLLGATE_TOKEN", "s3cret")]);
     let c = client();
-    let base = format!("http://{}", ctl.addr);
+    let base = format!("http://{}", ctl.addr());
     let (s, e, _) = request(&c, "GET", &format!("{base}/api/v1/models"), None, None).await;
     assert_eq!(
         (s, e["error"]["code"].as_str()),
@@ -699,4 +714,85 @@ fn the_admin_api_refuses_a_public_address_without_a_token() {
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ROLLGATE_TOKEN"));
+}
+
+/// Runs the CLI as a user would, against `rollgate up`.
+fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(args)
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_drives_a_rollout_against_rollgate_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write(
+        dir.path(),
+        "up.toml",
+        "[api]\nlisten = \"127.0.0.1:0\"\n[controller]\ntick = \"200ms\"\nfollow_interval = \"200ms\"\n[gateway]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let data = dir.path().join("data");
+    // `rollgate up` prints "gateway http://GW  admin API http://API".
+    let up = spawn(
+        &["up", "--config", &cfg, "--data", &data.to_string_lossy()],
+        &[],
+    );
+    let (gw, api) = (up.addrs[0].clone(), up.addrs[1].clone());
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+
+    assert_eq!(cli(&api, &["model", "add", "m"]).0, 0);
+    let (code, champ, _) = cli(&api, &["revision", "add", "m", "--upstream", &champion]);
+    assert_eq!(code, 0);
+    let (_, cand, _) = cli(&api, &["revision", "add", "m", "--upstream", &candidate]);
+    assert_eq!(
+        cli(&api, &["champion", "set", "m", &champ, "--reason", "first"]).0,
+        0
+    );
+    // A bad plan file: exit 2, naming the line and the field.
+    let bad = write(dir.path(), "bad.toml", "steps = [5, 25]\nstepz = 1\n");
+    let (code, _, err) = cli(&api, &["rollout", "start", "m", &cand, "--plan", &bad]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 2") && err.contains("stepz"), "{err}");
+    let plan = write(
+        dir.path(),
+        "plan.toml",
+        "steps = [20, 50]\nmin_stage_duration = \"1s\"\nevidence_timeout = \"10s\"\n[gates.error_rate]\nmin_requests = 20\nmargin = 0.05\n[gates.latency]\nmin_requests = 20\n[gates.shadow]\nmin_pairs = 30\n",
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    assert_eq!(
+        cli(&api, &["rollout", "start", "m", &cand, "--plan", &plan]).0,
+        0
+    );
+    let (code, out, _) = cli(&api, &["rollout", "wait", "1", "--timeout", "60s"]);
+    assert_eq!((code, out.starts_with("PROMOTED")), (0, true), "{out}");
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+    let (code, out, _) = cli(&api, &["rollout", "status", "1", "--output", "json"]);
+    assert_eq!(code, 0);
+    let status: Value = serde_json::from_str(&out).expect("status json");
+    assert_eq!(status["state"]["phase"]["phase"], "promoted");
+    let (code, out, _) = cli(&api, &["audit", "--rollout", "1"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("promoted") && out.contains("error_rate"),
+        "{out}"
+    );
+    assert_eq!(cli(&api, &["audit", "verify"]).0, 0);
+    let (code, _, err) = cli(&api, &["rollout", "pause", "1"]);
+    assert_eq!(
+        code, 2,
+        "pausing a finished rollout is an input error: {err}"
+    );
+    let (code, _, _) = cli(&api, &["model", "show", "nope"]);
+    assert_eq!(code, 2);
 }
