@@ -5,6 +5,7 @@
 //! (stats snapshots) are arguments; decisions and their effects are return
 //! values. `tests/architecture.rs` checks this on every `cargo test`.
 
+pub mod anytime;
 pub mod gate;
 pub mod histogram;
 pub mod plan;
