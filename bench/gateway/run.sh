@@ -151,6 +151,27 @@ for c in 16 64; do
   run haproxy_weighted 18094 $c
 done
 
+# Fixed rate (open loop, oha): the same proxies at 2,000 req/s, far below
+# saturation, so p50 shows the cost of the hop rather than queueing on the
+# shared core. `cargo install oha` provides oha; without it this part is skipped.
+RATE_RESULTS="$W/rate.tsv"
+: > "$RATE_RESULTS"
+run_rate() { # label port conns rate
+  command -v oha >/dev/null || return 0
+  taskset -c 1 oha -c "$3" -q "$4" -z "${SECS}s" --latency-correction --no-tui --output-format json \
+    -m POST -d '{"instances":[[1.0,2.0,3.0]]}' -H 'content-type: application/json' -H "x-rollgate-key: user-$RANDOM" \
+    "http://127.0.0.1:$2/v1/models/m:predict" > "$W/oha.json"
+  python3 bench/gateway/oha_row.py "$W/oha.json" "$1" "$3" "$4" | tee -a "$RATE_RESULTS"
+}
+for c in 16 64; do
+  run_rate direct 18081 $c 2000
+  run_rate rollgate_plain 18090 $c 2000
+  run_rate rollgate_split_shadow 18092 $c 2000
+  run_rate nginx_split_mirror 18093 $c 2000
+  run_rate haproxy_weighted 18094 $c 2000
+done
+cp "$RATE_RESULTS" bench/results/gateway-fixed-rate.tsv
+
 # Shadow pairs really happened (not a no-op mirror):
 curl -s http://127.0.0.1:18092/rollgate/stats > "$W/shadow-stats.json" || true
 
