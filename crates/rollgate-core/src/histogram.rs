@@ -126,6 +126,27 @@ impl LatencyHistogram {
         })
     }
 
+    /// Bounds of the `p`-quantile given a CDF band of half-width `eps`
+    /// (`sup |F̂ − F| <= eps`): the empirical `(p − eps)`- and
+    /// `(p + eps)`-quantiles. A side the band cannot bound is `None`.
+    pub fn quantile_band_bounds(&self, p: f64, eps: f64) -> Option<QuantileBounds> {
+        let estimate_us = self.percentile_us(p)?;
+        let n = self.len() as f64;
+        let lower_rank = ((p - eps) * n - 1e-9).ceil();
+        let upper_rank = ((p + eps) * n - 1e-9).ceil();
+        Some(QuantileBounds {
+            estimate_us,
+            lower_us: (p - eps > 0.0)
+                .then(|| self.value_at_rank(lower_rank.max(1.0) as u64))
+                .flatten()
+                .map(|(lo, _)| lo),
+            upper_us: (p + eps < 1.0)
+                .then(|| self.value_at_rank(upper_rank as u64))
+                .flatten()
+                .map(|(_, hi)| hi),
+        })
+    }
+
     /// Non-empty buckets as `(value_us, count)`, ascending.
     pub fn buckets(&self) -> Vec<(u64, u64)> {
         self.inner
@@ -227,6 +248,29 @@ mod tests {
         // The 95% median interval for n = 1000 spans about ranks 470..532.
         assert!((4_600..=4_800).contains(&lo), "{lo}");
         assert!((5_200..=5_400).contains(&hi), "{hi}");
+    }
+
+    #[test]
+    fn band_bounds_widen_with_the_band_and_bracket_the_estimate() {
+        let h = of(&(1..=1000).map(|i| i * 10).collect::<Vec<_>>());
+        let narrow = h.quantile_band_bounds(0.5, 0.01).expect("non-empty");
+        let wide = h.quantile_band_bounds(0.5, 0.1).expect("non-empty");
+        let (nl, nu) = (
+            narrow.lower_us.expect("lower"),
+            narrow.upper_us.expect("upper"),
+        );
+        let (wl, wu) = (wide.lower_us.expect("lower"), wide.upper_us.expect("upper"));
+        assert!(wl <= nl && nl <= narrow.estimate_us && narrow.estimate_us <= nu && nu <= wu);
+        // Ranks 400 and 600 for eps = 0.1: about 4 ms and 6 ms.
+        assert!(
+            (3_900..=4_000).contains(&wl) && (6_000..=6_100).contains(&wu),
+            "{wl} {wu}"
+        );
+        // A band reaching past the top cannot bound the tail.
+        assert_eq!(
+            h.quantile_band_bounds(0.95, 0.1).and_then(|b| b.upper_us),
+            None
+        );
     }
 
     #[test]

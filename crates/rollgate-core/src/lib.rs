@@ -11,13 +11,14 @@ pub mod histogram;
 pub mod plan;
 pub mod protocol;
 pub mod rollout;
+pub mod sequential;
 pub mod snapshot;
 pub mod stage;
 pub mod stats;
 
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::LatencyHistogram;
-pub use plan::{Plan, PlanError};
+pub use plan::{Advance, Plan, PlanError, Policy};
 pub use protocol::Protocol;
 pub use rollout::{
     Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase,

@@ -45,9 +45,59 @@ pub struct Plan {
     /// roll back at once). At least 1.
     pub confirm_breaches: u32,
     /// Error level of each confidence bound: two-sided `1 - alpha` intervals.
+    /// In (0, 0.5]. (The `windowed` policy.)
+    pub alpha: f64,
+    /// How gates are decided: fixed windows, or anytime-valid sequences.
+    pub policy: Policy,
+    /// Settings of the `sequential` policy.
+    pub sequential: SequentialPlan,
+    pub gates: Gates,
+}
+
+/// How gates are decided.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Fixed-horizon bounds per stage window; breaches confirmed on
+    /// `confirm_breaches` disjoint windows.
+    #[default]
+    Windowed,
+    /// Anytime-valid bounds and e-processes over the whole rollout: the
+    /// probability of ever rolling back a candidate that is no worse than
+    /// the champion stays below `sequential.alpha`, however often it is
+    /// evaluated. A failing metric rolls back at once.
+    Sequential,
+}
+
+/// When a `sequential` stage advances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Advance {
+    /// After the minimum duration, once every gate has its sample floor and
+    /// none failed.
+    #[default]
+    OnTime,
+    /// Only once every gate has shown non-inferiority; at the evidence
+    /// deadline an inconclusive stage rolls back.
+    OnEvidence,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SequentialPlan {
+    /// The rollout-wide error level, split across the gates (Bonferroni).
     /// In (0, 0.5].
     pub alpha: f64,
-    pub gates: Gates,
+    pub advance: Advance,
+}
+
+impl Default for SequentialPlan {
+    fn default() -> Self {
+        SequentialPlan {
+            alpha: 0.01,
+            advance: Advance::OnTime,
+        }
+    }
 }
 
 impl Default for Plan {
@@ -60,6 +110,8 @@ impl Default for Plan {
             readiness_timeout: Duration::from_secs(120),
             confirm_breaches: 2,
             alpha: 0.05,
+            policy: Policy::Windowed,
+            sequential: SequentialPlan::default(),
             gates: Gates::default(),
         }
     }
@@ -306,6 +358,12 @@ impl Plan {
             return Err(err(
                 "alpha",
                 format!("must be in (0, 0.5], got {}", self.alpha),
+            ));
+        }
+        if !(self.sequential.alpha > 0.0 && self.sequential.alpha <= 0.5) {
+            return Err(err(
+                "sequential.alpha",
+                format!("must be in (0, 0.5], got {}", self.sequential.alpha),
             ));
         }
         let g = &self.gates;

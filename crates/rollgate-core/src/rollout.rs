@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::gate::{GateKind, Outcome};
-use crate::plan::Plan;
+use crate::plan::{Plan, Policy};
+use crate::sequential::{self, SequentialInput, SequentialState};
 use crate::snapshot::Snapshot;
 use crate::stage::{
     StageInput, StageKind, StageReason, StageVerdict, check_window, evaluate_stage,
@@ -55,6 +56,10 @@ pub enum RollbackReason {
     EvidenceTimeout { gates: Vec<GateKind> },
     /// Traffic was seen but metrics were missing.
     MetricsMissing { gates: Vec<GateKind> },
+    /// The `sequential` policy's anytime-valid test rejected "no worse than
+    /// the champion" (its error is bounded by `sequential.alpha` over the
+    /// whole rollout, so no confirmation is needed).
+    AnytimeBreach { gates: Vec<GateKind> },
 }
 
 impl RollbackReason {
@@ -65,6 +70,7 @@ impl RollbackReason {
             RollbackReason::GrossBreach { .. } => "gross_breach",
             RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
             RollbackReason::MetricsMissing { .. } => "metrics_missing",
+            RollbackReason::AnytimeBreach { .. } => "anytime_breach",
         }
     }
 }
@@ -202,6 +208,9 @@ pub struct RolloutState {
     /// The latest stage verdict, for status views.
     pub last_verdict: Option<StageVerdict>,
     pub evaluations: u64,
+    /// The `sequential` policy's test state (absent under `windowed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential: Option<SequentialState>,
 }
 
 impl RolloutState {
@@ -213,6 +222,7 @@ impl RolloutState {
             stage: None,
             last_verdict: None,
             evaluations: 0,
+            sequential: None,
         }
     }
 }
@@ -432,6 +442,9 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         }
         if obs.candidate_ready {
             let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
+            if plan.policy == Policy::Sequential {
+                t.state.sequential = Some(SequentialState::new(obs.snapshot.clone()));
+            }
             enter(spec, t, next, obs.snapshot, now);
             audit(
                 t,
@@ -449,6 +462,9 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     let Some(kind) = t.state.phase.stage_kind() else {
         return;
     };
+    if plan.policy == Policy::Sequential {
+        return observe_sequential(spec, t, obs, now, kind);
+    }
     let current = obs.snapshot;
     let clock = t
         .state
@@ -562,6 +578,92 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             match next_phase(plan, &phase) {
                 Some(next) => {
                     enter(spec, t, next, current, now);
+                    audit(
+                        t,
+                        AuditKind::Advanced,
+                        Actor::Controller,
+                        phase,
+                        Some(verdict),
+                        None,
+                    );
+                }
+                None => promote(t, Actor::Controller, false, Some(verdict), None),
+            }
+        }
+    }
+}
+
+/// One look of the `sequential` policy: a failing gate rolls back at once.
+fn observe_sequential(
+    spec: &RolloutSpec,
+    t: &mut Transition,
+    obs: Observation,
+    now: Timestamp,
+    kind: StageKind,
+) {
+    let plan = &spec.plan;
+    let clock = t
+        .state
+        .stage
+        .get_or_insert_with(|| StageClock::new(now, None));
+    if clock.baseline.is_none() {
+        clock.baseline = obs.snapshot.clone();
+    }
+    let (started, stage_origin) = (clock.started_at, clock.baseline.clone());
+    let seq = t
+        .state
+        .sequential
+        .get_or_insert_with(|| SequentialState::new(None));
+    let verdict = sequential::evaluate(
+        plan,
+        seq,
+        &SequentialInput {
+            stage: kind,
+            current: obs.snapshot.as_ref(),
+            stage_origin: stage_origin.as_ref(),
+            champion: &spec.champion,
+            candidate: &spec.candidate,
+            elapsed: now.since(started),
+        },
+    );
+    t.state.evaluations += 1;
+    t.state.last_verdict = Some(verdict.clone());
+    let phase = t.state.phase.clone();
+    audit(
+        t,
+        AuditKind::Evaluated,
+        Actor::Controller,
+        phase.clone(),
+        Some(verdict.clone()),
+        None,
+    );
+    match (verdict.outcome, &verdict.reason) {
+        (Outcome::Fail, StageReason::Breach { gates }) => {
+            let gates = gates.clone();
+            roll_back(t, RollbackReason::AnytimeBreach { gates }, Some(verdict));
+        }
+        (Outcome::Fail, reason) => {
+            if !t.state.paused {
+                let reason = match reason {
+                    StageReason::MetricsMissing { gates } => RollbackReason::MetricsMissing {
+                        gates: gates.clone(),
+                    },
+                    StageReason::EvidenceTimeout { gates } => RollbackReason::EvidenceTimeout {
+                        gates: gates.clone(),
+                    },
+                    _ => RollbackReason::EvidenceTimeout { gates: vec![] },
+                };
+                roll_back(t, reason, Some(verdict));
+            }
+        }
+        (Outcome::Wait, _) => {}
+        (Outcome::Pass, _) => {
+            if t.state.paused {
+                return;
+            }
+            match next_phase(plan, &phase) {
+                Some(next) => {
+                    enter(spec, t, next, obs.snapshot, now);
                     audit(
                         t,
                         AuditKind::Advanced,

@@ -737,6 +737,211 @@ fn identical_candidate_with_noisy_windows_is_never_rolled_back_for_a_breach() {
     assert_eq!(promoted_at_high_rps, 67);
 }
 
+/// The `sequential` policy with the quick clocks.
+fn sequential_plan(advance: rollgate_core::Advance) -> Plan {
+    let mut p = quick_plan();
+    p.policy = rollgate_core::Policy::Sequential;
+    p.sequential.advance = advance;
+    p.evidence_timeout = Duration::from_secs(120);
+    p
+}
+
+#[test]
+fn sequential_identical_candidates_are_promoted_and_never_rolled_back_for_a_breach() {
+    use rollgate_core::Advance;
+    for advance in [Advance::OnTime, Advance::OnEvidence] {
+        let spec = spec(sequential_plan(advance));
+        let mut promoted = 0;
+        for seed in 0..60u64 {
+            let arm = Arm {
+                failure: [0.0, 0.005, 0.01][seed as usize % 3],
+                median_ms: 20.0,
+            };
+            let r = run(&spec, &mut Traffic::new(5000 + seed, 400, arm, arm), 900);
+            match &r.state.phase {
+                Phase::Promoted { .. } => promoted += 1,
+                Phase::RolledBack { reason } => assert!(
+                    !matches!(reason, RollbackReason::AnytimeBreach { .. }),
+                    "{advance:?} seed {seed}: {reason:?}"
+                ),
+                other => panic!("{advance:?} seed {seed}: unfinished {other:?}"),
+            }
+        }
+        assert!(promoted >= 55, "{advance:?}: only {promoted}/60 promoted");
+    }
+}
+
+#[test]
+fn sequential_always_failing_candidate_is_refused_in_shadow_within_a_few_mirrors() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    let dead = Arm {
+        failure: 1.0,
+        median_ms: 5.0,
+    };
+    let mut needed = Vec::new();
+    for seed in 0..20u64 {
+        let mut traffic = Traffic::new(7000 + seed, 20, HEALTHY, dead);
+        let r = run(&spec, &mut traffic, 120);
+        assert!(
+            matches!(
+                r.state.phase,
+                Phase::RolledBack {
+                    reason: RollbackReason::AnytimeBreach { .. }
+                }
+            ),
+            "{:?}",
+            r.state.phase
+        );
+        needed.push(traffic.snapshot.revision(CA).requests());
+    }
+    needed.sort_unstable();
+    // A handful of failed mirrors is enough evidence at alpha = 1%.
+    assert!(
+        needed[10] <= 40,
+        "median {} candidate requests: {needed:?}",
+        needed[10]
+    );
+}
+
+#[test]
+fn sequential_shared_outage_never_rolls_back() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    let down = Arm {
+        failure: 1.0,
+        median_ms: 5.0,
+    };
+    for seed in 0..10 {
+        let r = run(&spec, &mut Traffic::new(seed, 200, down, down), 300);
+        assert!(
+            !r.state.phase.is_terminal(),
+            "seed {seed}: {:?}",
+            r.state.phase
+        );
+    }
+}
+
+#[test]
+fn sequential_latency_regression_is_rolled_back_before_live_exposure() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    let slow = Arm {
+        failure: 0.0,
+        median_ms: 120.0,
+    };
+    let r = run(&spec, &mut Traffic::new(9, 400, HEALTHY, slow), 120);
+    assert_eq!(
+        r.state.phase,
+        Phase::RolledBack {
+            reason: RollbackReason::AnytimeBreach {
+                gates: vec![GateKind::Latency]
+            }
+        }
+    );
+}
+
+#[test]
+fn sequential_on_evidence_stops_a_candidate_twice_as_error_prone() {
+    use rollgate_core::Advance;
+    let champion = Arm {
+        failure: 0.005,
+        median_ms: 20.0,
+    };
+    let worse = Arm {
+        failure: 0.01,
+        median_ms: 20.0,
+    };
+    let mut promoted = [0, 0];
+    for (i, advance) in [Advance::OnTime, Advance::OnEvidence]
+        .into_iter()
+        .enumerate()
+    {
+        let mut plan = sequential_plan(advance);
+        plan.gates.error_rate.margin = 0.0025;
+        let spec = spec(plan);
+        for seed in 0..30u64 {
+            let r = run(
+                &spec,
+                &mut Traffic::new(8000 + seed, 400, champion, worse),
+                900,
+            );
+            promoted[i] += usize::from(matches!(r.state.phase, Phase::Promoted { .. }));
+        }
+    }
+    // Time alone lets a small regression through; evidence does not.
+    assert!(
+        promoted[1] <= 6,
+        "on_evidence promoted {}/30 (on_time {}/30)",
+        promoted[1],
+        promoted[0]
+    );
+    assert!(
+        promoted[0] > promoted[1],
+        "on_time {} vs on_evidence {}",
+        promoted[0],
+        promoted[1]
+    );
+}
+
+/// Found by the simulator: with cumulative evidence, later stages passed on
+/// earlier stages' samples after traffic stopped. Each stage needs its own.
+#[test]
+fn sequential_traffic_that_stops_never_promotes() {
+    use rollgate_core::Advance;
+    for advance in [Advance::OnTime, Advance::OnEvidence] {
+        let spec = spec(sequential_plan(advance));
+        let mut traffic = Traffic::new(21, 400, HEALTHY, HEALTHY);
+        let mut state = RolloutState::new(Timestamp(0));
+        for s in 1..=600u64 {
+            if s == 15 {
+                traffic.rps = 0;
+            }
+            traffic.tick();
+            let t = step(
+                &spec,
+                &state,
+                Input::Observe(Observation {
+                    candidate_ready: true,
+                    snapshot: Some(traffic.snapshot.clone()),
+                }),
+                Timestamp(s * 1000),
+            )
+            .expect("observe");
+            for e in &t.effects {
+                if let Effect::SetRouting { routing } = e {
+                    traffic.routing = *routing;
+                }
+            }
+            state = t.state;
+            assert!(
+                !matches!(state.phase, Phase::Promoted { .. }),
+                "{advance:?}: promoted at {s}s"
+            );
+            if state.phase.is_terminal() {
+                break;
+            }
+        }
+        assert!(
+            matches!(
+                state.phase,
+                Phase::RolledBack {
+                    reason: RollbackReason::EvidenceTimeout { .. }
+                }
+            ),
+            "{advance:?}: {:?}",
+            state.phase
+        );
+    }
+}
+
+#[test]
+fn sequential_state_round_trips_through_json_and_resumes_identically() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    let r = run(&spec, &mut Traffic::new(3, 300, HEALTHY, HEALTHY), 8);
+    assert!(r.state.sequential.is_some());
+    let json = serde_json::to_string(&r.state).expect("serialise");
+    let back: RolloutState = serde_json::from_str(&json).expect("parse");
+    assert_eq!(back, r.state);
+}
+
 fn arb_snapshot() -> impl Strategy<Value = Option<(u64, u64, u64, u64)>> {
     proptest::option::of((0u64..400, 0u64..40, 0u64..400, 0u64..40))
 }
@@ -747,8 +952,8 @@ proptest! {
     /// follows a stage verdict of "all gates pass", phases only move forward,
     /// and a rollout never promotes while no stats have ever been seen.
     #[test]
-    fn promotion_only_follows_all_gates_passing(obs in proptest::collection::vec((any::<bool>(), arb_snapshot()), 1..120)) {
-        let spec = spec(quick_plan());
+    fn promotion_only_follows_all_gates_passing(obs in proptest::collection::vec((any::<bool>(), arb_snapshot()), 1..120), sequential in any::<bool>()) {
+        let spec = spec(if sequential { sequential_plan(rollgate_core::Advance::OnTime) } else { quick_plan() });
         let mut state = RolloutState::new(Timestamp(0));
         let mut cumulative = Snapshot::default();
         let mut order = 0;

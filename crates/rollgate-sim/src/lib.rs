@@ -18,11 +18,15 @@ use rollgate_core::{
 };
 use serde::{Deserialize, Serialize};
 
+pub mod baseline;
+pub mod matrix;
+
 pub const CHAMPION: &str = "champion";
 pub const CANDIDATE: &str = "candidate";
 
 /// How one revision behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ArmModel {
     /// Probability that a request fails (5xx).
     pub failure: f64,
@@ -30,6 +34,18 @@ pub struct ArmModel {
     pub median_ms: f64,
     /// Lognormal shape: the spread of latency.
     pub sigma: f64,
+}
+
+impl Default for ArmModel {
+    fn default() -> Self {
+        ArmModel::HEALTHY
+    }
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario::identical("unnamed", 100.0)
+    }
 }
 
 impl ArmModel {
@@ -40,11 +56,31 @@ impl ArmModel {
     };
 }
 
+/// What a correct gate does with a scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    /// The candidate is no worse: a breach rollback is a false rollback
+    /// (starving for evidence is reported apart: it is fail-safe, not wrong).
+    #[default]
+    Promote,
+    /// The candidate is worse: promoting it is wrong.
+    Stop,
+    /// Not enough evidence (traffic stops): promoting is wrong, a fail-safe
+    /// rollback is right.
+    NoPromote,
+    /// A shared outage: promoting or rolling back are both wrong.
+    Hold,
+}
+
 /// A rollout scenario: traffic, both arms, and how the candidate's answers
 /// relate to the champion's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Scenario {
     pub name: String,
+    #[serde(default)]
+    pub expect: Expect,
     /// Mean arrivals per second (Poisson).
     pub rps: f64,
     pub champion: ArmModel,
@@ -62,8 +98,10 @@ pub struct Scenario {
     /// Distinct request keys (users); assignment is sticky per key.
     pub keys: u64,
     /// Controller evaluation interval.
+    #[serde(with = "humantime_serde")]
     pub tick: Duration,
     /// Give up after this long (the result is then unfinished).
+    #[serde(with = "humantime_serde")]
     pub max_duration: Duration,
 }
 
@@ -72,6 +110,7 @@ impl Scenario {
     pub fn identical(name: &str, rps: f64) -> Scenario {
         Scenario {
             name: name.to_string(),
+            expect: Expect::Promote,
             rps,
             champion: ArmModel::HEALTHY,
             candidate: ArmModel::HEALTHY,
@@ -137,15 +176,85 @@ impl Arm {
     }
 }
 
-/// Runs one rollout of `scenario` under `plan`, deterministically for `seed`.
+/// Runs one rollout of `scenario` under `plan` (its own policy),
+/// deterministically for `seed`.
 pub fn simulate(plan: &Plan, scenario: &Scenario, seed: u64) -> SimResult {
+    simulate_with(&mut CoreDecider::new(plan), scenario, seed)
+}
+
+/// Decides a rollout from cumulative snapshots: rollgate's state machine,
+/// or a baseline rebuilt from another system's published rules.
+pub trait Decider {
+    /// One look at `now`: the routing to apply, the phase, and audit records.
+    fn observe(
+        &mut self,
+        snapshot: &Snapshot,
+        now: Duration,
+    ) -> (Option<Routing>, Phase, Vec<AuditEvent>);
+    fn evaluations(&self) -> u64;
+}
+
+/// rollgate's own state machine and gates (either policy).
+#[derive(Debug)]
+pub struct CoreDecider {
+    spec: RolloutSpec,
+    state: RolloutState,
+}
+
+impl CoreDecider {
+    pub fn new(plan: &Plan) -> CoreDecider {
+        CoreDecider {
+            spec: RolloutSpec {
+                model: "sim".into(),
+                champion: CHAMPION.into(),
+                candidate: CANDIDATE.into(),
+                plan: plan.clone(),
+            },
+            state: RolloutState::new(Timestamp(0)),
+        }
+    }
+}
+
+impl Decider for CoreDecider {
+    fn observe(
+        &mut self,
+        snapshot: &Snapshot,
+        now: Duration,
+    ) -> (Option<Routing>, Phase, Vec<AuditEvent>) {
+        let obs = Observation {
+            candidate_ready: true,
+            snapshot: Some(snapshot.clone()),
+        };
+        let Ok(t) = step(
+            &self.spec,
+            &self.state,
+            Input::Observe(obs),
+            Timestamp(now.as_millis() as u64),
+        ) else {
+            // Observations never err; report no change rather than loop.
+            return (None, self.state.phase.clone(), vec![]);
+        };
+        let mut routing = None;
+        let mut audit = Vec::new();
+        for e in t.effects {
+            match e {
+                Effect::SetRouting { routing: r } => routing = Some(r),
+                Effect::Audit { event } => audit.push(*event),
+                Effect::PromoteCandidate | Effect::RejectCandidate => {}
+            }
+        }
+        self.state = t.state;
+        (routing, self.state.phase.clone(), audit)
+    }
+
+    fn evaluations(&self) -> u64 {
+        self.state.evaluations
+    }
+}
+
+/// Runs one rollout of `scenario` with `decider`, deterministically for `seed`.
+pub fn simulate_with(decider: &mut dyn Decider, scenario: &Scenario, seed: u64) -> SimResult {
     let mut rng = StdRng::seed_from_u64(seed);
-    let spec = RolloutSpec {
-        model: "sim".into(),
-        champion: CHAMPION.into(),
-        candidate: CANDIDATE.into(),
-        plan: plan.clone(),
-    };
     let champion = Arm::new(scenario.champion);
     let candidate = Arm::new(scenario.candidate);
     let tick_s = scenario.tick.as_secs_f64();
@@ -154,12 +263,12 @@ pub fn simulate(plan: &Plan, scenario: &Scenario, seed: u64) -> SimResult {
 
     let mut snapshot = Snapshot::default();
     let mut routing = Routing::CHAMPION_ONLY;
-    let mut state = RolloutState::new(Timestamp(0));
+    let mut phase = Phase::Pending;
     let mut audit = Vec::new();
     let (mut live, mut mirrored) = (0u64, 0u64);
     let mut now = Duration::ZERO;
 
-    while now < scenario.max_duration && !state.phase.is_terminal() {
+    while now < scenario.max_duration && !phase.is_terminal() {
         now += scenario.tick;
         let second = now.as_secs();
         let stopped = scenario.traffic_stops_at.is_some_and(|t| second >= t);
@@ -195,38 +304,24 @@ pub fn simulate(plan: &Plan, scenario: &Scenario, seed: u64) -> SimResult {
                 }
             }
         }
-        let obs = Observation {
-            candidate_ready: true,
-            snapshot: Some(snapshot.clone()),
-        };
-        let Ok(t) = step(
-            &spec,
-            &state,
-            Input::Observe(obs),
-            Timestamp(now.as_millis() as u64),
-        ) else {
-            break; // observations never err; stop rather than loop if one did
-        };
-        for e in t.effects {
-            match e {
-                Effect::SetRouting { routing: r } => routing = r,
-                Effect::Audit { event } => audit.push(TimedEvent {
-                    at_s: now.as_secs_f64(),
-                    event: *event,
-                }),
-                Effect::PromoteCandidate | Effect::RejectCandidate => {}
-            }
+        let (r, p, events) = decider.observe(&snapshot, now);
+        if let Some(r) = r {
+            routing = r;
         }
-        state = t.state;
+        phase = p;
+        audit.extend(events.into_iter().map(|event| TimedEvent {
+            at_s: now.as_secs_f64(),
+            event,
+        }));
     }
     SimResult {
         scenario: scenario.name.clone(),
         seed,
-        phase: state.phase,
+        phase,
         seconds: now.as_secs_f64(),
         candidate_live_requests: live,
         candidate_mirrored_requests: mirrored,
-        evaluations: state.evaluations,
+        evaluations: decider.evaluations(),
         audit,
     }
 }

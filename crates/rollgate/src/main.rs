@@ -7,6 +7,7 @@ mod gateway;
 mod kit;
 mod report;
 mod serve;
+mod sim;
 mod sim_demo;
 
 use std::process::ExitCode;
@@ -59,6 +60,8 @@ enum Command {
     Serve(kit::ServeArgs),
     /// Send open-loop traffic at a fixed rate with sticky keys.
     Traffic(kit::TrafficArgs),
+    /// The decision-quality simulator: policies side by side on a scenario matrix.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Train(a) => kit::train(a),
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),
+        Command::Sim(a) => sim::run(a),
     };
     match result {
         Ok(code) => code,

@@ -162,6 +162,12 @@ fn rollback_words(r: &RollbackReason) -> String {
         RollbackReason::MetricsMissing { gates } => {
             format!("traffic seen but metrics missing ({})", names(gates))
         }
+        RollbackReason::AnytimeBreach { gates } => {
+            format!(
+                "{} shown worse than the champion (anytime-valid test)",
+                names(gates)
+            )
+        }
     }
 }
 
