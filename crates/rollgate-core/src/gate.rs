@@ -259,9 +259,34 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
     GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
 }
 
-/// Compares one quantile of both arms with distribution-free bounds. A side
-/// that the sample cannot bound takes its conservative value (0 below,
-/// infinity above), so it can never show a regression or its absence.
+/// Compares one quantile of both arms from their bounds. A side that the
+/// sample cannot bound takes its conservative value (0 below, infinity
+/// above), so it can never show a regression or its absence. Shared by both
+/// policies: only the way the bounds are made differs.
+pub(crate) fn judge_quantile(
+    q: f64,
+    c: QuantileBounds,
+    h: QuantileBounds,
+    max_ratio: f64,
+    max_added_ms: f64,
+) -> QuantileComparison {
+    let lo = |b: Option<u64>| b.map_or(0.0, |v| v as f64);
+    let hi = |b: Option<u64>| b.map_or(f64::INFINITY, |v| v as f64);
+    let added_us = max_added_ms * 1000.0;
+    let (c_lo, h_hi) = (lo(c.lower_us), hi(h.upper_us));
+    let (c_hi, h_lo) = (hi(c.upper_us), lo(h.lower_us));
+    QuantileComparison {
+        quantile: q,
+        candidate: c,
+        champion: h,
+        max_ratio,
+        max_added_ms,
+        regressed: h_hi.is_finite() && c_lo > h_hi * max_ratio && c_lo - h_hi > added_us,
+        not_regressed: c_hi.is_finite() && (c_hi <= h_lo * max_ratio || c_hi - h_lo <= added_us),
+    }
+}
+
+/// One quantile of both arms with distribution-free order-statistic bounds.
 fn compare_quantile(
     q: f64,
     candidate: &LatencyHistogram,
@@ -272,20 +297,7 @@ fn compare_quantile(
 ) -> Option<QuantileComparison> {
     let c = candidate.quantile_bounds(q, alpha)?;
     let h = champion.quantile_bounds(q, alpha)?;
-    let lo = |b: Option<u64>| b.map_or(0.0, |v| v as f64);
-    let hi = |b: Option<u64>| b.map_or(f64::INFINITY, |v| v as f64);
-    let added_us = max_added_ms * 1000.0;
-    let (c_lo, h_hi) = (lo(c.lower_us), hi(h.upper_us));
-    let (c_hi, h_lo) = (hi(c.upper_us), lo(h.lower_us));
-    Some(QuantileComparison {
-        quantile: q,
-        candidate: c,
-        champion: h,
-        max_ratio,
-        max_added_ms,
-        regressed: h_hi.is_finite() && c_lo > h_hi * max_ratio && c_lo - h_hi > added_us,
-        not_regressed: c_hi.is_finite() && (c_hi <= h_lo * max_ratio || c_hi - h_lo <= added_us),
-    })
+    Some(judge_quantile(q, c, h, max_ratio, max_added_ms))
 }
 
 /// Latency of successes. Fail iff the median AND the tail have both

@@ -401,6 +401,31 @@ fn enter(
     });
 }
 
+/// A stage passed: enter the next one, or promote after the last.
+fn advance(
+    spec: &RolloutSpec,
+    t: &mut Transition,
+    phase: Phase,
+    verdict: StageVerdict,
+    current: Option<Snapshot>,
+    now: Timestamp,
+) {
+    match next_phase(&spec.plan, &phase) {
+        Some(next) => {
+            enter(spec, t, next, current, now);
+            audit(
+                t,
+                AuditKind::Advanced,
+                Actor::Controller,
+                phase,
+                Some(verdict),
+                None,
+            );
+        }
+        None => promote(t, Actor::Controller, false, Some(verdict), None),
+    }
+}
+
 fn roll_back(t: &mut Transition, reason: RollbackReason, verdict: Option<StageVerdict>) {
     let from = t.state.phase.clone();
     t.state.phase = Phase::RolledBack { reason };
@@ -575,20 +600,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             if t.state.paused || pending_breach {
                 return;
             }
-            match next_phase(plan, &phase) {
-                Some(next) => {
-                    enter(spec, t, next, current, now);
-                    audit(
-                        t,
-                        AuditKind::Advanced,
-                        Actor::Controller,
-                        phase,
-                        Some(verdict),
-                        None,
-                    );
-                }
-                None => promote(t, Actor::Controller, false, Some(verdict), None),
-            }
+            advance(spec, t, phase, verdict, current, now);
         }
     }
 }
@@ -661,20 +673,7 @@ fn observe_sequential(
             if t.state.paused {
                 return;
             }
-            match next_phase(plan, &phase) {
-                Some(next) => {
-                    enter(spec, t, next, obs.snapshot, now);
-                    audit(
-                        t,
-                        AuditKind::Advanced,
-                        Actor::Controller,
-                        phase,
-                        Some(verdict),
-                        None,
-                    );
-                }
-                None => promote(t, Actor::Controller, false, Some(verdict), None),
-            }
+            advance(spec, t, phase, verdict, obs.snapshot, now);
         }
     }
 }

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::anytime::{ConditionalBinomial, robbins_cs};
 use crate::gate::{
     ClassShift, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
+    judge_quantile,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
@@ -148,24 +149,7 @@ fn compare(
 ) -> Option<QuantileComparison> {
     let cb = c.quantile_band_bounds(q, eps_c)?;
     let hb = h.quantile_band_bounds(q, eps_h)?;
-    let lo = |b: Option<u64>| b.map_or(0.0, |v| v as f64);
-    let hi = |b: Option<u64>| b.map_or(f64::INFINITY, |v| v as f64);
-    let added = ms * 1000.0;
-    let (c_lo, h_hi, c_hi, h_lo) = (
-        lo(cb.lower_us),
-        hi(hb.upper_us),
-        hi(cb.upper_us),
-        lo(hb.lower_us),
-    );
-    Some(QuantileComparison {
-        quantile: q,
-        candidate: cb,
-        champion: hb,
-        max_ratio: ratio,
-        max_added_ms: ms,
-        regressed: h_hi.is_finite() && c_lo > h_hi * ratio && c_lo - h_hi > added,
-        not_regressed: c_hi.is_finite() && (c_hi <= h_lo * ratio || c_hi - h_lo <= added),
-    })
+    Some(judge_quantile(q, cb, hb, ratio, ms))
 }
 
 fn latency_gate(
