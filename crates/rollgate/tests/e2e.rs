@@ -427,6 +427,69 @@ async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
     let _ = load.await;
 }
 
+/// Several gateways serve one model, meeting the controller in the store:
+/// both follow the rollout's routing, and the controller merges the stats of
+/// every live gateway (traffic goes through both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_gateways_serve_one_model_and_their_stats_are_merged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let (a, b) = (start_gateway(dir.path()), start_gateway(dir.path()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [
+        traffic(a.addr(), Arc::clone(&stop)),
+        traffic(b.addr(), Arc::clone(&stop)),
+    ];
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    for l in loads {
+        let _ = l.await;
+    }
+    for g in [&a, &b] {
+        let (s, stats, _) = request(
+            &c,
+            "GET",
+            &format!("http://{}/rollgate/stats", g.addr()),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(s, 200);
+        let served = stats["models"]["m"]["revisions"][cand.as_str()]["requests"]
+            .as_u64()
+            .unwrap_or(0);
+        assert!(
+            served > 0,
+            "gateway {} never sent the candidate anything: {stats}",
+            g.addr()
+        );
+    }
+    // Both follow the store: each now routes to the new champion.
+    for g in [&a, &b] {
+        let url = format!("http://{}/v1/models/m:predict", g.addr());
+        let started = Instant::now();
+        while request(&c, "POST", &url, Some(json!({"instances": [[1]]})), None)
+            .await
+            .2
+            .as_deref()
+            != Some(cand.as_str())
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "gateway {} never switched",
+                g.addr()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_then_503_is_rolled_back_rejected_and_the_champion_serves_everyone() {
     let dir = tempfile::tempdir().expect("tempdir");
