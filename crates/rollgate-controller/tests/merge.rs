@@ -24,14 +24,18 @@ async fn gateway(snap: GatewaySnapshot) -> String {
     let body = Bytes::from(serde_json::to_string(&snap).expect("json"));
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { return };
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
             let body = body.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |_req| {
                     let body = body.clone();
                     async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
                 });
-                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
             });
         }
     });
@@ -70,8 +74,12 @@ fn context(store: Arc<dyn Store>) -> Context {
 async fn snapshots_of_every_live_gateway_are_summed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
-    store.heartbeat("a", &gateway(replica(30, 3)).await).expect("heartbeat");
-    store.heartbeat("b", &gateway(replica(70, 7)).await).expect("heartbeat");
+    store
+        .heartbeat("a", &gateway(replica(30, 3)).await)
+        .expect("heartbeat");
+    store
+        .heartbeat("b", &gateway(replica(70, 7)).await)
+        .expect("heartbeat");
     let merged = merged_stats(&context(Arc::clone(&store)), "m")
         .await
         .expect("store")
@@ -84,13 +92,27 @@ async fn snapshots_of_every_live_gateway_are_summed() {
 async fn a_silent_gateway_means_no_stats_not_partial_stats() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
-    store.heartbeat("a", &gateway(replica(30, 3)).await).expect("heartbeat");
+    store
+        .heartbeat("a", &gateway(replica(30, 3)).await)
+        .expect("heartbeat");
     let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let dead = format!("http://{}/rollgate/stats", closed.local_addr().expect("addr"));
+    let dead = format!(
+        "http://{}/rollgate/stats",
+        closed.local_addr().expect("addr")
+    );
     drop(closed);
     store.heartbeat("b", &dead).expect("heartbeat");
-    assert_eq!(merged_stats(&context(Arc::clone(&store)), "m").await.expect("store"), None);
+    assert_eq!(
+        merged_stats(&context(Arc::clone(&store)), "m")
+            .await
+            .expect("store"),
+        None
+    );
     // And no gateway at all is no stats either.
-    let empty: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir.path().join("empty")).expect("store"));
-    assert_eq!(merged_stats(&context(empty), "m").await.expect("store"), None);
+    let empty: Arc<dyn Store> =
+        Arc::new(SqliteStore::open_dir(&dir.path().join("empty")).expect("store"));
+    assert_eq!(
+        merged_stats(&context(empty), "m").await.expect("store"),
+        None
+    );
 }
