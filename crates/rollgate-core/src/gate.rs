@@ -199,26 +199,28 @@ pub struct Arms<'a> {
 
 /// `Wait` when either arm is below its floor; the candidate is checked first
 /// so that its own shortage is reported before the champion's.
-fn floor(candidate: u64, champion: u64, need: u64) -> Option<(Outcome, Reason)> {
+pub(crate) fn sample_floor(candidate: u64, champion: u64, need: u64) -> Option<Reason> {
     if candidate < need {
-        Some((
-            Outcome::Wait,
-            Reason::InsufficientSamples {
-                have: candidate,
-                need,
-            },
-        ))
+        Some(Reason::InsufficientSamples {
+            have: candidate,
+            need,
+        })
     } else if champion < need {
-        Some((
-            Outcome::Wait,
-            Reason::ChampionNoVerdict {
-                have: champion,
-                need,
-            },
-        ))
+        Some(Reason::ChampionNoVerdict {
+            have: champion,
+            need,
+        })
     } else {
         None
     }
+}
+
+/// Successes seen but no latency recorded for an arm: the metric is missing.
+pub(crate) fn latency_missing(c: &RevisionStats, h: &RevisionStats) -> Option<Reason> {
+    let missing = |s: &RevisionStats| s.successes() > 0 && s.latency().is_empty();
+    (missing(c) || missing(h)).then(|| Reason::MetricsMissing {
+        metric: "latency".into(),
+    })
 }
 
 /// Error rate, candidate minus champion (Newcombe interval).
@@ -243,19 +245,20 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         candidate_rate,
         champion_rate,
     };
-    let (outcome, reason) = if let Some(w) = floor(c.requests(), h.requests(), cfg.min_requests) {
-        w
-    } else if candidate_rate.lower > cfg.gross_error_rate
-        && champion_rate.upper < cfg.gross_error_rate
-    {
-        (Outcome::Fail, Reason::GrossBreach)
-    } else if difference.lower > cfg.margin {
-        (Outcome::Fail, Reason::Breach)
-    } else if difference.upper <= cfg.margin {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
+    let (outcome, reason) =
+        if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
+            (Outcome::Wait, r)
+        } else if candidate_rate.lower > cfg.gross_error_rate
+            && champion_rate.upper < cfg.gross_error_rate
+        {
+            (Outcome::Fail, Reason::GrossBreach)
+        } else if difference.lower > cfg.margin {
+            (Outcome::Fail, Reason::Breach)
+        } else if difference.upper <= cfg.margin {
+            (Outcome::Pass, Reason::WithinBudget)
+        } else {
+            (Outcome::Wait, Reason::Inconclusive)
+        };
     GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
 }
 
@@ -327,16 +330,10 @@ pub fn latency_gate(cfg: &LatencyGate, arms: Arms, alpha: f64) -> GateVerdict {
         median,
         tail,
     };
-    let missing = |s: &RevisionStats| s.successes() > 0 && s.latency().is_empty();
-    let (outcome, reason) = if missing(c) || missing(h) {
-        (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "latency".into(),
-            },
-        )
-    } else if let Some(w) = floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
-        w
+    let (outcome, reason) = if let Some(r) = latency_missing(c, h) {
+        (Outcome::Wait, r)
+    } else if let Some(r) = sample_floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
+        (Outcome::Wait, r)
     } else {
         match (median, tail) {
             (Some(m), Some(t)) if m.regressed && t.regressed => (Outcome::Fail, Reason::Breach),
@@ -383,8 +380,8 @@ pub fn prediction_shift_gate(cfg: &ShiftGate, arms: Arms, alpha: f64) -> GateVer
                 metric: "predictions".into(),
             },
         )
-    } else if let Some(w) = floor(nc, nh, cfg.min_predictions) {
-        w
+    } else if let Some(r) = sample_floor(nc, nh, cfg.min_predictions) {
+        (Outcome::Wait, r)
     } else if shifts
         .iter()
         .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin)
@@ -494,8 +491,8 @@ pub fn guard_rail_gate(
     let within = cfg.max_error_rate.is_none_or(|m| error_rate.upper <= m)
         && cfg.max_p95_ms.is_none_or(|m| p95_upper_ms <= m);
     let (outcome, reason) =
-        if let Some(w) = floor(c.requests(), arms.champion.requests(), min_requests) {
-            w
+        if let Some(r) = sample_floor(c.requests(), arms.champion.requests(), min_requests) {
+            (Outcome::Wait, r)
         } else if breached {
             (Outcome::Fail, Reason::Breach)
         } else if within {

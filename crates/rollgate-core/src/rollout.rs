@@ -401,6 +401,22 @@ fn enter(
     });
 }
 
+/// Counts and audits one evaluation; returns the phase it judged.
+fn record_evaluation(t: &mut Transition, verdict: &StageVerdict, note: Option<String>) -> Phase {
+    t.state.evaluations += 1;
+    t.state.last_verdict = Some(verdict.clone());
+    let phase = t.state.phase.clone();
+    audit(
+        t,
+        AuditKind::Evaluated,
+        Actor::Controller,
+        phase.clone(),
+        Some(verdict.clone()),
+        note,
+    );
+    phase
+}
+
 /// A stage passed: enter the next one, or promote after the last.
 fn advance(
     spec: &RolloutSpec,
@@ -555,17 +571,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         verdict.confirmation = Some(check);
     }
     let pending_breach = clock.consecutive_breaches > 0;
-    t.state.evaluations += 1;
-    t.state.last_verdict = Some(verdict.clone());
-    let phase = t.state.phase.clone();
-    audit(
-        t,
-        AuditKind::Evaluated,
-        Actor::Controller,
-        phase.clone(),
-        Some(verdict.clone()),
-        note,
-    );
+    let phase = record_evaluation(t, &verdict, note);
 
     let gates_of = |r: &StageReason| match r {
         StageReason::Breach { gates }
@@ -638,17 +644,7 @@ fn observe_sequential(
             elapsed: now.since(started),
         },
     );
-    t.state.evaluations += 1;
-    t.state.last_verdict = Some(verdict.clone());
-    let phase = t.state.phase.clone();
-    audit(
-        t,
-        AuditKind::Evaluated,
-        Actor::Controller,
-        phase.clone(),
-        Some(verdict.clone()),
-        None,
-    );
+    let phase = record_evaluation(t, &verdict, None);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
             let gates = gates.clone();

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::anytime::{ConditionalBinomial, robbins_cs};
 use crate::gate::{
     ClassShift, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
-    judge_quantile,
+    judge_quantile, latency_missing, sample_floor,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
@@ -69,22 +69,6 @@ fn verdict(gate: GateKind, outcome: Outcome, reason: Reason, evidence: Evidence)
     }
 }
 
-fn floor(candidate: u64, champion: u64, need: u64) -> Option<Reason> {
-    if candidate < need {
-        Some(Reason::InsufficientSamples {
-            have: candidate,
-            need,
-        })
-    } else if champion < need {
-        Some(Reason::ChampionNoVerdict {
-            have: champion,
-            need,
-        })
-    } else {
-        None
-    }
-}
-
 /// Error rate: e-process to fail, confidence sequences to pass.
 fn error_gate(
     plan: &Plan,
@@ -110,7 +94,7 @@ fn error_gate(
     };
     let (outcome, reason) = if errors.rejects(alpha) {
         (Outcome::Fail, Reason::Breach)
-    } else if let Some(r) = floor(c.requests(), h.requests(), cfg.min_requests) {
+    } else if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
         (Outcome::Wait, r)
     } else if difference.upper <= cfg.margin {
         (Outcome::Pass, Reason::WithinBudget)
@@ -186,18 +170,12 @@ fn latency_gate(
         median,
         tail,
     };
-    let missing = |s: &RevisionStats| s.successes() > 0 && s.latency().is_empty();
-    let (outcome, reason) = if missing(c) || missing(h) {
-        (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "latency".into(),
-            },
-        )
+    let (outcome, reason) = if let Some(r) = latency_missing(c, h) {
+        (Outcome::Wait, r)
     } else {
         match (median, tail) {
             (Some(m), Some(t)) if m.regressed && t.regressed => (Outcome::Fail, Reason::Breach),
-            _ => match floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
+            _ => match sample_floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
                 Some(r) => (Outcome::Wait, r),
                 None => match (median, tail) {
                     (Some(m), Some(t)) if m.not_regressed || t.not_regressed => {
@@ -298,7 +276,7 @@ fn shift_gate(plan: &Plan, alpha: f64, c: &RevisionStats, h: &RevisionStats) -> 
         .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin)
     {
         (Outcome::Fail, Reason::Breach)
-    } else if let Some(r) = floor(nc, nh, cfg.min_predictions) {
+    } else if let Some(r) = sample_floor(nc, nh, cfg.min_predictions) {
         (Outcome::Wait, r)
     } else if shifts
         .iter()
@@ -333,9 +311,11 @@ fn stage_floor(
     let (c, h) = (w.revision(candidate), w.revision(champion));
     match gate {
         GateKind::ErrorRate | GateKind::GuardRails => {
-            floor(c.requests(), h.requests(), g.error_rate.min_requests)
+            sample_floor(c.requests(), h.requests(), g.error_rate.min_requests)
         }
-        GateKind::Latency => floor(c.latency().len(), h.latency().len(), g.latency.min_requests),
+        GateKind::Latency => {
+            sample_floor(c.latency().len(), h.latency().len(), g.latency.min_requests)
+        }
         GateKind::ShadowAgreement => {
             let pairs = w.pairs_for(candidate).map_or(0, |p| p.pairs());
             (pairs < g.shadow.min_pairs).then_some(Reason::InsufficientSamples {
@@ -345,7 +325,7 @@ fn stage_floor(
         }
         GateKind::PredictionShift => {
             let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
-            floor(total(&c), total(&h), g.prediction_shift.min_predictions)
+            sample_floor(total(&c), total(&h), g.prediction_shift.min_predictions)
         }
     }
 }
