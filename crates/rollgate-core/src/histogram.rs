@@ -6,6 +6,8 @@
 //! serialised form lists only the non-empty buckets, so snapshots stay small
 //! and round-trip to the identical histogram.
 
+use std::sync::{Arc, OnceLock};
+
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
@@ -16,9 +18,13 @@ pub const MAX_LATENCY_US: u64 = 600_000_000;
 const SIGNIFICANT_DIGITS: u8 = 2;
 
 /// Latency of successful requests, in microseconds.
+///
+/// Copy-on-write: snapshots are cloned on every evaluation (stage
+/// baselines, observations, windows), so a clone shares the ~20 KiB of
+/// counts and only a write to a shared histogram copies them.
 #[derive(Clone)]
 pub struct LatencyHistogram {
-    inner: Histogram<u64>,
+    inner: Arc<Histogram<u64>>,
 }
 
 /// Bounds on one quantile of a histogram, in microseconds.
@@ -43,23 +49,42 @@ pub enum HistogramError {
 
 impl LatencyHistogram {
     pub fn new() -> Self {
-        // The bounds are constants that hdrhistogram accepts; this cannot fail.
-        let inner = Histogram::new_with_bounds(1, MAX_LATENCY_US, SIGNIFICANT_DIGITS)
-            .expect("constant histogram bounds are valid");
-        LatencyHistogram { inner }
+        static EMPTY: OnceLock<Arc<Histogram<u64>>> = OnceLock::new();
+        let empty = EMPTY.get_or_init(|| {
+            // The bounds are constants that hdrhistogram accepts; this cannot fail.
+            Arc::new(
+                Histogram::new_with_bounds(1, MAX_LATENCY_US, SIGNIFICANT_DIGITS)
+                    .expect("constant histogram bounds are valid"),
+            )
+        });
+        LatencyHistogram {
+            inner: Arc::clone(empty),
+        }
     }
 
     /// Records one latency; 0 counts as 1us and anything above the range is
     /// clamped to [`MAX_LATENCY_US`].
     pub fn record(&mut self, latency_us: u64) {
-        self.inner.saturating_record(latency_us.max(1));
+        Arc::make_mut(&mut self.inner).saturating_record(latency_us.max(1));
+    }
+
+    /// Records every latency in `latencies_us` (as [`LatencyHistogram::record`]);
+    /// returns how many.
+    pub fn record_all(&mut self, latencies_us: impl IntoIterator<Item = u64>) -> u64 {
+        let inner = Arc::make_mut(&mut self.inner);
+        let mut n = 0;
+        for us in latencies_us {
+            inner.saturating_record(us.max(1));
+            n += 1;
+        }
+        n
     }
 
     /// Records `count` samples of the same latency.
     pub fn record_n(&mut self, latency_us: u64, count: u64) {
         let v = latency_us.clamp(1, MAX_LATENCY_US);
         // In range by construction, so record_n cannot fail.
-        let _ = self.inner.record_n(v, count);
+        let _ = Arc::make_mut(&mut self.inner).record_n(v, count);
     }
 
     /// Number of recorded samples.
@@ -73,15 +98,21 @@ impl LatencyHistogram {
 
     /// Adds `other` into `self` (union of two sample sets).
     pub fn merge(&mut self, other: &LatencyHistogram) {
+        if other.is_empty() {
+            return;
+        }
         // Same bounds on both sides, so add cannot fail.
-        let _ = self.inner.add(&other.inner);
+        let _ = Arc::make_mut(&mut self.inner).add(&*other.inner);
     }
 
     /// `self - earlier`: the samples recorded after `earlier` was taken.
     pub fn window_since(&self, earlier: &LatencyHistogram) -> Result<Self, HistogramError> {
         let mut out = self.clone();
-        out.inner
-            .subtract(&earlier.inner)
+        if earlier.is_empty() {
+            return Ok(out);
+        }
+        Arc::make_mut(&mut out.inner)
+            .subtract(&*earlier.inner)
             .map_err(|_| HistogramError::Underflow)?;
         Ok(out)
     }
@@ -89,21 +120,17 @@ impl LatencyHistogram {
     /// The value at 1-based `rank` in sorted order, as the bucket's
     /// `(lowest, highest)` equivalent values. Bounds use the conservative end.
     fn value_at_rank(&self, rank: u64) -> Option<(u64, u64)> {
-        if rank == 0 || rank > self.len() {
+        let n = self.len();
+        if rank == 0 || rank > n {
             return None;
         }
-        let mut seen = 0u64;
-        for v in self.inner.iter_recorded() {
-            seen += v.count_at_value();
-            if seen >= rank {
-                let x = v.value_iterated_to();
-                return Some((
-                    self.inner.lowest_equivalent(x),
-                    self.inner.highest_equivalent(x),
-                ));
-            }
-        }
-        None
+        // hdrhistogram's own scan finds the value at count ⌈q·n⌉; asking for
+        // q = (rank − ½)/n lands on `rank` exactly despite rounding.
+        let x = self.inner.value_at_quantile((rank as f64 - 0.5) / n as f64);
+        Some((
+            self.inner.lowest_equivalent(x),
+            self.inner.highest_equivalent(x),
+        ))
     }
 
     /// Nearest-rank percentile (see [`nearest_rank`]), reported as the
@@ -126,23 +153,20 @@ impl LatencyHistogram {
         })
     }
 
-    /// Bounds of the `p`-quantile given a CDF band of half-width `eps`
-    /// (`sup |F̂ − F| <= eps`): the empirical `(p − eps)`- and
-    /// `(p + eps)`-quantiles. A side the band cannot bound is `None`.
-    pub fn quantile_band_bounds(&self, p: f64, eps: f64) -> Option<QuantileBounds> {
+    /// Point estimate and bounds of the `p`-quantile at the given 1-based
+    /// ranks (from an anytime-valid confidence sequence; `None` =
+    /// unbounded), taking each bucket's conservative end.
+    pub fn quantile_rank_bounds(&self, p: f64, ranks: RankInterval) -> Option<QuantileBounds> {
         let estimate_us = self.percentile_us(p)?;
-        let n = self.len() as f64;
-        let lower_rank = ((p - eps) * n - 1e-9).ceil();
-        let upper_rank = ((p + eps) * n - 1e-9).ceil();
         Some(QuantileBounds {
             estimate_us,
-            lower_us: (p - eps > 0.0)
-                .then(|| self.value_at_rank(lower_rank.max(1.0) as u64))
-                .flatten()
+            lower_us: ranks
+                .lower
+                .and_then(|r| self.value_at_rank(r))
                 .map(|(lo, _)| lo),
-            upper_us: (p + eps < 1.0)
-                .then(|| self.value_at_rank(upper_rank as u64))
-                .flatten()
+            upper_us: ranks
+                .upper
+                .and_then(|r| self.value_at_rank(r))
                 .map(|(_, hi)| hi),
         })
     }
@@ -251,26 +275,34 @@ mod tests {
     }
 
     #[test]
-    fn band_bounds_widen_with_the_band_and_bracket_the_estimate() {
+    fn rank_bounds_take_the_conservative_end_of_each_bucket() {
         let h = of(&(1..=1000).map(|i| i * 10).collect::<Vec<_>>());
-        let narrow = h.quantile_band_bounds(0.5, 0.01).expect("non-empty");
-        let wide = h.quantile_band_bounds(0.5, 0.1).expect("non-empty");
-        let (nl, nu) = (
-            narrow.lower_us.expect("lower"),
-            narrow.upper_us.expect("upper"),
-        );
-        let (wl, wu) = (wide.lower_us.expect("lower"), wide.upper_us.expect("upper"));
-        assert!(wl <= nl && nl <= narrow.estimate_us && narrow.estimate_us <= nu && nu <= wu);
-        // Ranks 400 and 600 for eps = 0.1: about 4 ms and 6 ms.
+        let b = h
+            .quantile_rank_bounds(
+                0.5,
+                RankInterval {
+                    lower: Some(400),
+                    upper: Some(600),
+                },
+            )
+            .expect("non-empty");
+        let (lo, hi) = (b.lower_us.expect("lower"), b.upper_us.expect("upper"));
+        assert!(lo <= b.estimate_us && b.estimate_us <= hi);
+        // Ranks 400 and 600: about 4 ms and 6 ms, widened to bucket edges.
         assert!(
-            (3_900..=4_000).contains(&wl) && (6_000..=6_100).contains(&wu),
-            "{wl} {wu}"
+            (3_900..=4_000).contains(&lo) && (6_000..=6_100).contains(&hi),
+            "{lo} {hi}"
         );
-        // A band reaching past the top cannot bound the tail.
-        assert_eq!(
-            h.quantile_band_bounds(0.95, 0.1).and_then(|b| b.upper_us),
-            None
-        );
+        let open = h
+            .quantile_rank_bounds(
+                0.95,
+                RankInterval {
+                    lower: None,
+                    upper: None,
+                },
+            )
+            .expect("non-empty");
+        assert_eq!((open.lower_us, open.upper_us), (None, None));
     }
 
     #[test]
@@ -303,6 +335,19 @@ mod tests {
             let union: Vec<u64> = a.iter().chain(b.iter()).copied().collect();
             prop_assert_eq!(&merged, &of(&union));
             prop_assert_eq!(merged.window_since(&of(&a)), Ok(of(&b)));
+        }
+
+        #[test]
+        fn value_at_rank_is_the_sorted_value_in_its_bucket(v in proptest::collection::vec(1u64..5_000_000, 1..300)) {
+            let h = of(&v);
+            let mut sorted = v.clone();
+            sorted.sort_unstable();
+            for (i, &x) in sorted.iter().enumerate() {
+                let (lo, hi) = h.value_at_rank(i as u64 + 1).expect("in range");
+                prop_assert!(lo <= x && x <= hi, "rank {}: {} not in [{}, {}]", i + 1, x, lo, hi);
+            }
+            prop_assert_eq!(h.value_at_rank(0), None);
+            prop_assert_eq!(h.value_at_rank(v.len() as u64 + 1), None);
         }
     }
 }

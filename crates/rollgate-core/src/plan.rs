@@ -60,12 +60,12 @@ pub struct Plan {
 pub enum Policy {
     /// Fixed-horizon bounds per stage window; breaches confirmed on
     /// `confirm_breaches` disjoint windows.
-    #[default]
     Windowed,
-    /// Anytime-valid bounds and e-processes over the whole rollout: the
-    /// probability of ever rolling back a candidate that is no worse than
-    /// the champion stays below `sequential.alpha`, however often it is
-    /// evaluated. A failing metric rolls back at once.
+    /// The default. Anytime-valid bounds and e-processes over the whole
+    /// rollout: the probability of ever rolling back a candidate that is no
+    /// worse than the champion stays below `sequential.alpha`, however often
+    /// it is evaluated. A failing metric rolls back at once.
+    #[default]
     Sequential,
 }
 
@@ -110,7 +110,7 @@ impl Default for Plan {
             readiness_timeout: Duration::from_secs(120),
             confirm_breaches: 2,
             alpha: 0.05,
-            policy: Policy::Windowed,
+            policy: Policy::Sequential,
             sequential: SequentialPlan::default(),
             gates: Gates::default(),
         }
@@ -248,7 +248,7 @@ impl Default for ShadowGate {
     fn default() -> Self {
         ShadowGate {
             min_agreement: 0.9,
-            max_flip_rate: 0.05,
+            max_flip_rate: 0.02,
             min_pairs: 100,
         }
     }

@@ -620,16 +620,15 @@ fn observe_sequential(
     kind: StageKind,
 ) {
     let plan = &spec.plan;
-    let clock = t
-        .state
+    let state = &mut t.state;
+    let clock = state
         .stage
         .get_or_insert_with(|| StageClock::new(now, None));
     if clock.baseline.is_none() {
         clock.baseline = obs.snapshot.clone();
     }
-    let (started, stage_origin) = (clock.started_at, clock.baseline.clone());
-    let seq = t
-        .state
+    let started = clock.started_at;
+    let seq = state
         .sequential
         .get_or_insert_with(|| SequentialState::new(None));
     let verdict = sequential::evaluate(
@@ -638,7 +637,7 @@ fn observe_sequential(
         &SequentialInput {
             stage: kind,
             current: obs.snapshot.as_ref(),
-            stage_origin: stage_origin.as_ref(),
+            stage_origin: state.stage.as_ref().and_then(|c| c.baseline.as_ref()),
             champion: &spec.champion,
             candidate: &spec.candidate,
             elapsed: now.since(started),

@@ -11,22 +11,24 @@
 //!   ([`ConditionalBinomial`]: null "candidate failure rate ≤ champion's");
 //!   PASS when the Robbins confidence sequences show `candidate − champion ≤
 //!   margin`.
-//! - Latency: a time-uniform CDF band per arm — Dvoretzky–Kiefer–Wolfowitz
-//!   with Massart's constant, `P(sup|F̂_n − F| > ε) ≤ 2e^{−2nε²}`, union-bounded
-//!   over looks with `α_j = α / (j(j+1))` — gives quantile bounds; the rule
-//!   stays "median AND tail regressed" to fail.
-//! - Shadow agreement and high-confidence flips, and prediction shift:
-//!   Robbins confidence sequences on each rate.
+//! - Latency: Howard & Ramdas' confidence sequences for the median and the
+//!   tail quantile of each arm (a beta-binomial mixture on the count below
+//!   the quantile); the rule stays "median AND tail regressed" to fail.
+//! - Shadow agreement and high-confidence flips: FAIL by a one-sided
+//!   beta-binomial mixture test of "rate within budget" (disagreement ≤
+//!   `1 − min_agreement`, flips ≤ `max_flip_rate`); PASS by Robbins
+//!   confidence sequences.
+//! - Prediction shift: Robbins confidence sequences on each class rate.
 //!
-//! References: Robbins (1970); Lindon & Malek, NeurIPS 2022; Massart, Ann.
-//! Probab. 1990; Howard & Ramdas, Bernoulli 2022 (the band used here is the
-//! simpler union-bound cousin of theirs, valid and somewhat wider).
+//! References: Robbins (1970); Lindon & Malek, NeurIPS 2022; Howard,
+//! Ramdas, McAuliffe & Sekhon, Ann. Statist. 2021; Howard & Ramdas,
+//! Bernoulli 2022.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::anytime::{ConditionalBinomial, robbins_cs};
+use crate::anytime::{ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs};
 use crate::gate::{
     ClassShift, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
     judge_quantile, latency_missing, sample_floor,
@@ -42,17 +44,114 @@ use crate::stats::{Interval, rate};
 pub struct SequentialState {
     /// Cumulative stats when the first stage started: the test's origin.
     pub origin: Option<Snapshot>,
-    /// Cumulative stats at the previous look, for the e-process increments.
-    pub last: Option<Snapshot>,
+    /// Both arms' request and failure counts at the previous look, for the
+    /// e-process increments.
+    #[serde(default)]
+    pub last: Option<ErrorCounts>,
     pub errors: ConditionalBinomial,
     /// Looks taken (evaluations with stats).
     pub looks: u64,
 }
 
+/// Cumulative requests and failures of both arms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorCounts {
+    pub champion_requests: u64,
+    pub champion_failures: u64,
+    pub candidate_requests: u64,
+    pub candidate_failures: u64,
+}
+
+impl ErrorCounts {
+    fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
+        let (h, c) = (s.revision(champion), s.revision(candidate));
+        ErrorCounts {
+            champion_requests: h.requests(),
+            champion_failures: h.failure_count(),
+            candidate_requests: c.requests(),
+            candidate_failures: c.failure_count(),
+        }
+    }
+
+    /// `self − earlier`, or `None` if any counter went backwards.
+    fn since(&self, earlier: &ErrorCounts) -> Option<ErrorCounts> {
+        Some(ErrorCounts {
+            champion_requests: self
+                .champion_requests
+                .checked_sub(earlier.champion_requests)?,
+            champion_failures: self
+                .champion_failures
+                .checked_sub(earlier.champion_failures)?,
+            candidate_requests: self
+                .candidate_requests
+                .checked_sub(earlier.candidate_requests)?,
+            candidate_failures: self
+                .candidate_failures
+                .checked_sub(earlier.candidate_failures)?,
+        })
+    }
+}
+
+/// What a stage's sample floors count, per arm: the stage's own traffic.
+#[derive(Debug, Clone, Copy, Default)]
+struct StageTally {
+    candidate: ArmTally,
+    champion: ArmTally,
+    pairs: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ArmTally {
+    requests: u64,
+    latencies: u64,
+    predictions: u64,
+}
+
+impl ArmTally {
+    fn of(s: &RevisionStats) -> Self {
+        ArmTally {
+            requests: s.requests(),
+            latencies: s.latency().len(),
+            predictions: s.predictions().values().sum(),
+        }
+    }
+
+    fn since(&self, e: &ArmTally) -> Option<ArmTally> {
+        Some(ArmTally {
+            requests: self.requests.checked_sub(e.requests)?,
+            latencies: self.latencies.checked_sub(e.latencies)?,
+            predictions: self.predictions.checked_sub(e.predictions)?,
+        })
+    }
+}
+
+impl StageTally {
+    fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
+        StageTally {
+            candidate: ArmTally::of(&s.revision(candidate)),
+            champion: ArmTally::of(&s.revision(champion)),
+            pairs: s.pairs_for(candidate).map_or(0, |p| p.pairs()),
+        }
+    }
+
+    /// The counts since `origin`; nothing if counters went backwards (a
+    /// gateway restarted): evidence is lost, never invented.
+    fn since(&self, origin: &StageTally) -> StageTally {
+        let diff = || {
+            Some(StageTally {
+                candidate: self.candidate.since(&origin.candidate)?,
+                champion: self.champion.since(&origin.champion)?,
+                pairs: self.pairs.checked_sub(origin.pairs)?,
+            })
+        };
+        diff().unwrap_or_default()
+    }
+}
+
 impl SequentialState {
     pub fn new(origin: Option<Snapshot>) -> Self {
         SequentialState {
-            last: origin.clone(),
+            last: None,
             origin,
             errors: ConditionalBinomial::new(1.0),
             looks: 0,
@@ -112,46 +211,38 @@ fn counts(s: &RevisionStats) -> Counts {
     }
 }
 
-/// Half-width of the DKW band for `n` samples at look `j` with budget `alpha`.
-fn dkw_eps(n: u64, look: u64, alpha: f64) -> f64 {
-    if n == 0 {
-        return 1.0;
-    }
-    let j = look.max(1) as f64;
-    let alpha_j = alpha / (j * (j + 1.0));
-    ((2.0 / alpha_j).ln() / (2.0 * n as f64)).sqrt()
-}
+/// Observations around which the mixture boundaries are tightest: rollouts
+/// are decided on tens to hundreds of requests or pairs per arm.
+const DESIGN_SAMPLES: f64 = 100.0;
 
+/// One quantile of both arms with anytime-valid bounds, each arm's at
+/// level `alpha`.
 fn compare(
     q: f64,
     c: &LatencyHistogram,
     h: &LatencyHistogram,
-    eps_c: f64,
-    eps_h: f64,
+    alpha: f64,
     ratio: f64,
     ms: f64,
 ) -> Option<QuantileComparison> {
-    let cb = c.quantile_band_bounds(q, eps_c)?;
-    let hb = h.quantile_band_bounds(q, eps_h)?;
-    Some(judge_quantile(q, cb, hb, ratio, ms))
+    let bounds = |x: &LatencyHistogram| {
+        x.quantile_rank_bounds(q, quantile_cs_ranks(q, x.len(), alpha, DESIGN_SAMPLES))
+    };
+    Some(judge_quantile(q, bounds(c)?, bounds(h)?, ratio, ms))
 }
 
-fn latency_gate(
-    plan: &Plan,
-    alpha: f64,
-    look: u64,
-    c: &RevisionStats,
-    h: &RevisionStats,
-) -> GateVerdict {
+/// Latency: fails iff the median AND the tail regressed. A false failure
+/// needs one of the two comparisons to be wrong where the truth did not
+/// regress; each comparison is wrong only if one of its two arms' sequences
+/// misses, so each arm's sequence runs at `alpha / 2`.
+fn latency_gate(plan: &Plan, alpha: f64, c: &RevisionStats, h: &RevisionStats) -> GateVerdict {
     let cfg = &plan.gates.latency;
-    let eps_c = dkw_eps(c.latency().len(), look, alpha / 2.0);
-    let eps_h = dkw_eps(h.latency().len(), look, alpha / 2.0);
+    let a = alpha / 2.0;
     let median = compare(
         0.5,
         c.latency(),
         h.latency(),
-        eps_c,
-        eps_h,
+        a,
         cfg.median_ratio,
         cfg.median_ms,
     );
@@ -159,8 +250,7 @@ fn latency_gate(
         cfg.tail_quantile,
         c.latency(),
         h.latency(),
-        eps_c,
-        eps_h,
+        a,
         cfg.tail_ratio,
         cfg.tail_ms,
     );
@@ -189,6 +279,14 @@ fn latency_gate(
     verdict(GateKind::Latency, outcome, reason, evidence)
 }
 
+/// Whether `k` of `n` show the rate above `p0` at level `alpha`.
+fn shown_above(k: u64, n: u64, p0: f64, alpha: f64) -> bool {
+    rate_exceeds(k, n, p0, alpha, DESIGN_SAMPLES)
+}
+
+/// Shadow agreement and high-confidence flips, two metrics each at
+/// `alpha`: FAIL when disagreement or flips are shown above budget, PASS
+/// when both are shown within it (one-sided beta-binomial mixtures).
 fn shadow_gate(
     plan: &Plan,
     alpha: f64,
@@ -199,8 +297,10 @@ fn shadow_gate(
 ) -> GateVerdict {
     let cfg = &plan.gates.shadow;
     let p = window.pairs_for(candidate).copied().unwrap_or_default();
-    let agreement = robbins_cs(p.agreements(), p.pairs(), alpha / 2.0);
-    let flip_rate = robbins_cs(p.confident_flips(), p.champion_confident(), alpha / 2.0);
+    let (disagreements, confident) = (p.pairs() - p.agreements(), p.champion_confident());
+    // Shown for reading; the decisions are the one-sided tests below.
+    let agreement = robbins_cs(p.agreements(), p.pairs(), alpha);
+    let flip_rate = robbins_cs(p.confident_flips(), confident, alpha);
     let evidence = Evidence::ShadowAgreement {
         pairs: p.pairs(),
         agreements: p.agreements(),
@@ -219,7 +319,9 @@ fn shadow_gate(
                 metric: "pairs".into(),
             },
         )
-    } else if agreement.upper < cfg.min_agreement || flip_rate.lower > cfg.max_flip_rate {
+    } else if shown_above(disagreements, p.pairs(), 1.0 - cfg.min_agreement, alpha)
+        || shown_above(p.confident_flips(), confident, cfg.max_flip_rate, alpha)
+    {
         (Outcome::Fail, Reason::Breach)
     } else if p.pairs() < cfg.min_pairs {
         (
@@ -229,7 +331,15 @@ fn shadow_gate(
                 need: cfg.min_pairs,
             },
         )
-    } else if agreement.lower >= cfg.min_agreement && flip_rate.upper <= cfg.max_flip_rate {
+    } else if shown_above(p.agreements(), p.pairs(), cfg.min_agreement, alpha)
+        && (cfg.max_flip_rate >= 1.0
+            || shown_above(
+                confident - p.confident_flips(),
+                confident,
+                1.0 - cfg.max_flip_rate,
+                alpha,
+            ))
+    {
         (Outcome::Pass, Reason::WithinBudget)
     } else {
         (Outcome::Wait, Reason::Inconclusive)
@@ -299,35 +409,40 @@ fn shift_gate(plan: &Plan, alpha: f64, c: &RevisionStats, h: &RevisionStats) -> 
     )
 }
 
-/// The sample floor of `gate` over the current stage's own window.
-fn stage_floor(
-    plan: &Plan,
-    gate: GateKind,
-    w: &Snapshot,
-    champion: &str,
-    candidate: &str,
-) -> Option<Reason> {
+/// The sample floor of `gate` over the current stage's own traffic.
+fn stage_floor(plan: &Plan, gate: GateKind, w: &StageTally) -> Option<Reason> {
     let g = &plan.gates;
-    let (c, h) = (w.revision(candidate), w.revision(champion));
+    let (c, h) = (&w.candidate, &w.champion);
     match gate {
         GateKind::ErrorRate | GateKind::GuardRails => {
-            sample_floor(c.requests(), h.requests(), g.error_rate.min_requests)
+            sample_floor(c.requests, h.requests, g.error_rate.min_requests)
         }
-        GateKind::Latency => {
-            sample_floor(c.latency().len(), h.latency().len(), g.latency.min_requests)
-        }
+        GateKind::Latency => sample_floor(c.latencies, h.latencies, g.latency.min_requests),
         GateKind::ShadowAgreement => {
-            let pairs = w.pairs_for(candidate).map_or(0, |p| p.pairs());
-            (pairs < g.shadow.min_pairs).then_some(Reason::InsufficientSamples {
-                have: pairs,
+            (w.pairs < g.shadow.min_pairs).then_some(Reason::InsufficientSamples {
+                have: w.pairs,
                 need: g.shadow.min_pairs,
             })
         }
-        GateKind::PredictionShift => {
-            let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
-            sample_floor(total(&c), total(&h), g.prediction_shift.min_predictions)
-        }
+        GateKind::PredictionShift => sample_floor(
+            c.predictions,
+            h.predictions,
+            g.prediction_shift.min_predictions,
+        ),
     }
+}
+
+/// `α` per metric: the plan's `α` split evenly (Bonferroni) over every
+/// metric that can fail anywhere in the rollout — fixed for the whole
+/// rollout, so the chance of any false failure stays at most `α` however
+/// the stages run.
+pub fn metric_alpha(plan: &Plan) -> f64 {
+    let g = &plan.gates;
+    let metrics = usize::from(g.error_rate.enabled)
+        + usize::from(g.latency.enabled)
+        + 2 * usize::from(plan.shadow.enabled)
+        + usize::from(g.prediction_shift.enabled);
+    plan.sequential.alpha / metrics.max(1) as f64
 }
 
 /// What one sequential look is judged on.
@@ -377,49 +492,44 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     // Counters that went backwards (a gateway restarted) restart the test's
     // origin: evidence is lost, never invented. The e-process keeps what it
     // has accumulated: it only ever adds increments that really happened.
-    let origin = state.origin.get_or_insert_with(|| current.clone()).clone();
-    let (window, increment) = match (
-        current.window_since(&origin),
-        state.last.as_ref().map(|l| current.window_since(l)),
-    ) {
-        (Ok(w), Some(Ok(i))) => (w, i),
-        (Ok(w), None) => (w, Snapshot::default()),
+    let (champion_id, candidate_id) = (input.champion, input.candidate);
+    let now_counts = ErrorCounts::of(current, champion_id, candidate_id);
+    let origin = state.origin.get_or_insert_with(|| current.clone());
+    let last = state
+        .last
+        .unwrap_or_else(|| ErrorCounts::of(origin, champion_id, candidate_id));
+    let window = match (current.window_since(origin), now_counts.since(&last)) {
+        (Ok(w), Some(increment)) => {
+            let exposure = increment.candidate_requests + increment.champion_requests;
+            if exposure > 0 {
+                state.errors.update(
+                    increment.champion_failures,
+                    increment.candidate_failures,
+                    increment.candidate_requests as f64 / exposure as f64,
+                );
+            }
+            w
+        }
         _ => {
             state.origin = Some(current.clone());
-            (Snapshot::default(), Snapshot::default())
+            Snapshot::default()
         }
     };
-    state.last = Some(current.clone());
+    state.last = Some(now_counts);
     state.looks += 1;
-    let (ic, ih) = (
-        increment.revision(input.candidate),
-        increment.revision(input.champion),
-    );
-    let exposure = ic.requests() + ih.requests();
-    if exposure > 0 {
-        state.errors.update(
-            ih.failure_count(),
-            ic.failure_count(),
-            ic.requests() as f64 / exposure as f64,
-        );
-    }
 
     let g = &plan.gates;
     let (c, h) = (
         window.revision(input.candidate),
         window.revision(input.champion),
     );
-    let failable = usize::from(g.error_rate.enabled)
-        + usize::from(g.latency.enabled)
-        + usize::from(input.stage == StageKind::Shadow)
-        + usize::from(input.stage == StageKind::Canary && g.prediction_shift.enabled);
-    let alpha = plan.sequential.alpha / failable.max(1) as f64;
+    let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
         gates.push(error_gate(plan, &state.errors, alpha, &c, &h));
     }
     if g.latency.enabled {
-        gates.push(latency_gate(plan, alpha, state.looks, &c, &h));
+        gates.push(latency_gate(plan, alpha, &c, &h));
     }
     match input.stage {
         StageKind::Shadow => gates.push(shadow_gate(plan, alpha, &window, input.candidate, &c, &h)),
@@ -430,15 +540,18 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     }
     // Each stage needs its own sample floor before it may pass, whatever the
     // cumulative evidence says (a stage nobody exercised proved nothing).
-    let stage_window = input
-        .stage_origin
-        .and_then(|o| current.window_since(o).ok())
-        .unwrap_or_default();
+    let stage_window = input.stage_origin.map_or_else(StageTally::default, |o| {
+        StageTally::of(current, champion_id, candidate_id).since(&StageTally::of(
+            o,
+            champion_id,
+            candidate_id,
+        ))
+    });
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
     {
-        if let Some(r) = stage_floor(plan, v.gate, &stage_window, input.champion, input.candidate) {
+        if let Some(r) = stage_floor(plan, v.gate, &stage_window) {
             v.outcome = Outcome::Wait;
             v.reason = r;
         }

@@ -228,8 +228,28 @@ impl RevisionStats {
 
     /// A request that failed, counted against this revision.
     pub fn record_failure(&mut self, class: FailureClass) {
-        self.requests += 1;
-        self.failures.add(class, 1);
+        self.record_failures(class, 1);
+    }
+
+    /// Successful requests with these latencies and no predictions read
+    /// (aggregated recording).
+    pub fn record_latencies(&mut self, latencies_us: impl IntoIterator<Item = u64>) {
+        self.requests += self.latency.record_all(latencies_us);
+    }
+
+    /// `n` requests that failed alike (aggregated recording, e.g. by the
+    /// simulator).
+    pub fn record_failures(&mut self, class: FailureClass, n: u64) {
+        self.requests += n;
+        self.failures.add(class, n);
+    }
+
+    /// `n` more predictions of `class` from requests already recorded as
+    /// successes (aggregated recording).
+    pub fn record_predictions(&mut self, class: &str, n: u64) {
+        if n > 0 {
+            *self.predictions.entry(class.to_string()).or_insert(0) += n;
+        }
     }
 
     /// A request the client got wrong (4xx): not counted in `requests`.
@@ -442,6 +462,14 @@ impl PairStats {
         self.agreements += u64::from(agreed);
         self.champion_confident += u64::from(champion_confident);
         self.confident_flips += u64::from(champion_confident && !agreed);
+    }
+
+    /// `n` paired comparisons alike (aggregated recording).
+    pub fn record_pairs(&mut self, n: u64, agreed: bool, champion_confident: bool) {
+        self.pairs += n;
+        self.agreements += if agreed { n } else { 0 };
+        self.champion_confident += if champion_confident { n } else { 0 };
+        self.confident_flips += if champion_confident && !agreed { n } else { 0 };
     }
 
     /// A mirror request dropped because the mirror queue was full.

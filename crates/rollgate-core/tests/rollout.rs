@@ -25,9 +25,12 @@ fn spec(plan: Plan) -> RolloutSpec {
     }
 }
 
-/// A short plan for tests: 10 s stages, 60 s deadline.
+/// A short plan for tests: 10 s stages, 60 s deadline, under the
+/// `windowed` policy (whose confirmation rules most tests here pin; the
+/// `sequential` default has its own tests below).
 fn quick_plan() -> Plan {
     Plan {
+        policy: rollgate_core::Policy::Windowed,
         min_stage_duration: Duration::from_secs(10),
         evidence_timeout: Duration::from_secs(60),
         readiness_timeout: Duration::from_secs(30),

@@ -118,6 +118,7 @@ pub fn run_cell(
     tick: &(dyn Fn() + Sync),
 ) -> CellReport {
     let threads = threads.max(1) as u64;
+    let plan = &scenario.plan(plan);
     let results: Vec<SimResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -126,7 +127,10 @@ pub fn run_cell(
                         .filter(|i| i % threads == t)
                         .map(|i| {
                             let mut d = policy.decider(plan);
-                            let r = simulate_with(d.as_mut(), scenario, 1_000_003 * (i + 1));
+                            let mut r = simulate_with(d.as_mut(), scenario, 1_000_003 * (i + 1));
+                            // The summary needs outcomes, not every run's audit log
+                            // (2,000 runs × 115 cells of them would hold gigabytes).
+                            r.audit = Vec::new();
                             tick();
                             r
                         })

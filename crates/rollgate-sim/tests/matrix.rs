@@ -47,14 +47,40 @@ fn identical_candidates_are_not_rolled_back_for_a_breach() {
 #[test]
 fn failing_candidates_are_stopped_in_shadow_with_zero_live_exposure() {
     for name in [
-        "errors-100pct",
-        "errors-50pct",
+        "errors-100pct-shadow",
+        "errors-50pct-shadow",
         "broken-feature",
-        "latency-plus-100ms",
+        "latency-plus-100ms-shadow",
     ] {
         let r = cell(name, PolicyKind::Sequential, 20);
         assert_eq!(r.rolled_back_breach, r.runs, "{name}: {r:?}");
         assert_eq!(r.live_exposed, 0, "{name}: {r:?}");
+    }
+    // Refused within 300 pairs (issue 7's target; ~130 measured).
+    let broken = cell("broken-feature", PolicyKind::Sequential, 20);
+    assert!(
+        broken.median_candidate_requests.is_some_and(|n| n <= 300.0),
+        "{broken:?}"
+    );
+}
+
+/// Without a SHADOW stage the first requests are live at 5%: the sequential
+/// tests stop gross regressions within a handful of candidate requests,
+/// far sooner than fixed windows can.
+#[test]
+fn regressions_at_the_first_canary_step_are_stopped_within_a_few_requests() {
+    for (name, within) in [
+        ("errors-100pct", 5.0),
+        ("errors-50pct", 10.0),
+        ("latency-plus-100ms", 40.0),
+    ] {
+        let ours = cell(name, PolicyKind::Sequential, 20);
+        assert_eq!(ours.rolled_back_breach, ours.runs, "{name}: {ours:?}");
+        let n = ours.median_candidate_requests.expect("decided");
+        assert!(n <= within, "{name}: median {n} candidate requests");
+        let windowed = cell(name, PolicyKind::Windowed, 20);
+        let w = windowed.median_candidate_requests.expect("decided");
+        assert!(3.0 * n <= w, "{name}: {n} vs windowed {w}");
     }
 }
 

@@ -18,7 +18,7 @@ pub struct SimArgs {
     /// Seeded runs per cell.
     #[arg(long, default_value_t = 200)]
     runs: u64,
-    /// Policies to compare (default: all four).
+    /// Policies to compare (default: all five).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
     /// Only scenarios whose name contains this.
@@ -58,7 +58,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
             Some(p) => policies.push(p),
             None => {
                 eprintln!(
-                    "rollgate: unknown policy {name:?}: sequential, windowed, absolute, point-estimate"
+                    "rollgate: unknown policy {name:?}: sequential, sequential-evidence, windowed, absolute, point-estimate"
                 );
                 return Ok(ExitCode::from(2));
             }
