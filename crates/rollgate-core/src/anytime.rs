@@ -400,8 +400,17 @@ mod tests {
     /// Simulated failures of two arms with a load that changes over time and
     /// weights that change between steps.
     fn run(candidate_rate: f64, champion_rate: f64, seed: u64) -> (bool, u64) {
+        run_with_margin(candidate_rate, champion_rate, 1.0, seed)
+    }
+
+    fn run_with_margin(
+        candidate_rate: f64,
+        champion_rate: f64,
+        max_ratio: f64,
+        seed: u64,
+    ) -> (bool, u64) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut e = ConditionalBinomial::new(1.0);
+        let mut e = ConditionalBinomial::new(max_ratio);
         let mut candidate_requests = 0;
         for tick in 0..600u64 {
             let weight = [0.05, 0.25, 0.5][(tick / 200) as usize];
@@ -442,6 +451,18 @@ mod tests {
         needed.sort_unstable();
         // With every candidate request failing, a handful of them suffices.
         assert!(needed[25] <= 40, "median {} candidate requests", needed[25]);
+    }
+
+    #[test]
+    fn the_margin_lets_a_candidate_within_it_through() {
+        // 1.5× the champion's failures: rejected without a margin, not with
+        // a 2× margin (the null then includes it).
+        let without = (0..40).filter(|&s| run(0.03, 0.02, 300 + s).0).count();
+        let with = (0..40)
+            .filter(|&s| run_with_margin(0.03, 0.02, 2.0, 300 + s).0)
+            .count();
+        assert!(without >= 30, "{without}/40 rejected without a margin");
+        assert!(with <= 1, "{with}/40 rejected with a 2x margin");
     }
 
     #[test]

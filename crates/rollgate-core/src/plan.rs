@@ -89,6 +89,10 @@ pub struct SequentialPlan {
     /// In (0, 0.5].
     pub alpha: f64,
     pub advance: Advance,
+    /// Non-inferiority margin of the error e-process, as a rate ratio: it
+    /// fails only once the candidate's failure rate is shown above this
+    /// many times the champion's. At least 1 (1 = no margin).
+    pub max_error_ratio: f64,
 }
 
 impl Default for SequentialPlan {
@@ -96,6 +100,7 @@ impl Default for SequentialPlan {
         SequentialPlan {
             alpha: 0.01,
             advance: Advance::OnTime,
+            max_error_ratio: 1.0,
         }
     }
 }
@@ -366,6 +371,11 @@ impl Plan {
                 format!("must be in (0, 0.5], got {}", self.sequential.alpha),
             ));
         }
+        at_least(
+            "sequential.max_error_ratio",
+            self.sequential.max_error_ratio,
+            1.0,
+        )?;
         let g = &self.gates;
         unit("gates.error_rate.margin", g.error_rate.margin)?;
         count("gates.error_rate.min_requests", g.error_rate.min_requests)?;
@@ -458,6 +468,11 @@ mod tests {
             field_of(|p| p.gates.shadow.max_flip_rate = f64::NAN),
             "gates.shadow.max_flip_rate"
         );
+        assert_eq!(
+            field_of(|p| p.sequential.max_error_ratio = 0.5),
+            "sequential.max_error_ratio"
+        );
+        assert_eq!(field_of(|p| p.sequential.alpha = 0.0), "sequential.alpha");
         assert_eq!(
             field_of(|p| p.gates.guard_rails.max_error_rate = Some(2.0)),
             "gates.guard_rails.max_error_rate"

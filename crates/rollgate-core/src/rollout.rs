@@ -484,7 +484,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         if obs.candidate_ready {
             let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
             if plan.policy == Policy::Sequential {
-                t.state.sequential = Some(SequentialState::new(obs.snapshot.clone()));
+                t.state.sequential = Some(SequentialState::new(&spec.plan, obs.snapshot.clone()));
             }
             enter(spec, t, next, obs.snapshot, now);
             audit(
@@ -630,7 +630,7 @@ fn observe_sequential(
     let started = clock.started_at;
     let seq = state
         .sequential
-        .get_or_insert_with(|| SequentialState::new(None));
+        .get_or_insert_with(|| SequentialState::new(plan, None));
     let verdict = sequential::evaluate(
         plan,
         seq,

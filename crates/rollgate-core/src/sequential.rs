@@ -149,11 +149,12 @@ impl StageTally {
 }
 
 impl SequentialState {
-    pub fn new(origin: Option<Snapshot>) -> Self {
+    /// A test starting at `origin`, with `plan`'s error margin.
+    pub fn new(plan: &Plan, origin: Option<Snapshot>) -> Self {
         SequentialState {
             last: None,
             origin,
-            errors: ConditionalBinomial::new(1.0),
+            errors: ConditionalBinomial::new(plan.sequential.max_error_ratio),
             looks: 0,
         }
     }
