@@ -32,11 +32,12 @@ use statrs::function::beta::{beta_reg, ln_beta};
 
 use crate::stats::Interval;
 
-/// `ln M(p)` of the uniform-prior beta-binomial mixture against `p`.
-fn robbins_log_ratio(k: u64, n: u64, p: f64) -> f64 {
+/// `ln M(p)` of the uniform-prior beta-binomial mixture against `p`, given
+/// `ln_b = ln B(k+1, n−k+1)` (constant while a bound is searched for).
+fn robbins_log_ratio(k: u64, n: u64, ln_b: f64, p: f64) -> f64 {
     let (k, n) = (k as f64, n as f64);
     let p = p.clamp(1e-300, 1.0 - 1e-16);
-    ln_beta(k + 1.0, n - k + 1.0) - k * p.ln() - (n - k) * (1.0 - p).ln()
+    ln_b - k * p.ln() - (n - k) * (1.0 - p).ln()
 }
 
 /// The anytime-valid `1 − α` confidence sequence for a Bernoulli rate after
@@ -51,7 +52,8 @@ pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
     }
     let k = k.min(n);
     let threshold = (1.0 / alpha.clamp(1e-300, 1.0)).ln();
-    let inside = |p: f64| robbins_log_ratio(k, n, p) < threshold;
+    let ln_b = ln_beta(k as f64 + 1.0, (n - k) as f64 + 1.0);
+    let inside = |p: f64| robbins_log_ratio(k, n, ln_b, p) < threshold;
     let centre = k as f64 / n as f64;
     // The log ratio is convex in p with its minimum at k/n: bisect each side
     // to 1e-9 and keep the outer end, so the interval is never too narrow.
@@ -160,6 +162,8 @@ pub struct BetaBinomialMixture {
     r: f64,
     one_sided: bool,
     normalizer: f64,
+    /// `ln g`, `ln h`, `ln(g + h)`: constants of every evaluation.
+    logs: (f64, f64, f64),
 }
 
 /// The normal-mixture precision that makes the boundary tightest at `v`
@@ -194,6 +198,7 @@ impl BetaBinomialMixture {
             r,
             one_sided,
             normalizer: ln_incomplete_beta(r / (g * (g + h)), r / (h * (g + h)), x),
+            logs: (g.ln(), h.ln(), (g + h).ln()),
         }
     }
 
@@ -213,9 +218,10 @@ impl BetaBinomialMixture {
     pub fn log_value(&self, s: f64, v: f64) -> f64 {
         let (g, h, r) = (self.g, self.h, self.r);
         let x = if self.one_sided { h / (g + h) } else { 1.0 };
-        v / (g * h) * (g + h).ln()
-            - ((v + h * s) / (h * (g + h))) * g.ln()
-            - ((v - g * s) / (g * (g + h))) * h.ln()
+        let (ln_g, ln_h, ln_gh) = self.logs;
+        v / (g * h) * ln_gh
+            - ((v + h * s) / (h * (g + h))) * ln_g
+            - ((v - g * s) / (g * (g + h))) * ln_h
             + ln_incomplete_beta(
                 (r + v - g * s) / (g * (g + h)),
                 (r + v + h * s) / (h * (g + h)),

@@ -127,10 +127,14 @@ pub fn quantile_ci_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {
         };
     };
     let tail = alpha / 2.0;
+    // Start each search at its normal approximation.
+    let (mean, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+    let z = z_two_sided(alpha);
+    let guess = |x: f64| x.clamp(0.0, n as f64) as u64;
     // Largest l in 1..=n with cdf(l - 1) <= tail; cdf is non-decreasing.
-    let lower = last_at_or_below(n, |x| b.cdf(x), tail).map(|x| x + 1);
+    let lower = last_at_or_below(n, |x| b.cdf(x), tail, guess(mean - z * sd)).map(|x| x + 1);
     // Smallest u in 1..=n with 1 - cdf(u - 1) <= tail.
-    let upper = first_at_or_above(n, |x| b.cdf(x), 1.0 - tail).map(|x| x + 1);
+    let upper = first_at_or_above(n, |x| b.cdf(x), 1.0 - tail, guess(mean + z * sd)).map(|x| x + 1);
     RankInterval {
         lower: lower.filter(|&l| l >= 1 && l <= n),
         upper: upper.filter(|&u| u >= 1 && u <= n),
@@ -144,15 +148,45 @@ pub struct RankInterval {
     pub upper: Option<u64>,
 }
 
-/// Largest `x` in `0..n` with `f(x) <= target`, for non-decreasing `f`.
-fn last_at_or_below(n: u64, f: impl Fn(u64) -> f64, target: f64) -> Option<u64> {
-    if n == 0 || f(0) > target {
+/// Largest `x` in `0..n` for which `holds` is true, for `holds` true up to
+/// some point and false after it; `None` if it is false at 0. The search
+/// gallops out from `guess` and then bisects, so a good guess costs a few
+/// evaluations instead of `2·log2(n)` (each is a binomial CDF here).
+fn last_where(n: u64, holds: impl Fn(u64) -> bool, guess: u64) -> Option<u64> {
+    if n == 0 || !holds(0) {
         return None;
     }
-    let (mut lo, mut hi) = (0u64, n - 1); // invariant: f(lo) <= target
+    // Invariant: holds(lo), and the answer is at most hi.
+    let (mut lo, mut hi) = (0u64, n - 1);
+    let g = guess.min(n - 1);
+    let mut step = 1u64;
+    if holds(g) {
+        lo = g;
+        while lo < hi {
+            let probe = lo.saturating_add(step).min(hi);
+            if holds(probe) {
+                lo = probe;
+                step = step.saturating_mul(2);
+            } else {
+                hi = probe - 1;
+                break;
+            }
+        }
+    } else {
+        hi = g - 1; // g > 0, as holds(0)
+        while lo < hi {
+            let probe = g.saturating_sub(step).max(lo);
+            if holds(probe) {
+                lo = probe;
+                break;
+            }
+            hi = probe - 1;
+            step = step.saturating_mul(2);
+        }
+    }
     while lo < hi {
         let mid = lo + (hi - lo).div_ceil(2);
-        if f(mid) <= target {
+        if holds(mid) {
             lo = mid;
         } else {
             hi = mid - 1;
@@ -161,21 +195,18 @@ fn last_at_or_below(n: u64, f: impl Fn(u64) -> f64, target: f64) -> Option<u64> 
     Some(lo)
 }
 
+/// Largest `x` in `0..n` with `f(x) <= target`, for non-decreasing `f`.
+fn last_at_or_below(n: u64, f: impl Fn(u64) -> f64, target: f64, guess: u64) -> Option<u64> {
+    last_where(n, |x| f(x) <= target, guess)
+}
+
 /// Smallest `x` in `0..n` with `f(x) >= target`, for non-decreasing `f`.
-fn first_at_or_above(n: u64, f: impl Fn(u64) -> f64, target: f64) -> Option<u64> {
-    if n == 0 || f(n - 1) < target {
-        return None;
+fn first_at_or_above(n: u64, f: impl Fn(u64) -> f64, target: f64, guess: u64) -> Option<u64> {
+    match last_where(n, |x| f(x) < target, guess) {
+        None => (n > 0).then_some(0),
+        Some(x) if x + 1 < n => Some(x + 1),
+        Some(_) => None,
     }
-    let (mut lo, mut hi) = (0u64, n - 1); // invariant: f(hi) >= target
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if f(mid) >= target {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
-    Some(lo)
 }
 
 #[cfg(test)]
@@ -184,6 +215,21 @@ mod tests {
     use proptest::prelude::*;
 
     const Z95: f64 = 1.959_963_984_540_054;
+
+    proptest! {
+        /// The galloping search finds exactly what a linear scan finds,
+        /// from any starting guess.
+        #[test]
+        fn last_where_matches_a_linear_scan(n in 0u64..300, cut in 0u64..320, guess in 0u64..400) {
+            let holds = |x: u64| x < cut;
+            let scan = (0..n).rev().find(|&x| holds(x));
+            prop_assert_eq!(last_where(n, holds, guess), scan);
+            let f = |x: u64| x as f64;
+            let t = cut as f64;
+            prop_assert_eq!(first_at_or_above(n, f, t, guess), (0..n).find(|&x| f(x) >= t));
+            prop_assert_eq!(last_at_or_below(n, f, t, guess), (0..n).rev().find(|&x| f(x) <= t));
+        }
+    }
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
