@@ -4,11 +4,13 @@
 //! inequality), so the controller may evaluate after every snapshot and
 //! across weight changes without spending `α` again: one test runs from the
 //! first stage to the decision. `α` (`plan.sequential.alpha`) is split
-//! evenly over the gates that can fail (Bonferroni); promotion needs every
-//! gate to pass, which needs no adjustment (intersection–union).
+//! evenly over the metrics that can fail anywhere in the rollout
+//! ([`metric_alpha`], Bonferroni); promotion needs every gate to pass, which
+//! needs no adjustment (intersection–union).
 //!
 //! - Errors: FAIL by the conditional-binomial e-process
-//!   ([`ConditionalBinomial`]: null "candidate failure rate ≤ champion's");
+//!   ([`ConditionalBinomial`]: null "candidate failure rate ≤
+//!   `max_error_ratio` × champion's");
 //!   PASS when the Robbins confidence sequences show `candidate − champion ≤
 //!   margin`.
 //! - Latency: Howard & Ramdas' confidence sequences for the median and the

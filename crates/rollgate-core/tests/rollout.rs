@@ -884,6 +884,50 @@ fn sequential_on_evidence_stops_a_candidate_twice_as_error_prone() {
     );
 }
 
+/// `sequential.max_error_ratio` is the error test's non-inferiority margin:
+/// a candidate failing 3× as often as the champion is rolled back without
+/// one, and not for its errors with a 4× margin.
+#[test]
+fn sequential_error_margin_is_a_rate_ratio() {
+    use rollgate_core::{Advance, GateKind};
+    let champion = Arm {
+        failure: 0.01,
+        median_ms: 20.0,
+    };
+    let worse = Arm {
+        failure: 0.03,
+        median_ms: 20.0,
+    };
+    let mut error_breaches = [0, 0];
+    for (i, ratio) in [1.0, 4.0].into_iter().enumerate() {
+        let mut plan = sequential_plan(Advance::OnTime);
+        plan.sequential.max_error_ratio = ratio;
+        let spec = spec(plan);
+        for seed in 0..20u64 {
+            let r = run(
+                &spec,
+                &mut Traffic::new(9000 + seed, 400, champion, worse),
+                900,
+            );
+            error_breaches[i] += usize::from(matches!(
+                &r.state.phase,
+                Phase::RolledBack { reason: RollbackReason::AnytimeBreach { gates } }
+                    if gates.contains(&GateKind::ErrorRate)
+            ));
+        }
+    }
+    assert!(
+        error_breaches[0] >= 15,
+        "no margin: {}/20",
+        error_breaches[0]
+    );
+    assert!(
+        error_breaches[1] <= 1,
+        "4x margin: {}/20",
+        error_breaches[1]
+    );
+}
+
 /// Found by the simulator: with cumulative evidence, later stages passed on
 /// earlier stages' samples after traffic stopped. Each stage needs its own.
 #[test]
