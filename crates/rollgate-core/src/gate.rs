@@ -83,7 +83,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn of(s: &RevisionStats) -> Counts {
+    pub(crate) fn of(s: &RevisionStats) -> Counts {
         Counts {
             failures: s.failure_count(),
             requests: s.requests(),
@@ -172,7 +172,12 @@ pub struct GateVerdict {
 }
 
 impl GateVerdict {
-    fn new(gate: GateKind, outcome: Outcome, reason: Reason, evidence: Evidence) -> Self {
+    pub(crate) fn new(
+        gate: GateKind,
+        outcome: Outcome,
+        reason: Reason,
+        evidence: Evidence,
+    ) -> Self {
         GateVerdict {
             gate,
             outcome,
@@ -221,6 +226,154 @@ pub(crate) fn latency_missing(c: &RevisionStats, h: &RevisionStats) -> Option<Re
     (missing(c) || missing(h)).then(|| Reason::MetricsMissing {
         metric: "latency".into(),
     })
+}
+
+/// The three-way decision every gate makes, whatever its bounds: missing
+/// metrics wait; a breach fails; below the sample floor waits; shown within
+/// budget passes; anything else is inconclusive. `anytime`: the bounds stay
+/// valid at every sample size (the `sequential` policy), so a breach fails
+/// even before the floor; fixed-horizon bounds judge only from the floor on.
+pub(crate) fn decide(
+    missing: Option<Reason>,
+    floor: Option<Reason>,
+    breached: bool,
+    within: bool,
+    anytime: bool,
+) -> (Outcome, Reason) {
+    if let Some(r) = missing {
+        (Outcome::Wait, r)
+    } else if breached && (anytime || floor.is_none()) {
+        (Outcome::Fail, Reason::Breach)
+    } else if let Some(r) = floor {
+        (Outcome::Wait, r)
+    } else if within {
+        (Outcome::Pass, Reason::WithinBudget)
+    } else {
+        (Outcome::Wait, Reason::Inconclusive)
+    }
+}
+
+/// The latency verdict from the two quantile comparisons: FAIL iff the
+/// median AND the tail regressed; PASS iff either is shown not to have.
+pub(crate) fn latency_verdict(
+    cfg: &LatencyGate,
+    arms: Arms,
+    median: Option<QuantileComparison>,
+    tail: Option<QuantileComparison>,
+    anytime: bool,
+) -> GateVerdict {
+    let (c, h) = (arms.candidate, arms.champion);
+    let both = |f: fn(&QuantileComparison) -> bool, all: bool| match (&median, &tail) {
+        (Some(m), Some(t)) if all => f(m) && f(t),
+        (Some(m), Some(t)) => f(m) || f(t),
+        _ => false,
+    };
+    let (outcome, reason) = decide(
+        latency_missing(c, h),
+        sample_floor(c.latency().len(), h.latency().len(), cfg.min_requests),
+        both(|q| q.regressed, true),
+        both(|q| q.not_regressed, false),
+        anytime,
+    );
+    let evidence = Evidence::Latency {
+        candidate_successes: c.successes(),
+        champion_successes: h.successes(),
+        median,
+        tail,
+    };
+    GateVerdict::new(GateKind::Latency, outcome, reason, evidence)
+}
+
+/// Per-class prediction rates of both arms, each difference bounded by
+/// `bound(k_candidate, n_candidate, k_champion, n_champion, classes)`; FAIL
+/// iff some class is confidently beyond ±margin, PASS iff every class is
+/// confidently within.
+pub(crate) fn shift_verdict(
+    cfg: &ShiftGate,
+    arms: Arms,
+    anytime: bool,
+    bound: impl Fn(u64, u64, u64, u64, usize) -> Interval,
+) -> GateVerdict {
+    let (c, h) = (arms.candidate, arms.champion);
+    let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
+    let (nc, nh) = (total(c), total(h));
+    let classes: BTreeSet<&String> = c
+        .predictions()
+        .keys()
+        .chain(h.predictions().keys())
+        .collect();
+    let shifts: Vec<ClassShift> = classes
+        .iter()
+        .map(|&k| {
+            let kc = c.predictions().get(k).copied().unwrap_or(0);
+            let kh = h.predictions().get(k).copied().unwrap_or(0);
+            ClassShift {
+                class: k.clone(),
+                candidate_rate: rate(kc, nc),
+                champion_rate: rate(kh, nh),
+                difference: bound(kc, nc, kh, nh, classes.len()),
+            }
+        })
+        .collect();
+    let missing = |s: &RevisionStats, n: u64| s.successes() > 0 && n == 0;
+    let (outcome, reason) = decide(
+        (missing(c, nc) || missing(h, nh)).then(|| Reason::MetricsMissing {
+            metric: "predictions".into(),
+        }),
+        sample_floor(nc, nh, cfg.min_predictions),
+        shifts
+            .iter()
+            .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin),
+        shifts
+            .iter()
+            .all(|s| s.difference.lower >= -cfg.margin && s.difference.upper <= cfg.margin),
+        anytime,
+    );
+    let evidence = Evidence::PredictionShift {
+        candidate_predictions: nc,
+        champion_predictions: nh,
+        margin: cfg.margin,
+        classes: shifts,
+    };
+    GateVerdict::new(GateKind::PredictionShift, outcome, reason, evidence)
+}
+
+/// The shadow verdict, given what the policy's bounds show: `breached`
+/// (agreement or flips confidently beyond budget) and `within` (both
+/// confidently inside); `agreement` and `flip_rate` are shown as evidence.
+pub(crate) fn shadow_verdict(
+    cfg: &ShadowGate,
+    arms: Arms,
+    p: &PairStats,
+    (agreement, flip_rate): (Interval, Interval),
+    (breached, within): (bool, bool),
+    anytime: bool,
+) -> GateVerdict {
+    let answered_both = arms.candidate.successes() > 0 && arms.champion.successes() > 0;
+    let (outcome, reason) = decide(
+        (answered_both && p.pairs() == 0).then(|| Reason::MetricsMissing {
+            metric: "pairs".into(),
+        }),
+        (p.pairs() < cfg.min_pairs).then_some(Reason::InsufficientSamples {
+            have: p.pairs(),
+            need: cfg.min_pairs,
+        }),
+        breached,
+        within,
+        anytime,
+    );
+    let evidence = Evidence::ShadowAgreement {
+        pairs: p.pairs(),
+        agreements: p.agreements(),
+        agreement,
+        min_agreement: cfg.min_agreement,
+        champion_confident: p.champion_confident(),
+        confident_flips: p.confident_flips(),
+        flip_rate,
+        max_flip_rate: cfg.max_flip_rate,
+        mirror_dropped: p.mirror_dropped(),
+    };
+    GateVerdict::new(GateKind::ShadowAgreement, outcome, reason, evidence)
 }
 
 /// Error rate, candidate minus champion (Newcombe interval).
@@ -324,88 +477,16 @@ pub fn latency_gate(cfg: &LatencyGate, arms: Arms, alpha: f64) -> GateVerdict {
         cfg.tail_ms,
         alpha,
     );
-    let evidence = Evidence::Latency {
-        candidate_successes: c.successes(),
-        champion_successes: h.successes(),
-        median,
-        tail,
-    };
-    let (outcome, reason) = if let Some(r) = latency_missing(c, h) {
-        (Outcome::Wait, r)
-    } else if let Some(r) = sample_floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
-        (Outcome::Wait, r)
-    } else {
-        match (median, tail) {
-            (Some(m), Some(t)) if m.regressed && t.regressed => (Outcome::Fail, Reason::Breach),
-            (Some(m), Some(t)) if m.not_regressed || t.not_regressed => {
-                (Outcome::Pass, Reason::WithinBudget)
-            }
-            _ => (Outcome::Wait, Reason::Inconclusive),
-        }
-    };
-    GateVerdict::new(GateKind::Latency, outcome, reason, evidence)
+    latency_verdict(cfg, arms, median, tail, false)
 }
 
 /// Per-class prediction rates, candidate minus champion, each a Newcombe
 /// interval at `alpha / classes` (Bonferroni). Fail iff some class is
 /// confidently beyond ±margin; pass iff every class is confidently within.
 pub fn prediction_shift_gate(cfg: &ShiftGate, arms: Arms, alpha: f64) -> GateVerdict {
-    let (c, h) = (arms.candidate, arms.champion);
-    let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
-    let (nc, nh) = (total(c), total(h));
-    let classes: BTreeSet<&String> = c
-        .predictions()
-        .keys()
-        .chain(h.predictions().keys())
-        .collect();
-    let z = z_two_sided(alpha / classes.len().max(1) as f64);
-    let shifts: Vec<ClassShift> = classes
-        .iter()
-        .map(|&k| {
-            let kc = c.predictions().get(k).copied().unwrap_or(0);
-            let kh = h.predictions().get(k).copied().unwrap_or(0);
-            ClassShift {
-                class: k.clone(),
-                candidate_rate: rate(kc, nc),
-                champion_rate: rate(kh, nh),
-                difference: newcombe(kc, nc, kh, nh, z),
-            }
-        })
-        .collect();
-    let missing = |s: &RevisionStats, n: u64| s.successes() > 0 && n == 0;
-    let (outcome, reason) = if missing(c, nc) || missing(h, nh) {
-        (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "predictions".into(),
-            },
-        )
-    } else if let Some(r) = sample_floor(nc, nh, cfg.min_predictions) {
-        (Outcome::Wait, r)
-    } else if shifts
-        .iter()
-        .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin)
-    {
-        (Outcome::Fail, Reason::Breach)
-    } else if shifts
-        .iter()
-        .all(|s| s.difference.lower >= -cfg.margin && s.difference.upper <= cfg.margin)
-    {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
-    GateVerdict::new(
-        GateKind::PredictionShift,
-        outcome,
-        reason,
-        Evidence::PredictionShift {
-            candidate_predictions: nc,
-            champion_predictions: nh,
-            margin: cfg.margin,
-            classes: shifts,
-        },
-    )
+    shift_verdict(cfg, arms, false, |kc, nc, kh, nh, classes| {
+        newcombe(kc, nc, kh, nh, z_two_sided(alpha / classes.max(1) as f64))
+    })
 }
 
 /// Paired champion/shadow answers: agreement must clear its budget (Wilson
@@ -421,41 +502,17 @@ pub fn shadow_gate(
     let p = pairs.copied().unwrap_or_default();
     let agreement = wilson(p.agreements(), p.pairs(), z);
     let flip_rate = wilson(p.confident_flips(), p.champion_confident(), z);
-    let evidence = Evidence::ShadowAgreement {
-        pairs: p.pairs(),
-        agreements: p.agreements(),
-        agreement,
-        min_agreement: cfg.min_agreement,
-        champion_confident: p.champion_confident(),
-        confident_flips: p.confident_flips(),
-        flip_rate,
-        max_flip_rate: cfg.max_flip_rate,
-        mirror_dropped: p.mirror_dropped(),
-    };
-    let answered_both = arms.candidate.successes() > 0 && arms.champion.successes() > 0;
-    let (outcome, reason) = if answered_both && p.pairs() == 0 {
+    shadow_verdict(
+        cfg,
+        arms,
+        &p,
+        (agreement, flip_rate),
         (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "pairs".into(),
-            },
-        )
-    } else if p.pairs() < cfg.min_pairs {
-        (
-            Outcome::Wait,
-            Reason::InsufficientSamples {
-                have: p.pairs(),
-                need: cfg.min_pairs,
-            },
-        )
-    } else if agreement.upper < cfg.min_agreement || flip_rate.lower > cfg.max_flip_rate {
-        (Outcome::Fail, Reason::Breach)
-    } else if agreement.lower >= cfg.min_agreement && flip_rate.upper <= cfg.max_flip_rate {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
-    GateVerdict::new(GateKind::ShadowAgreement, outcome, reason, evidence)
+            agreement.upper < cfg.min_agreement || flip_rate.lower > cfg.max_flip_rate,
+            agreement.lower >= cfg.min_agreement && flip_rate.upper <= cfg.max_flip_rate,
+        ),
+        false,
+    )
 }
 
 /// Absolute limits on the candidate alone. `None` when no rail is set.

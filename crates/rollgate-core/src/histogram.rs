@@ -144,13 +144,7 @@ impl LatencyHistogram {
     /// `p`-quantile. The lower bound takes the lowest value of its bucket and
     /// the upper bound the highest, so bucketing never narrows the interval.
     pub fn quantile_bounds(&self, p: f64, alpha: f64) -> Option<QuantileBounds> {
-        let estimate_us = self.percentile_us(p)?;
-        let RankInterval { lower, upper } = quantile_ci_ranks(p, self.len(), alpha);
-        Some(QuantileBounds {
-            estimate_us,
-            lower_us: lower.and_then(|r| self.value_at_rank(r)).map(|(lo, _)| lo),
-            upper_us: upper.and_then(|r| self.value_at_rank(r)).map(|(_, hi)| hi),
-        })
+        self.quantile_rank_bounds(p, quantile_ci_ranks(p, self.len(), alpha))
     }
 
     /// Point estimate and bounds of the `p`-quantile at the given 1-based

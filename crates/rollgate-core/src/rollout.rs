@@ -63,6 +63,17 @@ pub enum RollbackReason {
 }
 
 impl RollbackReason {
+    /// A gate showed the candidate worse (as opposed to failing safe for
+    /// lack of readiness, evidence or metrics).
+    pub fn is_breach(&self) -> bool {
+        matches!(
+            self,
+            RollbackReason::Breach { .. }
+                | RollbackReason::GrossBreach { .. }
+                | RollbackReason::AnytimeBreach { .. }
+        )
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             RollbackReason::ReadinessTimeout => "readiness_timeout",

@@ -32,87 +32,49 @@ use serde::{Deserialize, Serialize};
 
 use crate::anytime::{ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs};
 use crate::gate::{
-    ClassShift, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
-    judge_quantile, latency_missing, sample_floor,
+    Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason, decide,
+    judge_quantile, latency_verdict, sample_floor, shadow_verdict, shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champion_health};
-use crate::stats::{Interval, rate};
+use crate::stats::Interval;
 
 /// The sequential test's state: small, serialisable, restored exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SequentialState {
     /// Cumulative stats when the first stage started: the test's origin.
     pub origin: Option<Snapshot>,
-    /// Both arms' request and failure counts at the previous look, for the
-    /// e-process increments.
+    /// Both arms' counts at the previous look, for the e-process increments.
     #[serde(default)]
-    pub last: Option<ErrorCounts>,
+    pub last: Option<Tally>,
     pub errors: ConditionalBinomial,
-    /// Looks taken (evaluations with stats).
-    pub looks: u64,
 }
 
-/// Cumulative requests and failures of both arms.
+/// Cumulative counts of both arms: what the error e-process adds up and
+/// what each stage's sample floors count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ErrorCounts {
-    pub champion_requests: u64,
-    pub champion_failures: u64,
-    pub candidate_requests: u64,
-    pub candidate_failures: u64,
+pub struct Tally {
+    pub candidate: ArmTally,
+    pub champion: ArmTally,
+    /// Compared champion/shadow pairs.
+    pub pairs: u64,
 }
 
-impl ErrorCounts {
-    fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
-        let (h, c) = (s.revision(champion), s.revision(candidate));
-        ErrorCounts {
-            champion_requests: h.requests(),
-            champion_failures: h.failure_count(),
-            candidate_requests: c.requests(),
-            candidate_failures: c.failure_count(),
-        }
-    }
-
-    /// `self − earlier`, or `None` if any counter went backwards.
-    fn since(&self, earlier: &ErrorCounts) -> Option<ErrorCounts> {
-        Some(ErrorCounts {
-            champion_requests: self
-                .champion_requests
-                .checked_sub(earlier.champion_requests)?,
-            champion_failures: self
-                .champion_failures
-                .checked_sub(earlier.champion_failures)?,
-            candidate_requests: self
-                .candidate_requests
-                .checked_sub(earlier.candidate_requests)?,
-            candidate_failures: self
-                .candidate_failures
-                .checked_sub(earlier.candidate_failures)?,
-        })
-    }
-}
-
-/// What a stage's sample floors count, per arm: the stage's own traffic.
-#[derive(Debug, Clone, Copy, Default)]
-struct StageTally {
-    candidate: ArmTally,
-    champion: ArmTally,
-    pairs: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct ArmTally {
-    requests: u64,
-    latencies: u64,
-    predictions: u64,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmTally {
+    pub requests: u64,
+    pub failures: u64,
+    pub latencies: u64,
+    pub predictions: u64,
 }
 
 impl ArmTally {
     fn of(s: &RevisionStats) -> Self {
         ArmTally {
             requests: s.requests(),
+            failures: s.failure_count(),
             latencies: s.latency().len(),
             predictions: s.predictions().values().sum(),
         }
@@ -121,32 +83,30 @@ impl ArmTally {
     fn since(&self, e: &ArmTally) -> Option<ArmTally> {
         Some(ArmTally {
             requests: self.requests.checked_sub(e.requests)?,
+            failures: self.failures.checked_sub(e.failures)?,
             latencies: self.latencies.checked_sub(e.latencies)?,
             predictions: self.predictions.checked_sub(e.predictions)?,
         })
     }
 }
 
-impl StageTally {
+impl Tally {
     fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
-        StageTally {
+        Tally {
             candidate: ArmTally::of(&s.revision(candidate)),
             champion: ArmTally::of(&s.revision(champion)),
             pairs: s.pairs_for(candidate).map_or(0, |p| p.pairs()),
         }
     }
 
-    /// The counts since `origin`; nothing if counters went backwards (a
-    /// gateway restarted): evidence is lost, never invented.
-    fn since(&self, origin: &StageTally) -> StageTally {
-        let diff = || {
-            Some(StageTally {
-                candidate: self.candidate.since(&origin.candidate)?,
-                champion: self.champion.since(&origin.champion)?,
-                pairs: self.pairs.checked_sub(origin.pairs)?,
-            })
-        };
-        diff().unwrap_or_default()
+    /// `self − earlier`, or `None` if a counter went backwards (a gateway
+    /// restarted).
+    fn since(&self, earlier: &Tally) -> Option<Tally> {
+        Some(Tally {
+            candidate: self.candidate.since(&earlier.candidate)?,
+            champion: self.champion.since(&earlier.champion)?,
+            pairs: self.pairs.checked_sub(earlier.pairs)?,
+        })
     }
 }
 
@@ -157,29 +117,14 @@ impl SequentialState {
             last: None,
             origin,
             errors: ConditionalBinomial::new(plan.sequential.max_error_ratio),
-            looks: 0,
         }
     }
 }
 
-fn verdict(gate: GateKind, outcome: Outcome, reason: Reason, evidence: Evidence) -> GateVerdict {
-    GateVerdict {
-        gate,
-        outcome,
-        reason,
-        evidence,
-    }
-}
-
 /// Error rate: e-process to fail, confidence sequences to pass.
-fn error_gate(
-    plan: &Plan,
-    errors: &ConditionalBinomial,
-    alpha: f64,
-    c: &RevisionStats,
-    h: &RevisionStats,
-) -> GateVerdict {
+fn error_gate(plan: &Plan, errors: &ConditionalBinomial, alpha: f64, arms: Arms) -> GateVerdict {
     let cfg = &plan.gates.error_rate;
+    let (c, h) = (arms.candidate, arms.champion);
     let cand = robbins_cs(c.failure_count(), c.requests(), alpha / 2.0);
     let champ = robbins_cs(h.failure_count(), h.requests(), alpha / 2.0);
     let difference = Interval {
@@ -187,31 +132,21 @@ fn error_gate(
         upper: (cand.upper - champ.lower).min(1.0),
     };
     let evidence = Evidence::ErrorRate {
-        candidate: counts(c),
-        champion: counts(h),
+        candidate: Counts::of(c),
+        champion: Counts::of(h),
         difference,
         margin: cfg.margin,
         candidate_rate: cand,
         champion_rate: champ,
     };
-    let (outcome, reason) = if errors.rejects(alpha) {
-        (Outcome::Fail, Reason::Breach)
-    } else if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
-        (Outcome::Wait, r)
-    } else if difference.upper <= cfg.margin {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
-    verdict(GateKind::ErrorRate, outcome, reason, evidence)
-}
-
-fn counts(s: &RevisionStats) -> Counts {
-    Counts {
-        failures: s.failure_count(),
-        requests: s.requests(),
-        rate: rate(s.failure_count(), s.requests()),
-    }
+    let (outcome, reason) = decide(
+        None,
+        sample_floor(c.requests(), h.requests(), cfg.min_requests),
+        errors.rejects(alpha),
+        difference.upper <= cfg.margin,
+        true,
+    );
+    GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
 }
 
 /// Observations around which the mixture boundaries are tightest: rollouts
@@ -238,48 +173,13 @@ fn compare(
 /// needs one of the two comparisons to be wrong where the truth did not
 /// regress; each comparison is wrong only if one of its two arms' sequences
 /// misses, so each arm's sequence runs at `alpha / 2`.
-fn latency_gate(plan: &Plan, alpha: f64, c: &RevisionStats, h: &RevisionStats) -> GateVerdict {
+fn latency_gate(plan: &Plan, alpha: f64, arms: Arms) -> GateVerdict {
     let cfg = &plan.gates.latency;
+    let (c, h) = (arms.candidate.latency(), arms.champion.latency());
     let a = alpha / 2.0;
-    let median = compare(
-        0.5,
-        c.latency(),
-        h.latency(),
-        a,
-        cfg.median_ratio,
-        cfg.median_ms,
-    );
-    let tail = compare(
-        cfg.tail_quantile,
-        c.latency(),
-        h.latency(),
-        a,
-        cfg.tail_ratio,
-        cfg.tail_ms,
-    );
-    let evidence = Evidence::Latency {
-        candidate_successes: c.successes(),
-        champion_successes: h.successes(),
-        median,
-        tail,
-    };
-    let (outcome, reason) = if let Some(r) = latency_missing(c, h) {
-        (Outcome::Wait, r)
-    } else {
-        match (median, tail) {
-            (Some(m), Some(t)) if m.regressed && t.regressed => (Outcome::Fail, Reason::Breach),
-            _ => match sample_floor(c.latency().len(), h.latency().len(), cfg.min_requests) {
-                Some(r) => (Outcome::Wait, r),
-                None => match (median, tail) {
-                    (Some(m), Some(t)) if m.not_regressed || t.not_regressed => {
-                        (Outcome::Pass, Reason::WithinBudget)
-                    }
-                    _ => (Outcome::Wait, Reason::Inconclusive),
-                },
-            },
-        }
-    };
-    verdict(GateKind::Latency, outcome, reason, evidence)
+    let median = compare(0.5, c, h, a, cfg.median_ratio, cfg.median_ms);
+    let tail = compare(cfg.tail_quantile, c, h, a, cfg.tail_ratio, cfg.tail_ms);
+    latency_verdict(cfg, arms, median, tail, true)
 }
 
 /// Whether `k` of `n` show the rate above `p0` at level `alpha`.
@@ -295,125 +195,55 @@ fn shadow_gate(
     alpha: f64,
     window: &Snapshot,
     candidate: &str,
-    c: &RevisionStats,
-    h: &RevisionStats,
+    arms: Arms,
 ) -> GateVerdict {
     let cfg = &plan.gates.shadow;
     let p = window.pairs_for(candidate).copied().unwrap_or_default();
     let (disagreements, confident) = (p.pairs() - p.agreements(), p.champion_confident());
-    // Shown for reading; the decisions are the one-sided tests below.
+    // Shown for reading; the decisions are the one-sided tests.
     let agreement = robbins_cs(p.agreements(), p.pairs(), alpha);
     let flip_rate = robbins_cs(p.confident_flips(), confident, alpha);
-    let evidence = Evidence::ShadowAgreement {
-        pairs: p.pairs(),
-        agreements: p.agreements(),
-        agreement,
-        min_agreement: cfg.min_agreement,
-        champion_confident: p.champion_confident(),
-        confident_flips: p.confident_flips(),
-        flip_rate,
-        max_flip_rate: cfg.max_flip_rate,
-        mirror_dropped: p.mirror_dropped(),
-    };
-    let (outcome, reason) = if c.successes() > 0 && h.successes() > 0 && p.pairs() == 0 {
-        (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "pairs".into(),
-            },
-        )
-    } else if shown_above(disagreements, p.pairs(), 1.0 - cfg.min_agreement, alpha)
-        || shown_above(p.confident_flips(), confident, cfg.max_flip_rate, alpha)
-    {
-        (Outcome::Fail, Reason::Breach)
-    } else if p.pairs() < cfg.min_pairs {
-        (
-            Outcome::Wait,
-            Reason::InsufficientSamples {
-                have: p.pairs(),
-                need: cfg.min_pairs,
-            },
-        )
-    } else if shown_above(p.agreements(), p.pairs(), cfg.min_agreement, alpha)
-        && (cfg.max_flip_rate >= 1.0
+    let flips_off = cfg.max_flip_rate >= 1.0;
+    let breached = shown_above(disagreements, p.pairs(), 1.0 - cfg.min_agreement, alpha)
+        || shown_above(p.confident_flips(), confident, cfg.max_flip_rate, alpha);
+    let within = shown_above(p.agreements(), p.pairs(), cfg.min_agreement, alpha)
+        && (flips_off
             || shown_above(
                 confident - p.confident_flips(),
                 confident,
                 1.0 - cfg.max_flip_rate,
                 alpha,
-            ))
-    {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
-    verdict(GateKind::ShadowAgreement, outcome, reason, evidence)
+            ));
+    shadow_verdict(
+        cfg,
+        arms,
+        &p,
+        (agreement, flip_rate),
+        (breached, within),
+        true,
+    )
 }
 
-fn shift_gate(plan: &Plan, alpha: f64, c: &RevisionStats, h: &RevisionStats) -> GateVerdict {
-    let cfg = &plan.gates.prediction_shift;
-    let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
-    let (nc, nh) = (total(c), total(h));
-    let classes: std::collections::BTreeSet<&String> = c
-        .predictions()
-        .keys()
-        .chain(h.predictions().keys())
-        .collect();
-    let a = alpha / (2.0 * classes.len().max(1) as f64);
-    let shifts: Vec<ClassShift> = classes
-        .iter()
-        .map(|&k| {
-            let kc = c.predictions().get(k).copied().unwrap_or(0);
-            let kh = h.predictions().get(k).copied().unwrap_or(0);
+/// Class rates: Robbins sequences per class and arm, Bonferroni over the
+/// classes (two sequences each).
+fn shift_gate(plan: &Plan, alpha: f64, arms: Arms) -> GateVerdict {
+    shift_verdict(
+        &plan.gates.prediction_shift,
+        arms,
+        true,
+        |kc, nc, kh, nh, classes| {
+            let a = alpha / (2.0 * classes.max(1) as f64);
             let (ic, ih) = (robbins_cs(kc, nc, a), robbins_cs(kh, nh, a));
-            ClassShift {
-                class: k.clone(),
-                candidate_rate: rate(kc, nc),
-                champion_rate: rate(kh, nh),
-                difference: Interval {
-                    lower: ic.lower - ih.upper,
-                    upper: ic.upper - ih.lower,
-                },
+            Interval {
+                lower: ic.lower - ih.upper,
+                upper: ic.upper - ih.lower,
             }
-        })
-        .collect();
-    let (outcome, reason) = if (c.successes() > 0 && nc == 0) || (h.successes() > 0 && nh == 0) {
-        (
-            Outcome::Wait,
-            Reason::MetricsMissing {
-                metric: "predictions".into(),
-            },
-        )
-    } else if shifts
-        .iter()
-        .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin)
-    {
-        (Outcome::Fail, Reason::Breach)
-    } else if let Some(r) = sample_floor(nc, nh, cfg.min_predictions) {
-        (Outcome::Wait, r)
-    } else if shifts
-        .iter()
-        .all(|s| s.difference.lower >= -cfg.margin && s.difference.upper <= cfg.margin)
-    {
-        (Outcome::Pass, Reason::WithinBudget)
-    } else {
-        (Outcome::Wait, Reason::Inconclusive)
-    };
-    verdict(
-        GateKind::PredictionShift,
-        outcome,
-        reason,
-        Evidence::PredictionShift {
-            candidate_predictions: nc,
-            champion_predictions: nh,
-            margin: cfg.margin,
-            classes: shifts,
         },
     )
 }
 
 /// The sample floor of `gate` over the current stage's own traffic.
-fn stage_floor(plan: &Plan, gate: GateKind, w: &StageTally) -> Option<Reason> {
+fn stage_floor(plan: &Plan, gate: GateKind, w: &Tally) -> Option<Reason> {
     let g = &plan.gates;
     let (c, h) = (&w.candidate, &w.champion);
     match gate {
@@ -441,9 +271,10 @@ fn stage_floor(plan: &Plan, gate: GateKind, w: &StageTally) -> Option<Reason> {
 /// the stages run.
 pub fn metric_alpha(plan: &Plan) -> f64 {
     let g = &plan.gates;
+    let shadow = usize::from(plan.shadow.enabled);
     let metrics = usize::from(g.error_rate.enabled)
         + usize::from(g.latency.enabled)
-        + 2 * usize::from(plan.shadow.enabled)
+        + shadow * (1 + usize::from(g.shadow.max_flip_rate < 1.0))
         + usize::from(g.prediction_shift.enabled);
     plan.sequential.alpha / metrics.max(1) as f64
 }
@@ -496,19 +327,20 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     // origin: evidence is lost, never invented. The e-process keeps what it
     // has accumulated: it only ever adds increments that really happened.
     let (champion_id, candidate_id) = (input.champion, input.candidate);
-    let now_counts = ErrorCounts::of(current, champion_id, candidate_id);
+    let tally = Tally::of(current, champion_id, candidate_id);
     let origin = state.origin.get_or_insert_with(|| current.clone());
     let last = state
         .last
-        .unwrap_or_else(|| ErrorCounts::of(origin, champion_id, candidate_id));
-    let window = match (current.window_since(origin), now_counts.since(&last)) {
+        .unwrap_or_else(|| Tally::of(origin, champion_id, candidate_id));
+    let window = match (current.window_since(origin), tally.since(&last)) {
         (Ok(w), Some(increment)) => {
-            let exposure = increment.candidate_requests + increment.champion_requests;
+            let (ic, ih) = (increment.candidate, increment.champion);
+            let exposure = ic.requests + ih.requests;
             if exposure > 0 {
                 state.errors.update(
-                    increment.champion_failures,
-                    increment.candidate_failures,
-                    increment.candidate_requests as f64 / exposure as f64,
+                    ih.failures,
+                    ic.failures,
+                    ic.requests as f64 / exposure as f64,
                 );
             }
             w
@@ -518,38 +350,39 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             Snapshot::default()
         }
     };
-    state.last = Some(now_counts);
-    state.looks += 1;
+    state.last = Some(tally);
 
     let g = &plan.gates;
     let (c, h) = (
         window.revision(input.candidate),
         window.revision(input.champion),
     );
+    let arms = Arms {
+        champion: &h,
+        candidate: &c,
+    };
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
-        gates.push(error_gate(plan, &state.errors, alpha, &c, &h));
+        gates.push(error_gate(plan, &state.errors, alpha, arms));
     }
     if g.latency.enabled {
-        gates.push(latency_gate(plan, alpha, &c, &h));
+        gates.push(latency_gate(plan, alpha, arms));
     }
     match input.stage {
-        StageKind::Shadow => gates.push(shadow_gate(plan, alpha, &window, input.candidate, &c, &h)),
+        StageKind::Shadow => gates.push(shadow_gate(plan, alpha, &window, input.candidate, arms)),
         StageKind::Canary if g.prediction_shift.enabled => {
-            gates.push(shift_gate(plan, alpha, &c, &h))
+            gates.push(shift_gate(plan, alpha, arms))
         }
         StageKind::Canary => {}
     }
     // Each stage needs its own sample floor before it may pass, whatever the
     // cumulative evidence says (a stage nobody exercised proved nothing).
-    let stage_window = input.stage_origin.map_or_else(StageTally::default, |o| {
-        StageTally::of(current, champion_id, candidate_id).since(&StageTally::of(
-            o,
-            champion_id,
-            candidate_id,
-        ))
-    });
+    // A stage whose counters went backwards has gathered nothing yet.
+    let stage_window = input
+        .stage_origin
+        .and_then(|o| tally.since(&Tally::of(o, champion_id, candidate_id)))
+        .unwrap_or_default();
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())

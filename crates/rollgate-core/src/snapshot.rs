@@ -216,13 +216,7 @@ impl RevisionStats {
         self.requests += 1;
         self.latency.record(latency_us);
         for class in classes {
-            // Look up before inserting: no allocation on the common path.
-            match self.predictions.get_mut(class) {
-                Some(n) => *n += 1,
-                None => {
-                    self.predictions.insert(class.to_string(), 1);
-                }
-            }
+            self.count_prediction(class, 1);
         }
     }
 
@@ -248,7 +242,17 @@ impl RevisionStats {
     /// successes (aggregated recording).
     pub fn record_predictions(&mut self, class: &str, n: u64) {
         if n > 0 {
-            *self.predictions.entry(class.to_string()).or_insert(0) += n;
+            self.count_prediction(class, n);
+        }
+    }
+
+    /// Adds `n` to `class`'s count; allocates only for a class not seen yet.
+    fn count_prediction(&mut self, class: &str, n: u64) {
+        match self.predictions.get_mut(class) {
+            Some(count) => *count += n,
+            None => {
+                self.predictions.insert(class.to_string(), n);
+            }
         }
     }
 

@@ -91,17 +91,15 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
+/// Rolled back because a gate showed a breach.
+fn breach(r: &SimResult) -> bool {
+    matches!(&r.phase, rollgate_core::Phase::RolledBack { reason } if reason.is_breach())
+}
+
 fn wrong(expect: Expect, r: &SimResult) -> bool {
     use rollgate_core::Phase::*;
-    let breach = matches!(
-        &r.phase,
-        RolledBack { reason } if matches!(reason,
-            rollgate_core::RollbackReason::Breach { .. }
-            | rollgate_core::RollbackReason::GrossBreach { .. }
-            | rollgate_core::RollbackReason::AnytimeBreach { .. })
-    );
     match expect {
-        Expect::Promote => breach,
+        Expect::Promote => breach(r),
         Expect::Stop | Expect::NoPromote => matches!(r.phase, Promoted { .. }),
         Expect::Hold => matches!(r.phase, Promoted { .. } | RolledBack { .. }),
     }
@@ -155,24 +153,8 @@ pub fn run_cell(
         policy: policy.name(),
         runs: n,
         promoted: count(&|r| matches!(r.phase, Promoted { .. })),
-        rolled_back_breach: count(&|r| {
-            matches!(
-                &r.phase,
-                RolledBack { reason } if matches!(reason,
-                    rollgate_core::RollbackReason::Breach { .. }
-                    | rollgate_core::RollbackReason::GrossBreach { .. }
-                    | rollgate_core::RollbackReason::AnytimeBreach { .. })
-            )
-        }),
-        rolled_back_other: count(&|r| {
-            matches!(
-                &r.phase,
-                RolledBack { reason } if matches!(reason,
-                    rollgate_core::RollbackReason::EvidenceTimeout { .. }
-                    | rollgate_core::RollbackReason::MetricsMissing { .. }
-                    | rollgate_core::RollbackReason::ReadinessTimeout)
-            )
-        }),
+        rolled_back_breach: count(&breach),
+        rolled_back_other: count(&|r| matches!(r.phase, RolledBack { .. }) && !breach(r)),
         unfinished: count(&|r| !r.phase.is_terminal()),
         wrong: w,
         wrong_rate: if n == 0 { 0.0 } else { w as f64 / n as f64 },

@@ -171,15 +171,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         args.seed
     );
     let zoo = train_zoo(&dir.join("models"), args.seed)?;
-    for e in &zoo {
-        println!(
-            "  {:<15} holdout accuracy {:>5.1}%  agrees with champion {:>5.1}%  flips {:>4.1}% of its confident decisions",
-            e.model.name,
-            e.model.holdout_accuracy * 100.0,
-            e.vs_champion.agreement * 100.0,
-            e.vs_champion.confident_flip_rate * 100.0
-        );
-    }
+    crate::kit::print_zoo(&zoo);
     let model = |n: &str| {
         zoo.iter()
             .find(|e| e.model.name == n)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use rollgate_modelkit::model::{LinearModel, train_zoo};
+use rollgate_modelkit::model::{LinearModel, ZooEntry, train_zoo};
 use rollgate_modelkit::server::{Faults, ServerConfig, serve};
 use rollgate_modelkit::traffic::{TrafficConfig, TrafficReport, run};
 
@@ -21,12 +21,18 @@ pub struct TrainArgs {
 }
 
 pub fn train(args: &TrainArgs) -> anyhow::Result<ExitCode> {
-    let zoo = train_zoo(&args.out, args.seed)?;
+    print_zoo(&train_zoo(&args.out, args.seed)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The zoo as a table: each model's holdout accuracy and how it compares
+/// with the champion (also printed by the demo).
+pub fn print_zoo(zoo: &[ZooEntry]) {
     println!(
         "{:<16} {:>9} {:>10} {:>22}  FILE",
         "MODEL", "HOLDOUT", "AGREEMENT", "CONFIDENT FLIPS"
     );
-    for e in &zoo {
+    for e in zoo {
         println!(
             "{:<16} {:>8.1}% {:>9.1}% {:>9.1}% of {:>6}  {}",
             e.model.name,
@@ -40,7 +46,6 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<ExitCode> {
     println!(
         "(agreement and flips are against the champion on the holdout set; confident = champion at >= 90%)"
     );
-    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args, Debug)]

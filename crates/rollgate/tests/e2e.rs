@@ -380,6 +380,11 @@ async fn audit_kinds(c: &HttpClient, ctl: &Proc, id: i64) -> Vec<String> {
         .collect()
 }
 
+/// How many audit records of `kind`.
+fn count(kinds: &[String], kind: &str) -> usize {
+    kinds.iter().filter(|k| *k == kind).count()
+}
+
 async fn chain_intact(c: &HttpClient, ctl: &Proc) -> bool {
     let (s, v) = api(c, ctl, "GET", "/api/v1/audit/verify", None).await;
     s == 200 && v["first_break"].is_null() && v["records"].as_u64().unwrap_or(0) > 0
@@ -416,12 +421,8 @@ async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let kinds = audit_kinds(&c, &ctl, id).await;
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "advanced").count(),
-        2,
-        "{kinds:?}"
-    );
-    assert_eq!(kinds.iter().filter(|k| *k == "promoted").count(), 1);
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "promoted"), 1);
     assert!(chain_intact(&c, &ctl).await);
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
@@ -622,21 +623,9 @@ async fn a_controller_killed_mid_rollout_resumes_to_the_same_outcome() {
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     let kinds = audit_kinds(&c, &ctl, id).await;
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "started").count(),
-        1,
-        "{kinds:?}"
-    );
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "advanced").count(),
-        2,
-        "{kinds:?}"
-    );
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "promoted").count(),
-        1,
-        "{kinds:?}"
-    );
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "promoted"), 1, "{kinds:?}");
     assert!(chain_intact(&c, &ctl).await);
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
@@ -658,32 +647,13 @@ async fn two_controllers_never_double_advance_a_rollout() {
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     let kinds = audit_kinds(&c, &ctl, id).await;
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "started").count(),
-        1,
-        "{kinds:?}"
-    );
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "advanced").count(),
-        2,
-        "{kinds:?}"
-    );
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "promoted").count(),
-        1,
-        "{kinds:?}"
-    );
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "champion_set").count(),
-        1,
-        "{kinds:?}"
-    );
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "promoted"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "champion_set"), 1, "{kinds:?}");
     // Evaluations were committed once each: the rollout's version counts them.
     let evaluations = r["state"]["evaluations"].as_u64().expect("evaluations");
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "evaluated").count() as u64,
-        evaluations
-    );
+    assert_eq!(count(&kinds, "evaluated") as u64, evaluations);
     assert!(chain_intact(&c, &ctl).await);
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
