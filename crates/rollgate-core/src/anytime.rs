@@ -32,17 +32,10 @@ use statrs::function::beta::{beta_reg, ln_beta};
 
 use crate::stats::Interval;
 
-/// `ln M(p)` of the uniform-prior beta-binomial mixture against `p`, given
-/// `ln_b = ln B(k+1, n−k+1)` (constant while a bound is searched for).
-fn robbins_log_ratio(k: u64, n: u64, ln_b: f64, p: f64) -> f64 {
-    let (k, n) = (k as f64, n as f64);
-    let p = p.clamp(1e-300, 1.0 - 1e-16);
-    ln_b - k * p.ln() - (n - k) * (1.0 - p).ln()
-}
-
 /// The anytime-valid `1 − α` confidence sequence for a Bernoulli rate after
-/// `k` successes in `n` trials: every `p` whose mixture likelihood ratio is
-/// below `1/α`. The interval contains `k/n`; with `n = 0` it is `[0, 1]`.
+/// `k` successes in `n` trials: every `p` whose mixture likelihood ratio
+/// `ln M(p) = ln B(k+1, n−k+1) − k ln p − (n−k) ln(1−p)` is below `1/α`.
+/// The interval contains `k/n`; with `n = 0` it is `[0, 1]`.
 pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
     if n == 0 {
         return Interval {
@@ -53,28 +46,50 @@ pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
     let k = k.min(n);
     let threshold = (1.0 / alpha.clamp(1e-300, 1.0)).ln();
     let ln_b = ln_beta(k as f64 + 1.0, (n - k) as f64 + 1.0);
-    let inside = |p: f64| robbins_log_ratio(k, n, ln_b, p) < threshold;
-    let centre = k as f64 / n as f64;
-    // The log ratio is convex in p with its minimum at k/n: bisect each side
-    // to 1e-9 and keep the outer end, so the interval is never too narrow.
-    let edge = |mut inner: f64, mut outer: f64| {
-        if inside(outer) {
-            return outer;
-        }
-        while (outer - inner).abs() > 1e-9 {
-            let mid = 0.5 * (inner + outer);
-            if inside(mid) {
-                inner = mid;
-            } else {
-                outer = mid;
-            }
-        }
-        outer
-    };
     Interval {
-        lower: if k == 0 { 0.0 } else { edge(centre, 0.0) },
-        upper: if k == n { 1.0 } else { edge(centre, 1.0) },
+        // Below k/n, in y = −ln p the ratio is the upper edge's with the
+        // roles of successes and failures swapped.
+        lower: if k == 0 {
+            0.0
+        } else {
+            (-robbins_edge(n - k, k, ln_b, threshold)).exp()
+        },
+        upper: if k == n {
+            1.0
+        } else {
+            -(-robbins_edge(k, n - k, ln_b, threshold)).exp_m1()
+        },
     }
+}
+
+/// The upper edge of Robbins' sequence with `k` successes and `m ≥ 1`
+/// failures, as `y = −ln(1 − p)`.
+///
+/// In `y` the log ratio is `g(y) = ln_b + k·h(y) + m·y` with
+/// `h(y) = −ln(1 − e^(−y))`: convex, increasing beyond its minimum at
+/// `k/n`, and close to linear far out. Newton's method from a point beyond
+/// the crossing therefore stays beyond it (the tangent of a convex function
+/// lies below it) and converges fast: a few steps instead of a bisection's
+/// thirty, and the edge it returns is never inside the sequence.
+fn robbins_edge(k: u64, m: u64, ln_b: f64, threshold: f64) -> f64 {
+    let (k, m) = (k as f64, m as f64);
+    let g = |y: f64| ln_b - k * (-(-y).exp_m1()).ln() + m * y - threshold;
+    let slope = |y: f64| m - k / y.exp_m1();
+    // h > 0, so g(y) ≥ ln_b + m·y − threshold: this start is at or beyond
+    // the crossing.
+    let mut y = ((threshold - ln_b) / m).max(f64::MIN_POSITIVE);
+    for _ in 0..100 {
+        let (excess, d) = (g(y), slope(y));
+        if !(excess > 0.0 && d > 0.0) {
+            break;
+        }
+        let next = y - excess / d;
+        if next.is_nan() || next >= y || y - next <= 1e-12 * y {
+            break;
+        }
+        y = next;
+    }
+    y
 }
 
 /// Rate ratios (candidate ÷ champion) the alternative mixes over: a grid on
@@ -99,11 +114,6 @@ impl ConditionalBinomial {
         }
     }
 
-    fn alternative(&self, i: usize) -> f64 {
-        // r0 · 100^((i+1)/GRID): 1.21×r0, 1.47×r0, …, 100×r0.
-        self.r0 * 100f64.powf((i as f64 + 1.0) / GRID as f64)
-    }
-
     /// Adds the failures seen since the last update: `champion_failures`
     /// and `candidate_failures`, while the candidate had `candidate_share`
     /// of the requests (its exposure, in (0, 1)).
@@ -120,8 +130,13 @@ impl ConditionalBinomial {
         let theta = |r: f64| r * rho / (r * rho + 1.0 - rho);
         let t0 = theta(self.r0);
         let (a, b) = (champion_failures as f64, candidate_failures as f64);
+        let step = 100f64.powf(1.0 / GRID as f64);
+        let mut r1 = self.r0;
         for i in 0..GRID {
-            let t1 = theta(self.alternative(i));
+            // The grid's alternatives, r0 · 100^((i+1)/GRID): 1.21×r0,
+            // 1.47×r0, …, 100×r0, by multiplication.
+            r1 *= step;
+            let t1 = theta(r1);
             self.log_lr[i] += b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
         }
     }
@@ -285,8 +300,26 @@ pub fn rate_exceeds(k: u64, n: u64, p0: f64, alpha: f64, n_opt: f64) -> bool {
     if p0 <= 0.0 {
         return k > 0;
     }
-    BetaBinomialMixture::bernoulli(p0, n_opt, alpha, true).log_value_counts(k, n)
-        >= (1.0 / alpha).ln()
+    // The one-sided mixture grows with k (its prior is on rates above p0),
+    // so the test is a count threshold per n.
+    let key = [p0.to_bits(), alpha.to_bits(), n_opt.to_bits()];
+    crate::memo::threshold(key, n, || {
+        let mixture = BetaBinomialMixture::bernoulli(p0, n_opt, alpha, true);
+        let threshold = (1.0 / alpha).ln();
+        let rejects = |k: u64| mixture.log_value_counts(k, n) >= threshold;
+        if !rejects(n) {
+            return None;
+        }
+        // Largest count that does not reject, searched from a normal guess.
+        let sd = (n as f64 * p0 * (1.0 - p0)).sqrt();
+        let guess = (n as f64 * p0 + 3.0 * sd) as u64;
+        Some(if rejects(0) {
+            0
+        } else {
+            last_true(n, |j| !rejects(j), guess) + 1
+        })
+    })
+    .is_some_and(|t| k >= t)
 }
 
 /// Ranks bounding the `p`-quantile after `n` observations, anytime-valid at
@@ -301,6 +334,11 @@ pub fn rate_exceeds(k: u64, n: u64, p0: f64, alpha: f64, n_opt: f64) -> bool {
 /// (Latency is continuous; histogram buckets are a monotone rounding, and
 /// the caller takes each bucket's conservative end.)
 pub fn quantile_cs_ranks(p: f64, n: u64, alpha: f64, n_opt: f64) -> crate::stats::RankInterval {
+    let key = [p.to_bits(), alpha.to_bits(), n_opt.to_bits()];
+    crate::memo::ranks(key, n, || mixture_ranks(p, n, alpha, n_opt))
+}
+
+fn mixture_ranks(p: f64, n: u64, alpha: f64, n_opt: f64) -> crate::stats::RankInterval {
     let none = crate::stats::RankInterval {
         lower: None,
         upper: None,
@@ -308,15 +346,69 @@ pub fn quantile_cs_ranks(p: f64, n: u64, alpha: f64, n_opt: f64) -> crate::stats
     if n == 0 || !(p > 0.0 && p < 1.0) {
         return none;
     }
-    let nf = n as f64;
     let mixture = BetaBinomialMixture::bernoulli(p, n_opt, alpha, false);
+    let threshold = (1.0 / alpha).ln();
+    // Counts the sequence allows: a convex function below the threshold on
+    // an interval around n·p, searched for on the integers from the normal
+    // mixture's boundary (Robbins 1970) as a first guess.
+    let inside = |k: u64| mixture.log_value_counts(k, n) < threshold;
+    let (nf, rho) = (n as f64, mixture.r + mixture.g * mixture.h);
     let v = nf * p * (1.0 - p);
-    let a_hi = (nf * p + mixture.bound(v, alpha)).floor();
-    let b_lo = (nf * p - mixture.lower_bound(v, alpha)).ceil();
+    let spread = ((v + rho) * ((v + rho) / (rho * alpha * alpha)).ln()).sqrt();
+    let (below, above) = ((nf * p).floor() as u64, (nf * p).ceil() as u64);
+    // Largest count S may reach, and smallest.
+    let a_hi = below + last_true(n - below, |j| inside(below + j), spread as u64);
+    let b_lo = above - last_true(above, |j| inside(above - j), spread as u64);
     crate::stats::RankInterval {
-        lower: (b_lo >= 1.0).then_some(b_lo as u64),
-        upper: (a_hi + 1.0 <= nf).then_some(a_hi as u64 + 1),
+        lower: (b_lo >= 1).then_some(b_lo),
+        upper: (a_hi < n).then_some(a_hi + 1),
     }
+}
+
+/// Largest `j` in `0..=max` with `holds(j)`, for `holds` true from 0 up to
+/// some point and false after it (`holds(0)` is taken as true). Gallops
+/// out from `guess`, then bisects: a good guess costs a few evaluations
+/// instead of `log2(max)`.
+fn last_true(max: u64, holds: impl Fn(u64) -> bool, guess: u64) -> u64 {
+    // Invariant: holds(lo) (or lo = 0), and the answer is at most hi.
+    let (mut lo, mut hi) = (0u64, max);
+    let g = guess.clamp(1, max.max(1)).min(max);
+    let mut step = 1u64;
+    if g > 0 && holds(g) {
+        lo = g;
+        while lo < hi {
+            let probe = lo.saturating_add(step).min(hi);
+            if !holds(probe) {
+                hi = probe - 1;
+                break;
+            }
+            lo = probe;
+            step = step.saturating_mul(2);
+        }
+    } else if g > 0 {
+        hi = g - 1;
+        loop {
+            let probe = g.saturating_sub(step);
+            if probe <= lo {
+                break;
+            }
+            if holds(probe) {
+                lo = probe;
+                break;
+            }
+            hi = probe - 1;
+            step = step.saturating_mul(2);
+        }
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if holds(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
@@ -363,6 +455,73 @@ mod tests {
                 cs.lower <= w.lower && cs.upper >= w.upper,
                 "{k}/{n}: {cs:?} vs {w:?}"
             );
+        }
+    }
+
+    /// Robbins' edges by bisection on `p` (the definition, slowly).
+    fn robbins_by_bisection(k: u64, n: u64, alpha: f64) -> Interval {
+        let (kf, mf) = (k as f64, (n - k) as f64);
+        let ln_b = ln_beta(kf + 1.0, mf + 1.0);
+        let t = (1.0 / alpha).ln();
+        let inside = |p: f64| ln_b - kf * p.ln() - mf * (1.0 - p).ln() < t;
+        let edge = |mut inner: f64, mut outer: f64| {
+            for _ in 0..200 {
+                let mid = 0.5 * (inner + outer);
+                if inside(mid) {
+                    inner = mid;
+                } else {
+                    outer = mid;
+                }
+            }
+            outer
+        };
+        let c = kf / n as f64;
+        Interval {
+            lower: if k == 0 { 0.0 } else { edge(c, 0.0) },
+            upper: if k == n { 1.0 } else { edge(c, 1.0) },
+        }
+    }
+
+    proptest! {
+        /// Newton's edges are the bisection's, from outside.
+        #[test]
+        fn robbins_cs_matches_bisection_from_outside(k in 0u64..3000, extra in 0u64..100_000, alpha in 1e-6f64..0.5) {
+            let n = (k + extra).max(1);
+            let (fast, slow) = (robbins_cs(k, n, alpha), robbins_by_bisection(k, n, alpha));
+            // Equal to 1e-9 (relative, for tiny lower edges): both sit on
+            // the crossing up to the rounding of a log ratio of large terms.
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.max(1e-6);
+            prop_assert!(close(fast.upper, slow.upper), "{:?} {:?}", fast, slow);
+            prop_assert!(close(fast.lower, slow.lower), "{:?} {:?}", fast, slow);
+        }
+
+        /// The memoised count threshold decides as the mixture does.
+        #[test]
+        fn rate_exceeds_is_the_mixture_test(n in 1u64..2000, p0 in 0.005f64..0.5, alpha in 0.0005f64..0.2, frac in 0.0f64..1.0) {
+            let k = (frac * n as f64) as u64;
+            let direct = BetaBinomialMixture::bernoulli(p0, 100.0, alpha, true).log_value_counts(k, n)
+                >= (1.0 / alpha).ln();
+            prop_assert_eq!(rate_exceeds(k, n, p0, alpha, 100.0), direct);
+        }
+
+        #[test]
+        fn last_true_matches_a_scan(max in 0u64..300, cut in 0u64..320, guess in 0u64..400) {
+            let holds = |j: u64| j <= cut;
+            let scan = (0..=max).rev().find(|&j| holds(j)).unwrap_or(0);
+            prop_assert_eq!(last_true(max, holds, guess), scan);
+        }
+
+        /// The integer search gives the ranks of the counts strictly inside
+        /// the mixture boundary, found by scanning every count.
+        #[test]
+        fn quantile_cs_ranks_match_a_scan(n in 1u64..3000, p in prop::sample::select(vec![0.5, 0.9, 0.95, 0.99]), alpha in 0.0005f64..0.2) {
+            let m = BetaBinomialMixture::bernoulli(p, 100.0, alpha, false);
+            let t = (1.0 / alpha).ln();
+            let inside: Vec<u64> = (0..=n).filter(|&k| m.log_value_counts(k, n) < t).collect();
+            let (lo, hi) = (inside[0], inside[inside.len() - 1]);
+            let r = quantile_cs_ranks(p, n, alpha, 100.0);
+            prop_assert_eq!(r.lower, (lo >= 1).then_some(lo));
+            prop_assert_eq!(r.upper, (hi < n).then_some(hi + 1));
         }
     }
 

@@ -8,6 +8,7 @@
 pub mod anytime;
 pub mod gate;
 pub mod histogram;
+mod memo;
 pub mod plan;
 pub mod protocol;
 pub mod rollout;
@@ -17,7 +18,7 @@ pub mod stage;
 pub mod stats;
 
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
-pub use histogram::LatencyHistogram;
+pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
 pub use plan::{Advance, Plan, PlanError, Policy};
 pub use protocol::Protocol;
 pub use rollout::{

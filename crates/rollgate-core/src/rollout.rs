@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::gate::{GateKind, Outcome};
@@ -217,7 +219,8 @@ pub struct RolloutState {
     pub created_at: Timestamp,
     pub stage: Option<StageClock>,
     /// The latest stage verdict, for status views.
-    pub last_verdict: Option<StageVerdict>,
+    /// Shared with the evaluation's audit record (cloned on every look).
+    pub last_verdict: Option<Arc<StageVerdict>>,
     pub evaluations: u64,
     /// The `sequential` policy's test state (absent under `windowed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -303,7 +306,7 @@ pub struct AuditEvent {
     pub actor: Actor,
     pub from: Phase,
     pub to: Phase,
-    pub verdict: Option<StageVerdict>,
+    pub verdict: Option<Arc<StageVerdict>>,
     /// Operator's reason, or the controller's explanation.
     pub note: Option<String>,
 }
@@ -368,7 +371,7 @@ fn audit(
     kind: AuditKind,
     actor: Actor,
     from: Phase,
-    verdict: Option<StageVerdict>,
+    verdict: Option<Arc<StageVerdict>>,
     note: Option<String>,
 ) {
     let to = t.state.phase.clone();
@@ -413,19 +416,24 @@ fn enter(
 }
 
 /// Counts and audits one evaluation; returns the phase it judged.
-fn record_evaluation(t: &mut Transition, verdict: &StageVerdict, note: Option<String>) -> Phase {
+fn record_evaluation(
+    t: &mut Transition,
+    verdict: StageVerdict,
+    note: Option<String>,
+) -> (Phase, Arc<StageVerdict>) {
     t.state.evaluations += 1;
-    t.state.last_verdict = Some(verdict.clone());
+    let verdict = Arc::new(verdict);
+    t.state.last_verdict = Some(Arc::clone(&verdict));
     let phase = t.state.phase.clone();
     audit(
         t,
         AuditKind::Evaluated,
         Actor::Controller,
         phase.clone(),
-        Some(verdict.clone()),
+        Some(Arc::clone(&verdict)),
         note,
     );
-    phase
+    (phase, verdict)
 }
 
 /// A stage passed: enter the next one, or promote after the last.
@@ -433,7 +441,7 @@ fn advance(
     spec: &RolloutSpec,
     t: &mut Transition,
     phase: Phase,
-    verdict: StageVerdict,
+    verdict: Arc<StageVerdict>,
     current: Option<Snapshot>,
     now: Timestamp,
 ) {
@@ -453,7 +461,7 @@ fn advance(
     }
 }
 
-fn roll_back(t: &mut Transition, reason: RollbackReason, verdict: Option<StageVerdict>) {
+fn roll_back(t: &mut Transition, reason: RollbackReason, verdict: Option<Arc<StageVerdict>>) {
     let from = t.state.phase.clone();
     t.state.phase = Phase::RolledBack { reason };
     t.effects.push(Effect::SetRouting {
@@ -474,7 +482,7 @@ fn promote(
     t: &mut Transition,
     actor: Actor,
     manual: bool,
-    verdict: Option<StageVerdict>,
+    verdict: Option<Arc<StageVerdict>>,
     note: Option<String>,
 ) {
     let from = t.state.phase.clone();
@@ -582,7 +590,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         verdict.confirmation = Some(check);
     }
     let pending_breach = clock.consecutive_breaches > 0;
-    let phase = record_evaluation(t, &verdict, note);
+    let (phase, verdict) = record_evaluation(t, verdict, note);
 
     let gates_of = |r: &StageReason| match r {
         StageReason::Breach { gates }
@@ -654,7 +662,7 @@ fn observe_sequential(
             elapsed: now.since(started),
         },
     );
-    let phase = record_evaluation(t, &verdict, None);
+    let (phase, verdict) = record_evaluation(t, verdict, None);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
             let gates = gates.clone();

@@ -93,8 +93,8 @@ impl ArmTally {
 impl Tally {
     fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
         Tally {
-            candidate: ArmTally::of(&s.revision(candidate)),
-            champion: ArmTally::of(&s.revision(champion)),
+            candidate: ArmTally::of(s.revision(candidate)),
+            champion: ArmTally::of(s.revision(champion)),
             pairs: s.pairs_for(candidate).map_or(0, |p| p.pairs()),
         }
     }
@@ -358,8 +358,8 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         window.revision(input.champion),
     );
     let arms = Arms {
-        champion: &h,
-        candidate: &c,
+        champion: h,
+        candidate: c,
     };
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
@@ -392,7 +392,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             v.reason = r;
         }
     }
-    let champion = champion_health(plan, &h);
+    let champion = champion_health(plan, h);
     let kinds = |keep: &dyn Fn(&GateVerdict) -> bool| {
         gates
             .iter()

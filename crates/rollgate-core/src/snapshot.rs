@@ -9,6 +9,7 @@
 //! moment apart.)
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -180,11 +181,11 @@ impl RevisionStats {
             latency,
             predictions,
         };
-        s.check("revision")?;
+        s.check(&"revision")?;
         Ok(s)
     }
 
-    fn check(&self, what: &str) -> Result<(), SnapshotError> {
+    fn check(&self, what: &dyn std::fmt::Display) -> Result<(), SnapshotError> {
         if self.failures.total() > self.requests {
             return Err(SnapshotError::Inconsistent {
                 what: what.to_string(),
@@ -229,6 +230,12 @@ impl RevisionStats {
     /// (aggregated recording).
     pub fn record_latencies(&mut self, latencies_us: impl IntoIterator<Item = u64>) {
         self.requests += self.latency.record_all(latencies_us);
+    }
+
+    /// Successful requests given as `(latency_us, count)`: aggregated
+    /// recording, e.g. by the simulator.
+    pub fn record_latency_counts(&mut self, counts: impl IntoIterator<Item = (u64, u64)>) {
+        self.requests += self.latency.record_counts(counts);
     }
 
     /// `n` requests that failed alike (aggregated recording, e.g. by the
@@ -313,7 +320,12 @@ impl RevisionStats {
     }
 
     /// What was recorded after `earlier`. Errors if any counter went backwards.
-    pub fn window_since(&self, earlier: &RevisionStats, what: &str) -> Result<Self, SnapshotError> {
+    /// `what` names the revision in an error (formatted only then).
+    pub fn window_since(
+        &self,
+        earlier: &RevisionStats,
+        what: &dyn std::fmt::Display,
+    ) -> Result<Self, SnapshotError> {
         let sub = |later: u64, earlier: u64, field: &'static str| {
             later
                 .checked_sub(earlier)
@@ -399,7 +411,7 @@ impl TryFrom<PairStatsWire> for PairStats {
             confident_flips: w.confident_flips,
             mirror_dropped: w.mirror_dropped,
         };
-        p.check("pairs")?;
+        p.check(&"pairs")?;
         Ok(p)
     }
 }
@@ -417,7 +429,7 @@ impl From<PairStats> for PairStatsWire {
 }
 
 impl PairStats {
-    fn check(&self, what: &str) -> Result<(), SnapshotError> {
+    fn check(&self, what: &dyn std::fmt::Display) -> Result<(), SnapshotError> {
         let bad = |part, part_count, whole, whole_count| {
             Err(SnapshotError::Inconsistent {
                 what: what.to_string(),
@@ -505,7 +517,11 @@ impl PairStats {
         self.mirror_dropped += o.mirror_dropped;
     }
 
-    pub fn window_since(&self, e: &PairStats, what: &str) -> Result<Self, SnapshotError> {
+    pub fn window_since(
+        &self,
+        e: &PairStats,
+        what: &dyn std::fmt::Display,
+    ) -> Result<Self, SnapshotError> {
         let sub = |a: u64, b: u64, field: &'static str| {
             a.checked_sub(b).ok_or_else(|| SnapshotError::CounterReset {
                 what: what.to_string(),
@@ -530,40 +546,86 @@ impl PairStats {
 
 /// One model's measurements at one instant: stats per revision id, and
 /// champion/shadow pairs keyed by the shadow revision id.
+///
+/// Copy-on-write: the controller clones snapshots on every look (the
+/// observation, stage baselines, the sequential test's origin), so a clone
+/// shares the maps and only a write to a shared snapshot copies them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "SnapshotData", into = "SnapshotData")]
+pub struct Snapshot {
+    data: Arc<SnapshotData>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Snapshot {
+struct SnapshotData {
     #[serde(default)]
-    pub revisions: BTreeMap<String, RevisionStats>,
+    revisions: BTreeMap<String, RevisionStats>,
     #[serde(default)]
-    pub pairs: BTreeMap<String, PairStats>,
+    pairs: BTreeMap<String, PairStats>,
+}
+
+impl From<SnapshotData> for Snapshot {
+    fn from(data: SnapshotData) -> Self {
+        Snapshot {
+            data: Arc::new(data),
+        }
+    }
+}
+
+impl From<Snapshot> for SnapshotData {
+    fn from(s: Snapshot) -> Self {
+        Arc::unwrap_or_clone(s.data)
+    }
 }
 
 impl Snapshot {
+    /// Stats per revision id.
+    pub fn revisions(&self) -> &BTreeMap<String, RevisionStats> {
+        &self.data.revisions
+    }
+
+    /// Paired answers per shadow revision id.
+    pub fn pairs(&self) -> &BTreeMap<String, PairStats> {
+        &self.data.pairs
+    }
+
     /// Stats of one revision; a revision never seen has all-zero stats.
-    pub fn revision(&self, id: &str) -> RevisionStats {
-        self.revisions.get(id).cloned().unwrap_or_default()
+    pub fn revision(&self, id: &str) -> &RevisionStats {
+        static NEVER_SEEN: std::sync::LazyLock<RevisionStats> =
+            std::sync::LazyLock::new(RevisionStats::default);
+        self.data.revisions.get(id).unwrap_or(&NEVER_SEEN)
     }
 
     /// Paired stats for a shadow revision, if any pair was recorded.
     pub fn pairs_for(&self, shadow: &str) -> Option<&PairStats> {
-        self.pairs.get(shadow)
+        self.data.pairs.get(shadow)
     }
 
     pub fn revision_mut(&mut self, id: &str) -> &mut RevisionStats {
-        self.revisions.entry(id.to_string()).or_default()
+        let data = Arc::make_mut(&mut self.data);
+        // Looked up first: the common case allocates no key.
+        if !data.revisions.contains_key(id) {
+            data.revisions
+                .insert(id.to_string(), RevisionStats::default());
+        }
+        data.revisions.get_mut(id).expect("inserted above")
     }
 
     pub fn pairs_mut(&mut self, shadow: &str) -> &mut PairStats {
-        self.pairs.entry(shadow.to_string()).or_default()
+        let data = Arc::make_mut(&mut self.data);
+        if !data.pairs.contains_key(shadow) {
+            data.pairs.insert(shadow.to_string(), PairStats::default());
+        }
+        data.pairs.get_mut(shadow).expect("inserted above")
     }
 
     /// Adds another gateway replica's snapshot.
     pub fn merge(&mut self, other: &Snapshot) {
-        for (id, s) in &other.revisions {
+        for (id, s) in &other.data.revisions {
             self.revision_mut(id).merge(s);
         }
-        for (id, p) in &other.pairs {
+        for (id, p) in &other.data.pairs {
             self.pairs_mut(id).merge(p);
         }
     }
@@ -580,38 +642,39 @@ impl Snapshot {
     /// What happened between `earlier` and `self`. A revision present in
     /// `earlier` but missing now means the counters were reset.
     pub fn window_since(&self, earlier: &Snapshot) -> Result<Snapshot, SnapshotError> {
-        let mut out = Snapshot::default();
-        for id in earlier.revisions.keys() {
-            if !self.revisions.contains_key(id) {
+        let (now, before) = (&self.data, &earlier.data);
+        for id in before.revisions.keys() {
+            if !now.revisions.contains_key(id) {
                 return Err(SnapshotError::CounterReset {
                     what: format!("revision {id}"),
                     field: "requests",
                 });
             }
         }
-        for id in earlier.pairs.keys() {
-            if !self.pairs.contains_key(id) {
+        for id in before.pairs.keys() {
+            if !now.pairs.contains_key(id) {
                 return Err(SnapshotError::CounterReset {
                     what: format!("pairs {id}"),
                     field: "pairs",
                 });
             }
         }
-        for (id, later) in &self.revisions {
-            let w = match earlier.revisions.get(id) {
-                Some(e) => later.window_since(e, &format!("revision {id}"))?,
+        let mut out = SnapshotData::default();
+        for (id, later) in &now.revisions {
+            let w = match before.revisions.get(id) {
+                Some(e) => later.window_since(e, &format_args!("revision {id}"))?,
                 None => later.clone(),
             };
             out.revisions.insert(id.clone(), w);
         }
-        for (id, later) in &self.pairs {
-            let w = match earlier.pairs.get(id) {
-                Some(e) => later.window_since(e, &format!("pairs {id}"))?,
+        for (id, later) in &now.pairs {
+            let w = match before.pairs.get(id) {
+                Some(e) => later.window_since(e, &format_args!("pairs {id}"))?,
                 None => *later,
             };
             out.pairs.insert(id.clone(), w);
         }
-        Ok(out)
+        Ok(out.into())
     }
 }
 
@@ -719,8 +782,8 @@ mod tests {
             // Revisions untouched in the window appear with zero counts; compare
             // against the events of the window alone, padded the same way.
             let mut expected = record(&b);
-            for id in earlier.revisions.keys() { expected.revision_mut(id); }
-            for id in earlier.pairs.keys() { expected.pairs_mut(id); }
+            for id in earlier.revisions().keys() { expected.revision_mut(id); }
+            for id in earlier.pairs().keys() { expected.pairs_mut(id); }
             prop_assert_eq!(window, expected);
         }
 
@@ -729,7 +792,7 @@ mod tests {
                                      b in proptest::collection::vec(event(), 0..120)) {
             let later = record(&[a.clone(), b].concat());
             for snap in [record(&a), later.window_since(&record(&a)).expect("grows")] {
-                for s in snap.revisions.values() {
+                for s in snap.revisions().values() {
                     if let Some(r) = s.error_rate() { prop_assert!((0.0..=1.0).contains(&r)); }
                 }
             }

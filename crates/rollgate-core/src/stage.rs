@@ -125,7 +125,7 @@ pub fn check_window(
     candidate: &str,
 ) -> WindowCheck {
     let gates = evaluate_gates(plan, stage, window, champion, candidate);
-    let outage = champion_health(plan, &window.revision(champion)).outage;
+    let outage = champion_health(plan, window.revision(champion)).outage;
     let breached = !outage && gates.iter().any(|g| g.outcome == Outcome::Fail);
     let gross = breached && gates.iter().any(GateVerdict::is_gross);
     let judged = gates.iter().all(|g| {
@@ -168,8 +168,8 @@ pub fn evaluate_gates(
 ) -> Vec<GateVerdict> {
     let (h, c) = (window.revision(champion), window.revision(candidate));
     let arms = Arms {
-        champion: &h,
-        candidate: &c,
+        champion: h,
+        candidate: c,
     };
     let g = &plan.gates;
     let mut out = Vec::new();
@@ -325,7 +325,7 @@ pub fn evaluate_stage(plan: &Plan, input: &StageInput) -> StageVerdict {
         };
     };
     let gates = evaluate_gates(plan, input.stage, window, input.champion, input.candidate);
-    let champion = champion_health(plan, &window.revision(input.champion));
+    let champion = champion_health(plan, window.revision(input.champion));
     let (outcome, reason) = shared_outage_holds(&champion)
         .or_else(|| breach_fails_at_once(&gates))
         .or_else(|| clean_stage_waits_for_min_duration(plan, input.elapsed))
@@ -446,7 +446,7 @@ mod tests {
             Default::default(),
         )
         .expect("valid");
-        w.revisions.insert(CA.into(), blind);
+        *w.revision_mut(CA) = blind;
         assert_eq!(judge(Some(&w), 5).outcome, Outcome::Wait);
         let v = judge(Some(&w), 60);
         assert_eq!(v.outcome, Outcome::Fail);

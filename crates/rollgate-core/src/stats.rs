@@ -19,7 +19,7 @@
 //!   distribution.
 
 use serde::{Deserialize, Serialize};
-use statrs::distribution::{Binomial, ContinuousCDF, DiscreteCDF, Normal};
+use statrs::distribution::{Binomial, ContinuousCDF, Discrete, DiscreteCDF, Normal};
 
 /// A closed interval `[lower, upper]`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -40,11 +40,22 @@ impl Interval {
 /// `alpha` must be in (0, 1); the plan validates it before it gets here, and
 /// out-of-range values are clamped so this function cannot fail.
 pub fn z_two_sided(alpha: f64) -> f64 {
+    thread_local! {
+        /// The last level asked for and its z: gates ask for the same few
+        /// levels on every look, and the inverse normal CDF is not cheap.
+        static LAST: std::cell::Cell<(u64, f64)> = const { std::cell::Cell::new((u64::MAX, 0.0)) };
+    }
     let alpha = alpha.clamp(1e-12, 1.0 - 1e-12);
+    let (bits, z) = LAST.get();
+    if bits == alpha.to_bits() {
+        return z;
+    }
     // Normal::new(0, 1) cannot fail; the fallback is the textbook 95% value.
-    Normal::new(0.0, 1.0)
+    let z = Normal::new(0.0, 1.0)
         .map(|n| n.inverse_cdf(1.0 - alpha / 2.0))
-        .unwrap_or(1.959_963_984_540_054)
+        .unwrap_or(1.959_963_984_540_054);
+    LAST.set((alpha.to_bits(), z));
+    z
 }
 
 /// Wilson score interval for `k` successes (or failures) in `n` trials.
@@ -114,31 +125,141 @@ pub fn nearest_rank(p: f64, n: u64) -> Option<u64> {
 /// with `P(B >= u) <= alpha/2`. A side is `None` when the sample is too small
 /// to bound it (the bound would lie outside the sample).
 pub fn quantile_ci_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {
+    crate::memo::ranks([p.to_bits(), alpha.to_bits(), 0], n, || {
+        binomial_ranks(p, n, alpha)
+    })
+}
+
+fn binomial_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {
+    let none = RankInterval {
+        lower: None,
+        upper: None,
+    };
     if n == 0 || !(0.0..=1.0).contains(&p) {
+        return none;
+    }
+    // Degenerate rates: B is always 0 (p = 0) or always n (p = 1).
+    if p == 0.0 {
         return RankInterval {
             lower: None,
+            upper: Some(1),
+        };
+    }
+    if p == 1.0 {
+        return RankInterval {
+            lower: Some(n),
             upper: None,
         };
     }
     let Ok(b) = Binomial::new(p, n) else {
-        return RankInterval {
-            lower: None,
-            upper: None,
-        };
+        return none;
     };
     let tail = alpha / 2.0;
-    // Start each search at its normal approximation.
+    // Start each walk at its normal approximation.
     let (mean, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
     let z = z_two_sided(alpha);
-    let guess = |x: f64| x.clamp(0.0, n as f64) as u64;
+    let start = |x: f64| CdfWalk::new(&b, x.clamp(0.0, (n - 1) as f64) as u64);
     // Largest l in 1..=n with cdf(l - 1) <= tail; cdf is non-decreasing.
-    let lower = last_at_or_below(n, |x| b.cdf(x), tail, guess(mean - z * sd)).map(|x| x + 1);
+    let lower = last_cdf_at_or_below(start(mean - z * sd), tail).map(|x| x + 1);
     // Smallest u in 1..=n with 1 - cdf(u - 1) <= tail.
-    let upper = first_at_or_above(n, |x| b.cdf(x), 1.0 - tail, guess(mean + z * sd)).map(|x| x + 1);
+    let upper = first_cdf_at_or_above(start(mean + z * sd), 1.0 - tail).map(|x| x + 1);
     RankInterval {
         lower: lower.filter(|&l| l >= 1 && l <= n),
         upper: upper.filter(|&u| u >= 1 && u <= n),
     }
+}
+
+/// Binomial(n, p)'s CDF at `x`, walked one value at a time: one
+/// incomplete-beta evaluation to start, then each step adds or removes one
+/// probability mass, got from its neighbour by a ratio. A search that
+/// starts near its answer costs a few multiplications instead of a CDF
+/// evaluation per probe. `p` in (0, 1), `x < n`.
+#[derive(Debug, Clone, Copy)]
+struct CdfWalk {
+    n: u64,
+    /// `p / (1 − p)`.
+    odds: f64,
+    x: u64,
+    cdf: f64,
+    pmf: f64,
+}
+
+impl CdfWalk {
+    fn new(b: &Binomial, x: u64) -> Self {
+        let p = b.p();
+        CdfWalk {
+            n: b.n(),
+            odds: p / (1.0 - p),
+            x,
+            cdf: b.cdf(x),
+            pmf: b.pmf(x),
+        }
+    }
+
+    /// The walk at `x + 1` (`x + 1 < n`).
+    fn up(self) -> Self {
+        let (n, x) = (self.n as f64, self.x as f64);
+        let pmf = self.pmf * (n - x) / (x + 1.0) * self.odds;
+        CdfWalk {
+            x: self.x + 1,
+            cdf: self.cdf + pmf,
+            pmf,
+            ..self
+        }
+    }
+
+    /// The walk at `x − 1` (`x > 0`).
+    fn down(self) -> Self {
+        let (n, x) = (self.n as f64, self.x as f64);
+        CdfWalk {
+            x: self.x - 1,
+            cdf: self.cdf - self.pmf,
+            pmf: self.pmf * x / (n - x + 1.0) / self.odds,
+            ..self
+        }
+    }
+}
+
+/// Largest `x` in `0..n` with `cdf(x) <= target`, walking from `w`.
+fn last_cdf_at_or_below(mut w: CdfWalk, target: f64) -> Option<u64> {
+    if w.cdf <= target {
+        while w.x + 1 < w.n {
+            let next = w.up();
+            if next.cdf > target {
+                break;
+            }
+            w = next;
+        }
+        return Some(w.x);
+    }
+    while w.x > 0 {
+        w = w.down();
+        if w.cdf <= target {
+            return Some(w.x);
+        }
+    }
+    None
+}
+
+/// Smallest `x` in `0..n` with `cdf(x) >= target`, walking from `w`.
+fn first_cdf_at_or_above(mut w: CdfWalk, target: f64) -> Option<u64> {
+    if w.cdf >= target {
+        while w.x > 0 {
+            let prev = w.down();
+            if prev.cdf < target {
+                break;
+            }
+            w = prev;
+        }
+        return Some(w.x);
+    }
+    while w.x + 1 < w.n {
+        w = w.up();
+        if w.cdf >= target {
+            return Some(w.x);
+        }
+    }
+    None
 }
 
 /// 1-based ranks of a quantile confidence interval; `None` = unbounded.
@@ -146,67 +267,6 @@ pub fn quantile_ci_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {
 pub struct RankInterval {
     pub lower: Option<u64>,
     pub upper: Option<u64>,
-}
-
-/// Largest `x` in `0..n` for which `holds` is true, for `holds` true up to
-/// some point and false after it; `None` if it is false at 0. The search
-/// gallops out from `guess` and then bisects, so a good guess costs a few
-/// evaluations instead of `2·log2(n)` (each is a binomial CDF here).
-fn last_where(n: u64, holds: impl Fn(u64) -> bool, guess: u64) -> Option<u64> {
-    if n == 0 || !holds(0) {
-        return None;
-    }
-    // Invariant: holds(lo), and the answer is at most hi.
-    let (mut lo, mut hi) = (0u64, n - 1);
-    let g = guess.min(n - 1);
-    let mut step = 1u64;
-    if holds(g) {
-        lo = g;
-        while lo < hi {
-            let probe = lo.saturating_add(step).min(hi);
-            if holds(probe) {
-                lo = probe;
-                step = step.saturating_mul(2);
-            } else {
-                hi = probe - 1;
-                break;
-            }
-        }
-    } else {
-        hi = g - 1; // g > 0, as holds(0)
-        while lo < hi {
-            let probe = g.saturating_sub(step).max(lo);
-            if holds(probe) {
-                lo = probe;
-                break;
-            }
-            hi = probe - 1;
-            step = step.saturating_mul(2);
-        }
-    }
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if holds(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    Some(lo)
-}
-
-/// Largest `x` in `0..n` with `f(x) <= target`, for non-decreasing `f`.
-fn last_at_or_below(n: u64, f: impl Fn(u64) -> f64, target: f64, guess: u64) -> Option<u64> {
-    last_where(n, |x| f(x) <= target, guess)
-}
-
-/// Smallest `x` in `0..n` with `f(x) >= target`, for non-decreasing `f`.
-fn first_at_or_above(n: u64, f: impl Fn(u64) -> f64, target: f64, guess: u64) -> Option<u64> {
-    match last_where(n, |x| f(x) < target, guess) {
-        None => (n > 0).then_some(0),
-        Some(x) if x + 1 < n => Some(x + 1),
-        Some(_) => None,
-    }
 }
 
 #[cfg(test)]
@@ -217,17 +277,17 @@ mod tests {
     const Z95: f64 = 1.959_963_984_540_054;
 
     proptest! {
-        /// The galloping search finds exactly what a linear scan finds,
-        /// from any starting guess.
+        /// The walked CDF search finds exactly the ranks a scan of the
+        /// exact binomial CDF finds.
         #[test]
-        fn last_where_matches_a_linear_scan(n in 0u64..300, cut in 0u64..320, guess in 0u64..400) {
-            let holds = |x: u64| x < cut;
-            let scan = (0..n).rev().find(|&x| holds(x));
-            prop_assert_eq!(last_where(n, holds, guess), scan);
-            let f = |x: u64| x as f64;
-            let t = cut as f64;
-            prop_assert_eq!(first_at_or_above(n, f, t, guess), (0..n).find(|&x| f(x) >= t));
-            prop_assert_eq!(last_at_or_below(n, f, t, guess), (0..n).rev().find(|&x| f(x) <= t));
+        fn quantile_ranks_match_a_scan_of_the_cdf(n in 1u64..1500, p in 0.01f64..0.995, alpha in 0.0005f64..0.2) {
+            let b = Binomial::new(p, n).expect("valid");
+            let tail = alpha / 2.0;
+            let lower = (0..n).rev().find(|&x| b.cdf(x) <= tail).map(|x| x + 1);
+            let upper = (0..n).find(|&x| b.cdf(x) >= 1.0 - tail).map(|x| x + 1);
+            let r = quantile_ci_ranks(p, n, alpha);
+            prop_assert_eq!(r.lower, lower);
+            prop_assert_eq!(r.upper, upper);
         }
     }
 

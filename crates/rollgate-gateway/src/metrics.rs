@@ -46,7 +46,7 @@ impl Collector for SnapshotCollector {
         let mut flips = Vec::new();
         let mut drops = Vec::new();
         for (model, snap) in &s.models {
-            for (r, st) in &snap.revisions {
+            for (r, st) in snap.revisions() {
                 requests.push((rev(model, r), ConstCounter::new(st.requests())));
                 client_errors.push((rev(model, r), ConstCounter::new(st.client_errors())));
                 for class in rollgate_core::FailureClass::ALL {
@@ -62,7 +62,7 @@ impl Collector for SnapshotCollector {
                     }
                 }
             }
-            for (shadow, p) in &snap.pairs {
+            for (shadow, p) in snap.pairs() {
                 pairs.push((rev(model, shadow), ConstCounter::new(p.pairs())));
                 agreements.push((rev(model, shadow), ConstCounter::new(p.agreements())));
                 flips.push((rev(model, shadow), ConstCounter::new(p.confident_flips())));

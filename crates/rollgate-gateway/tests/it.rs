@@ -257,7 +257,10 @@ async fn eventually(g: &Gateway, cond: impl Fn(&GatewaySnapshot) -> bool) -> Gat
 }
 
 fn rev(s: &GatewaySnapshot, r: &str) -> rollgate_core::RevisionStats {
-    s.models.get("m").map(|m| m.revision(r)).unwrap_or_default()
+    s.models
+        .get("m")
+        .map(|m| m.revision(r).clone())
+        .unwrap_or_default()
 }
 
 const ONE: &str = r#"{"predictions":[1]}"#;

@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use rollgate_core::{AuditEvent, GateKind, Phase, RollbackReason, Routing, Snapshot};
+use rollgate_core::{
+    AuditEvent, GateKind, Phase, RevisionStats, RollbackReason, Routing, Snapshot,
+};
 
 use crate::{CANDIDATE, Decider};
 
@@ -31,7 +33,12 @@ pub struct Baseline {
     starved_fails: bool,
     step: usize,
     step_started: Duration,
-    step_baseline: Snapshot,
+    /// The candidate's cumulative stats when the step started: the rules
+    /// read the candidate alone.
+    step_baseline: RevisionStats,
+    /// Candidate requests in the step at the last look: a look with none
+    /// new has nothing new to judge.
+    judged: Option<u64>,
     evaluations: u64,
     phase: Phase,
 }
@@ -47,7 +54,8 @@ impl Baseline {
             starved_fails,
             step: 0,
             step_started: Duration::ZERO,
-            step_baseline: Snapshot::default(),
+            step_baseline: RevisionStats::default(),
+            judged: None,
             evaluations: 0,
             phase: Phase::Pending,
         }
@@ -70,6 +78,12 @@ impl Baseline {
         }
     }
 
+    fn start_step(&mut self, snapshot: &Snapshot, now: Duration) {
+        self.step_started = now;
+        self.step_baseline = snapshot.revision(CANDIDATE).clone();
+        self.judged = None;
+    }
+
     fn canary(&self) -> Phase {
         Phase::Canary {
             step: self.step,
@@ -89,27 +103,29 @@ impl Decider for Baseline {
         }
         if self.phase == Phase::Pending {
             self.phase = self.canary();
-            self.step_started = now;
-            self.step_baseline = snapshot.clone();
+            self.start_step(snapshot, now);
             return (Some(self.routing()), self.phase.clone(), vec![]);
         }
         self.evaluations += 1;
-        let window = snapshot
-            .window_since(&self.step_baseline)
+        let c = snapshot
+            .revision(CANDIDATE)
+            .window_since(&self.step_baseline, &CANDIDATE)
             .unwrap_or_default();
-        let c = window.revision(CANDIDATE);
         let enough = c.requests() >= self.min_requests;
-        let error = c.error_rate().unwrap_or(0.0);
-        let p95_ms = c
-            .latency()
-            .percentile_us(0.95)
-            .map_or(0.0, |us| us as f64 / 1000.0);
         let mut breached = Vec::new();
-        if enough && error > self.max_error_rate {
-            breached.push(GateKind::ErrorRate);
-        }
-        if enough && p95_ms > self.max_p95_ms {
-            breached.push(GateKind::Latency);
+        if self.judged != Some(c.requests()) {
+            self.judged = Some(c.requests());
+            let error = c.error_rate().unwrap_or(0.0);
+            let p95_ms = c
+                .latency()
+                .percentile_us(0.95)
+                .map_or(0.0, |us| us as f64 / 1000.0);
+            if enough && error > self.max_error_rate {
+                breached.push(GateKind::ErrorRate);
+            }
+            if enough && p95_ms > self.max_p95_ms {
+                breached.push(GateKind::Latency);
+            }
         }
         if !breached.is_empty() {
             self.phase = Phase::RolledBack {
@@ -137,8 +153,7 @@ impl Decider for Baseline {
         }
         self.step += 1;
         self.phase = self.canary();
-        self.step_started = now;
-        self.step_baseline = snapshot.clone();
+        self.start_step(snapshot, now);
         (Some(self.routing()), self.phase.clone(), vec![])
     }
 

@@ -9,14 +9,19 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngCore, SeedableRng};
 use rand_distr::{Binomial, Distribution, Poisson};
+use rand_xoshiro::Xoshiro256PlusPlus;
 use rollgate_core::{
-    AuditEvent, Effect, FailureClass, Input, Observation, Phase, Plan, RolloutSpec, RolloutState,
-    Routing, Snapshot, Timestamp, step,
+    AuditEvent, Effect, FailureClass, Input, LatencyHistogram, Observation, Phase, Plan,
+    RevisionStats, RolloutSpec, RolloutState, Routing, Snapshot, Timestamp, step,
 };
 use serde::{Deserialize, Serialize};
+
+/// The simulator's random numbers: xoshiro256++, a small fast generator
+/// with a fixed, documented algorithm (runs stay reproducible across
+/// crate versions); not for anything secret.
+type Rng = Xoshiro256PlusPlus;
 
 pub mod baseline;
 pub mod matrix;
@@ -174,53 +179,150 @@ fn bucket(key: u64, salt: u64) -> u32 {
     ((z ^ (z >> 31)) % 10_000) as u32
 }
 
+#[derive(Debug)]
 struct Arm {
     model: ArmModel,
-    latency: QuantileTable,
+    latency: LatencyModel,
 }
 
 impl Arm {
     fn new(model: ArmModel) -> Arm {
         Arm {
             model,
-            latency: QuantileTable::lognormal(model.median_ms * 1000.0, model.sigma),
+            latency: LatencyModel::lognormal(model.median_ms * 1000.0, model.sigma),
         }
     }
 }
 
-/// Points in the latency quantile table: interpolating between them is
-/// within 1/4096 of probability of the lognormal everywhere.
-const QUANTILE_POINTS: usize = 4096;
-
-/// Draws latency by inverse transform from a piecewise-linear quantile
-/// function of the lognormal: one uniform draw and one interpolation per
-/// sample, a third of the cost of sampling the lognormal directly, which
-/// matters at 1,000 rps × thousands of runs. Its extreme tail (beyond the
-/// 1 − 1/8192 quantile) is linear rather than lognormal: far beyond any
-/// quantile a gate reads.
-struct QuantileTable {
-    /// Latency in µs at probabilities `0, 1/N, …, 1`, the ends clamped to
-    /// the 10⁻⁶ and 1 − 10⁻⁶ quantiles.
-    points: Vec<f64>,
+/// Latency of one arm as the gateway's histogram sees it: the probability
+/// that a lognormal latency (in whole µs) lands in each histogram bucket,
+/// drawn with an alias table. Exactly the distribution of drawing the
+/// latency and bucketing it, at one random number per request, which
+/// matters at 1,000 rps × thousands of runs.
+#[derive(Debug)]
+struct LatencyModel {
+    /// The lowest latency of each bucket with any probability.
+    values: Vec<u64>,
+    alias: AliasTable,
 }
 
-impl QuantileTable {
+impl LatencyModel {
+    /// Buckets holding all but 10⁻¹² of the lognormal's mass on each side
+    /// (the rest goes to the edge buckets).
     fn lognormal(median_us: f64, sigma: f64) -> Self {
         let (mu, sigma) = (median_us.max(1.0).ln(), sigma.max(0.0));
-        let points = (0..=QUANTILE_POINTS)
-            .map(|i| {
-                let p = (i as f64 / QUANTILE_POINTS as f64).clamp(1e-6, 1.0 - 1e-6);
-                (mu + sigma * standard_normal_quantile(p)).exp()
-            })
-            .collect();
-        QuantileTable { points }
+        // Latency x is recorded as ⌊x⌋ µs (at least 1): bucket [lo, hi]
+        // holds x in [lo, hi + 1).
+        let cdf = |us: f64| {
+            if sigma == 0.0 {
+                f64::from(u8::from(us > median_us))
+            } else {
+                0.5 * statrs::function::erf::erfc(
+                    -(us.ln() - mu) / (sigma * std::f64::consts::SQRT_2),
+                )
+            }
+        };
+        let at = |p: f64| (mu + sigma * standard_normal_quantile(p)).exp() as u64;
+        let (first, last) = (at(1e-12).max(1), at(1.0 - 1e-12).max(1));
+        let (mut values, mut weights) = (Vec::new(), Vec::new());
+        let mut lo = *LatencyHistogram::equivalent_range(first).start();
+        loop {
+            let hi = *LatencyHistogram::equivalent_range(lo).end();
+            let top = hi >= last || hi >= rollgate_core::MAX_LATENCY_US;
+            let below = if values.is_empty() {
+                0.0
+            } else {
+                cdf(lo as f64)
+            };
+            let upto = if top { 1.0 } else { cdf(hi as f64 + 1.0) };
+            values.push(lo);
+            weights.push((upto - below).max(0.0));
+            if top {
+                break;
+            }
+            lo = hi + 1;
+        }
+        LatencyModel {
+            values,
+            alias: AliasTable::new(&weights),
+        }
     }
 
-    fn sample(&self, rng: &mut StdRng) -> u64 {
-        let u = rng.random::<f64>() * QUANTILE_POINTS as f64;
-        let i = (u as usize).min(QUANTILE_POINTS - 1);
-        let (a, b) = (self.points[i], self.points[i + 1]);
-        (a + (u - i as f64) * (b - a)).max(1.0) as u64
+    /// Records `n` successes' latencies into `stats`: one by one when
+    /// fewer than half the buckets, else counted per bucket first and
+    /// recorded a bucket at a time.
+    fn record(&self, rng: &mut Rng, stats: &mut RevisionStats, n: u64) {
+        if 2 * n < self.values.len() as u64 {
+            stats.record_latencies((0..n).map(|_| self.values[self.alias.sample(rng)]));
+            return;
+        }
+        let mut per_bucket = vec![0u64; self.values.len()];
+        for _ in 0..n {
+            per_bucket[self.alias.sample(rng)] += 1;
+        }
+        stats.record_latency_counts(self.values.iter().copied().zip(per_bucket));
+    }
+}
+
+/// Walker's alias table (Vose's construction): a discrete distribution
+/// drawn with one 64-bit random number — the high half picks a column, the
+/// low half decides between it and its alias.
+///
+/// Written here rather than `rand_distr::weighted::WeightedAliasIndex`,
+/// which draws two numbers (one by rejection) per sample: the latency draw
+/// is the simulator's innermost loop.
+#[derive(Debug)]
+struct AliasTable {
+    /// Probability (scaled to 2^32) of keeping each column.
+    keep: Vec<u64>,
+    alias: Vec<u32>,
+}
+
+impl AliasTable {
+    /// `weights` non-negative with a positive sum.
+    fn new(weights: &[f64]) -> Self {
+        let k = weights.len().max(1);
+        let total: f64 = weights.iter().sum();
+        let mut scaled: Vec<f64> = weights.iter().map(|w| w * k as f64 / total).collect();
+        scaled.resize(k, 0.0);
+        let (mut small, mut large): (Vec<usize>, Vec<usize>) =
+            (0..k).partition(|&i| scaled[i] < 1.0);
+        let mut keep = vec![1u64 << 32; k];
+        let mut alias: Vec<u32> = (0..k as u32).collect();
+        while let (Some(s), Some(&l)) = (small.pop(), large.last()) {
+            keep[s] = (scaled[s] * 4_294_967_296.0) as u64;
+            alias[s] = l as u32;
+            scaled[l] -= 1.0 - scaled[s];
+            if scaled[l] < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        // What is left is 1 up to rounding: kept whole.
+        AliasTable { keep, alias }
+    }
+
+    fn sample(&self, rng: &mut Rng) -> usize {
+        let u = rng.next_u64();
+        let column = (((u >> 32) * self.keep.len() as u64) >> 32) as usize;
+        if (u & 0xffff_ffff) < self.keep[column] {
+            column
+        } else {
+            self.alias[column] as usize
+        }
+    }
+
+    /// The probability of drawing each index (for tests).
+    #[cfg(test)]
+    fn probabilities(&self) -> Vec<f64> {
+        let k = self.keep.len() as f64;
+        let mut p = vec![0.0; self.keep.len()];
+        for (i, (&keep, &alias)) in self.keep.iter().zip(&self.alias).enumerate() {
+            let kept = keep as f64 / 4_294_967_296.0;
+            p[i] += kept / k;
+            p[alias as usize] += (1.0 - kept) / k;
+        }
+        p
     }
 }
 
@@ -233,7 +335,8 @@ fn standard_normal_quantile(p: f64) -> f64 {
 /// Runs one rollout of `scenario` under `plan` (its own policy),
 /// deterministically for `seed`.
 pub fn simulate(plan: &Plan, scenario: &Scenario, seed: u64) -> SimResult {
-    simulate_with(&mut CoreDecider::new(&scenario.plan(plan)), scenario, seed)
+    let traffic = Traffic::new(scenario);
+    simulate_with(&mut CoreDecider::new(&scenario.plan(plan)), &traffic, seed)
 }
 
 /// Decides a rollout from cumulative snapshots: rollgate's state machine,
@@ -307,7 +410,7 @@ impl Decider for CoreDecider {
 }
 
 /// Draws from Binomial(n, p), exactly; trivial cases without a sampler.
-fn binomial(rng: &mut StdRng, n: u64, p: f64) -> u64 {
+fn binomial(rng: &mut Rng, n: u64, p: f64) -> u64 {
     if n == 0 || p <= 0.0 {
         return 0;
     }
@@ -317,18 +420,61 @@ fn binomial(rng: &mut StdRng, n: u64, p: f64) -> u64 {
     Binomial::new(n, p).map_or(0, |b| b.sample(rng))
 }
 
-/// The share of the scenario's keys whose sticky bucket is below
-/// `weight_bp`: the probability that a request (from a uniformly drawn key)
-/// goes to the candidate.
-fn candidate_share(keys: u64, salt: u64, weight_bp: u32) -> f64 {
-    if weight_bp == 0 {
-        return 0.0;
-    }
-    let hit = (0..keys).filter(|&k| bucket(k, salt) < weight_bp).count();
-    hit as f64 / keys as f64
+/// The scenario's keys' sticky buckets for one run's salt, hashed once
+/// (on the first weight change) and counted for each weight after.
+struct StickyKeys {
+    count: u64,
+    salt: u64,
+    buckets: Vec<u16>,
 }
 
-/// Runs one rollout of `scenario` with `decider`, deterministically for `seed`.
+impl StickyKeys {
+    fn new(count: u64, salt: u64) -> Self {
+        StickyKeys {
+            count: count.max(1),
+            salt,
+            buckets: Vec::new(),
+        }
+    }
+
+    /// The share of keys whose bucket is below `weight_bp`: the probability
+    /// that a request (from a uniformly drawn key) goes to the candidate.
+    fn share(&mut self, weight_bp: u32) -> f64 {
+        if weight_bp == 0 {
+            return 0.0;
+        }
+        if self.buckets.is_empty() {
+            let salt = self.salt;
+            self.buckets = (0..self.count).map(|k| bucket(k, salt) as u16).collect();
+        }
+        let hit = self
+            .buckets
+            .iter()
+            .filter(|&&b| u32::from(b) < weight_bp)
+            .count();
+        hit as f64 / self.count as f64
+    }
+}
+
+/// A scenario with its arms' latency models built, shared by all its runs.
+#[derive(Debug)]
+pub struct Traffic<'a> {
+    scenario: &'a Scenario,
+    champion: Arm,
+    candidate: Arm,
+}
+
+impl<'a> Traffic<'a> {
+    pub fn new(scenario: &'a Scenario) -> Self {
+        Traffic {
+            scenario,
+            champion: Arm::new(scenario.champion),
+            candidate: Arm::new(scenario.candidate),
+        }
+    }
+}
+
+/// Runs one rollout of `traffic` with `decider`, deterministically for `seed`.
 ///
 /// Each tick's requests are drawn in aggregate: a Poisson count, split by
 /// binomials into the candidate's live share (each request's key is drawn
@@ -336,14 +482,16 @@ fn candidate_share(keys: u64, salt: u64, weight_bp: u32) -> f64 {
 /// mirrored share, failures and answer agreement. This has exactly the
 /// distribution of drawing every request on its own, at a cost per tick
 /// instead of per request (latency is still drawn per success).
-pub fn simulate_with(decider: &mut dyn Decider, scenario: &Scenario, seed: u64) -> SimResult {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let champion = Arm::new(scenario.champion);
-    let candidate = Arm::new(scenario.candidate);
+pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) -> SimResult {
+    let mut rng = Rng::seed_from_u64(seed);
+    let Traffic {
+        scenario,
+        champion,
+        candidate,
+    } = traffic;
     let tick_s = scenario.tick.as_secs_f64();
     let arrivals = Poisson::new((scenario.rps * tick_s).max(1e-9)).ok();
-    let salt = seed;
-    let keys = scenario.keys.max(1);
+    let mut keys = StickyKeys::new(scenario.keys, seed);
 
     let mut snapshot = Snapshot::default();
     let mut routing = Routing::CHAMPION_ONLY;
@@ -375,24 +523,24 @@ pub fn simulate_with(decider: &mut dyn Decider, scenario: &Scenario, seed: u64) 
         live += to_candidate;
         mirrored += mirror;
         let snap = &mut snapshot;
-        serve(&mut rng, snap, CANDIDATE, &candidate, to_candidate, outage);
+        serve(&mut rng, snap, CANDIDATE, candidate, to_candidate, outage);
         serve(
             &mut rng,
             snap,
             CHAMPION,
-            &champion,
+            champion,
             to_champion - mirror,
             outage,
         );
         // Mirrored requests: the shadow's failures are independent of the
         // champion's; a pair needs both answers.
-        let champion_ok = serve(&mut rng, snap, CHAMPION, &champion, mirror, outage);
-        let pairs = serve(&mut rng, snap, CANDIDATE, &candidate, champion_ok, outage);
+        let champion_ok = serve(&mut rng, snap, CHAMPION, champion, mirror, outage);
+        let pairs = serve(&mut rng, snap, CANDIDATE, candidate, champion_ok, outage);
         serve(
             &mut rng,
             snap,
             CANDIDATE,
-            &candidate,
+            candidate,
             mirror - champion_ok,
             outage,
         );
@@ -401,7 +549,7 @@ pub fn simulate_with(decider: &mut dyn Decider, scenario: &Scenario, seed: u64) 
         let (r, p, events) = decider.observe(&snapshot, now);
         if let Some(r) = r {
             if r.candidate_weight_bp != routing.candidate_weight_bp {
-                share = candidate_share(keys, salt, r.candidate_weight_bp);
+                share = keys.share(r.candidate_weight_bp);
             }
             routing = r;
         }
@@ -426,7 +574,7 @@ pub fn simulate_with(decider: &mut dyn Decider, scenario: &Scenario, seed: u64) 
 /// Serves `count` requests on `arm`, recording them; returns how many
 /// succeeded.
 fn serve(
-    rng: &mut StdRng,
+    rng: &mut Rng,
     snapshot: &mut Snapshot,
     rev: &str,
     arm: &Arm,
@@ -444,7 +592,7 @@ fn serve(
     let stats = snapshot.revision_mut(rev);
     stats.record_failures(FailureClass::Upstream5xx, failures);
     let successes = count - failures;
-    stats.record_latencies((0..successes).map(|_| arm.latency.sample(rng)));
+    arm.latency.record(rng, stats, successes);
     let fraud = binomial(rng, successes, 0.3);
     stats.record_predictions("fraud", fraud);
     stats.record_predictions("ok", successes - fraud);
@@ -454,7 +602,7 @@ fn serve(
 /// Compares `pairs` answered pairs: the champion is confident on a share of
 /// them; the candidate flips some confident answers and disagrees on some
 /// of the rest.
-fn record_pairs(rng: &mut StdRng, snapshot: &mut Snapshot, scenario: &Scenario, pairs: u64) {
+fn record_pairs(rng: &mut Rng, snapshot: &mut Snapshot, scenario: &Scenario, pairs: u64) {
     if pairs == 0 {
         return;
     }
@@ -518,16 +666,48 @@ mod tests {
     }
 
     #[test]
-    fn latency_table_matches_the_lognormal_quantiles() {
-        let t = QuantileTable::lognormal(20_000.0, 0.25);
-        let mut rng = StdRng::seed_from_u64(5);
-        let mut xs: Vec<u64> = (0..200_000).map(|_| t.sample(&mut rng)).collect();
-        xs.sort_unstable();
-        for (p, z) in [(0.05, -1.6449), (0.5, 0.0), (0.95, 1.6449), (0.99, 2.3263)] {
-            let want = 20_000.0 * (0.25f64 * z).exp();
-            let got = xs[(p * xs.len() as f64) as usize] as f64;
-            assert!((got / want - 1.0).abs() < 0.01, "p{p}: {got} vs {want}");
+    fn latency_model_matches_the_lognormal_quantiles() {
+        let t = LatencyModel::lognormal(20_000.0, 0.25);
+        let mut rng = Rng::seed_from_u64(5);
+        let mut few = RevisionStats::default();
+        for _ in 0..2_000 {
+            t.record(&mut rng, &mut few, 10);
         }
+        let mut many = RevisionStats::default();
+        t.record(&mut rng, &mut many, 200_000);
+        for (stats, n) in [(few, 20_000), (many, 200_000)] {
+            assert_eq!(stats.requests(), n);
+            for (p, z) in [(0.05, -1.6449), (0.5, 0.0), (0.95, 1.6449), (0.99, 2.3263)] {
+                let want = 20_000.0 * (0.25f64 * z).exp();
+                let got = stats.latency().percentile_us(p).expect("samples") as f64;
+                // Within the histogram's 1% buckets and the sampling error.
+                assert!((got / want - 1.0).abs() < 0.02, "p{p}: {got} vs {want}");
+            }
+        }
+        let mut point = RevisionStats::default();
+        LatencyModel::lognormal(20_000.0, 0.0).record(&mut rng, &mut point, 100);
+        let range = LatencyHistogram::equivalent_range(20_000);
+        assert_eq!(point.latency().buckets(), vec![(*range.end(), 100)]);
+    }
+
+    #[test]
+    fn alias_table_draws_each_index_with_its_weight() {
+        let weights = [0.0, 1.0, 2.5, 0.25, 6.25, 0.0, 1e-9];
+        let table = AliasTable::new(&weights);
+        let total: f64 = weights.iter().sum();
+        for (p, w) in table.probabilities().iter().zip(weights) {
+            assert!((p - w / total).abs() < 1e-9, "{p} vs {}", w / total);
+        }
+        let mut rng = Rng::seed_from_u64(9);
+        let mut seen = [0u64; 7];
+        for _ in 0..100_000 {
+            seen[table.sample(&mut rng)] += 1;
+        }
+        assert_eq!((seen[0], seen[5]), (0, 0));
+        assert!(
+            (seen[4] as f64 / 100_000.0 - 0.625).abs() < 0.01,
+            "{seen:?}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use rollgate_core::{Advance, Plan, Policy};
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::Baseline;
-use crate::{CoreDecider, Decider, Expect, Scenario, SimResult, simulate_with};
+use crate::{CoreDecider, Decider, Expect, Scenario, SimResult, Traffic, simulate_with};
 
 /// Who decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -117,6 +117,7 @@ pub fn run_cell(
 ) -> CellReport {
     let threads = threads.max(1) as u64;
     let plan = &scenario.plan(plan);
+    let traffic = &Traffic::new(scenario);
     let results: Vec<SimResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -125,7 +126,7 @@ pub fn run_cell(
                         .filter(|i| i % threads == t)
                         .map(|i| {
                             let mut d = policy.decider(plan);
-                            let mut r = simulate_with(d.as_mut(), scenario, 1_000_003 * (i + 1));
+                            let mut r = simulate_with(d.as_mut(), traffic, 1_000_003 * (i + 1));
                             // The summary needs outcomes, not every run's audit log
                             // (2,000 runs × 115 cells of them would hold gigabytes).
                             r.audit = Vec::new();

@@ -41,7 +41,7 @@ fn verdict_effect() -> Effect {
             actor: Actor::Controller,
             from: Phase::Shadow,
             to: Phase::Shadow,
-            verdict: Some(verdict),
+            verdict: Some(std::sync::Arc::new(verdict)),
             note: None,
         }),
     }

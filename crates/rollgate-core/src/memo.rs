@@ -1,0 +1,94 @@
+//! Per-thread memos of integer boundaries by sample size.
+//!
+//! Several bounds the gates read on every look depend, for fixed settings,
+//! on the sample size alone: the ranks bounding a quantile, the count at
+//! which a one-sided rate test rejects. The same sizes recur on every look
+//! of every rollout (and of every simulated one), and each costs a search
+//! over incomplete-beta or log-gamma evaluations, so they are computed once
+//! per thread. These are caches of pure functions: results are identical
+//! with or without them.
+
+use std::cell::RefCell;
+
+use crate::stats::RankInterval;
+
+/// Sample sizes below this are memoised: at most 4 MiB per setting.
+const SIZES: u64 = 1 << 19;
+/// A slot not yet computed (values are below 2^19).
+const UNSET: [u32; 2] = [u32::MAX; 2];
+
+/// A setting and its two values per sample size.
+type Memo = ([u64; 4], Vec<[u32; 2]>);
+
+thread_local! {
+    /// A handful of settings are live at once (one per quantile and level),
+    /// so a list searched in order beats hashing the key on every look.
+    static MEMO: RefCell<Vec<Memo>> = Default::default();
+}
+
+/// `compute()` for sample size `n` under `key`, memoised. Both values
+/// must be below 2^19 + 1 (they are counts or ranks of at most `n`).
+fn by_size(key: [u64; 4], n: u64, compute: impl FnOnce() -> [u32; 2]) -> [u32; 2] {
+    if n >= SIZES {
+        return compute();
+    }
+    let slot = n as usize;
+    let hit = MEMO.with_borrow(|m| {
+        m.iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.get(slot).copied())
+    });
+    if let Some(hit) = hit.filter(|&h| h != UNSET) {
+        return hit;
+    }
+    let value = compute();
+    MEMO.with_borrow_mut(|m| {
+        let at = match m.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                m.push((key, Vec::new()));
+                m.len() - 1
+            }
+        };
+        let v = &mut m[at].1;
+        if v.len() <= slot {
+            v.resize(slot + 1, UNSET);
+        }
+        v[slot] = value;
+    });
+    value
+}
+
+/// `0` for `None`, else the value.
+fn encode(x: Option<u64>) -> u32 {
+    x.map_or(0, |x| x as u32)
+}
+
+fn decode(x: u32) -> Option<u64> {
+    (x > 0).then_some(u64::from(x))
+}
+
+/// A quantile's rank interval at sample size `n` (ranks are 1-based).
+pub(crate) fn ranks(key: [u64; 3], n: u64, compute: impl FnOnce() -> RankInterval) -> RankInterval {
+    let [lower, upper] = by_size([0, key[0], key[1], key[2]], n, || {
+        let r = compute();
+        [encode(r.lower), encode(r.upper)]
+    });
+    RankInterval {
+        lower: decode(lower),
+        upper: decode(upper),
+    }
+}
+
+/// A count threshold at sample size `n` (`None`: never reached).
+pub(crate) fn threshold(
+    key: [u64; 3],
+    n: u64,
+    compute: impl FnOnce() -> Option<u64>,
+) -> Option<u64> {
+    // Stored plus one, so that a threshold of 0 is not `None`.
+    let [t, _] = by_size([1, key[0], key[1], key[2]], n, || {
+        [encode(compute().map(|t| t + 1)), 0]
+    });
+    decode(t).map(|t| t - 1)
+}
