@@ -482,6 +482,20 @@ mod tests {
     }
 
     #[test]
+    fn ranks_follow_writes_after_a_lookup() {
+        let mut h = of(&[10, 20, 30]);
+        let shared = h.clone();
+        assert_eq!(h.percentile_us(1.0), Some(30));
+        h.record(1_000_000);
+        let top = LatencyHistogram::equivalent_range(1_000_000);
+        assert_eq!(h.percentile_us(1.0), Some(*top.end()));
+        assert_eq!(shared.percentile_us(1.0), Some(30));
+        let mut merged = shared.clone();
+        merged.merge(&of(&[5]));
+        assert_eq!(merged.percentile_us(0.0), Some(5));
+    }
+
+    #[test]
     fn serde_round_trip_is_exact() {
         let h = of(&[1, 2, 3, 250, 999, 1_000_000, 3, 3]);
         let json = serde_json::to_string(&h).expect("serialise");

@@ -275,6 +275,7 @@ async fn demo(
             let _ = rollgate_gateway::serve(gw_listener, gateway, wait(rx.clone())).await;
         }),
     ];
+    let routed = ctx.local_gateway.clone();
     let rx2 = stop.subscribe();
     let controller = tokio::spawn(rollgate_controller::run(ctx.clone(), wait(rx2.clone())));
     let api_state = rollgate_controller::ApiState { ctx, token: None };
@@ -305,6 +306,17 @@ async fn demo(
     })
     .await??;
 
+    // The gateway picks its routes up from the store within its follow
+    // interval: start traffic once it serves the model, so that no request
+    // meets a 404 (bounded: after 5 s traffic starts regardless).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while routed
+        .as_ref()
+        .is_some_and(|g| !g.snapshot().models.contains_key("fraud"))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     println!(
         "  traffic: {} requests/s to http://{gw_addr}/v1/models/fraud:predict, 10,000 sticky keys",
         args.rps
