@@ -107,14 +107,17 @@ impl Decider for Baseline {
             return (Some(self.routing()), self.phase.clone(), vec![]);
         }
         self.evaluations += 1;
-        let c = snapshot
-            .revision(CANDIDATE)
-            .window_since(&self.step_baseline, &CANDIDATE)
-            .unwrap_or_default();
-        let enough = c.requests() >= self.min_requests;
+        let now_c = snapshot.revision(CANDIDATE);
+        let requests = now_c
+            .requests()
+            .saturating_sub(self.step_baseline.requests());
+        let enough = requests >= self.min_requests;
         let mut breached = Vec::new();
-        if self.judged != Some(c.requests()) {
-            self.judged = Some(c.requests());
+        if self.judged != Some(requests) {
+            self.judged = Some(requests);
+            let c = now_c
+                .window_since(&self.step_baseline, &CANDIDATE)
+                .unwrap_or_default();
             let error = c.error_rate().unwrap_or(0.0);
             let p95_ms = c
                 .latency()
