@@ -12,9 +12,12 @@ use std::cell::RefCell;
 
 use crate::stats::RankInterval;
 
-/// Sample sizes below this are memoised: at most 4 MiB per setting.
-const SIZES: u64 = 1 << 19;
-/// A slot not yet computed (values are below 2^19).
+/// Sample sizes below this are memoised: at most 2 MiB per setting.
+const SIZES: u64 = 1 << 18;
+/// Settings kept per thread; a new one beyond this clears the memo, so a
+/// long-running controller with many plans holds at most 32 MiB a thread.
+const SETTINGS: usize = 16;
+/// A slot not yet computed (values are below 2^18 + 1).
 const UNSET: [u32; 2] = [u32::MAX; 2];
 
 /// A setting and its two values per sample size.
@@ -27,7 +30,7 @@ thread_local! {
 }
 
 /// `compute()` for sample size `n` under `key`, memoised. Both values
-/// must be below 2^19 + 1 (they are counts or ranks of at most `n`).
+/// must be below 2^18 + 1 (they are counts or ranks of at most `n`).
 fn by_size(key: [u64; 4], n: u64, compute: impl FnOnce() -> [u32; 2]) -> [u32; 2] {
     if n >= SIZES {
         return compute();
@@ -46,6 +49,9 @@ fn by_size(key: [u64; 4], n: u64, compute: impl FnOnce() -> [u32; 2]) -> [u32; 2
         let at = match m.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {
+                if m.len() >= SETTINGS {
+                    m.clear();
+                }
                 m.push((key, Vec::new()));
                 m.len() - 1
             }
@@ -91,4 +97,37 @@ pub(crate) fn threshold(
         [encode(compute().map(|t| t + 1)), 0]
     });
     decode(t).map(|t| t - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memo_is_transparent_across_evictions_and_large_sizes() {
+        let compute = |k: u64, n: u64| RankInterval {
+            lower: Some(k + 1),
+            upper: (n > 3).then(|| n - 1),
+        };
+        for round in 0..2 {
+            // More settings than a thread keeps: later ones evict earlier.
+            for k in 0..(SETTINGS as u64 + 4) {
+                for n in [0, 1, 5, 1_000, SIZES - 1, SIZES, SIZES + 7] {
+                    let got = ranks([k, 7, round], n, || compute(k, n));
+                    assert_eq!(got, compute(k, n), "setting {k}, n {n}");
+                    // A hit returns what was stored, not a new computation.
+                    let again = ranks([k, 7, round], n, || RankInterval {
+                        lower: None,
+                        upper: None,
+                    });
+                    if n < SIZES {
+                        assert_eq!(again, compute(k, n));
+                    }
+                }
+            }
+        }
+        assert_eq!(threshold([1, 2, 3], 10, || Some(0)), Some(0));
+        assert_eq!(threshold([1, 2, 3], 10, || None), Some(0));
+        assert_eq!(threshold([1, 2, 4], 10, || None), None);
+    }
 }
