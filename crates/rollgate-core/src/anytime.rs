@@ -251,42 +251,6 @@ impl BetaBinomialMixture {
         let (k, n) = (k.min(n) as f64, n as f64);
         self.log_value(k - n * self.g, n * self.g * self.h)
     }
-
-    /// The largest `s` the boundary allows at intrinsic time `v` and level
-    /// `alpha`: above it the mixture reaches `1/alpha`. Capped at the
-    /// largest possible sum, `v / g`.
-    pub fn bound(&self, v: f64, alpha: f64) -> f64 {
-        self.root(v, alpha, v / self.g)
-    }
-
-    /// The two-sided mixture's boundary below: the largest `d` such that
-    /// `s = −d` stays under `1/alpha`. Capped at `v / h`.
-    pub fn lower_bound(&self, v: f64, alpha: f64) -> f64 {
-        debug_assert!(!self.one_sided, "a one-sided mixture bounds one side");
-        -self.root(v, alpha, -v / self.h)
-    }
-
-    /// Where the mixture crosses `ln(1/alpha)` between 0 and `edge`
-    /// (`edge` itself if it never does). The mixture is convex in `s` with
-    /// its minimum near 0, so bisection finds the crossing; a hundredth of
-    /// an observation is all the precision counts need, and the returned
-    /// point is on the far side of the crossing (wider, never narrower).
-    fn root(&self, v: f64, alpha: f64, edge: f64) -> f64 {
-        let threshold = (1.0 / alpha).ln();
-        if v <= 0.0 || self.log_value(edge, v) < threshold {
-            return edge;
-        }
-        let (mut inside, mut outside) = (0.0, edge);
-        while (outside - inside).abs() > 1e-2 {
-            let mid = 0.5 * (inside + outside);
-            if self.log_value(mid, v) < threshold {
-                inside = mid;
-            } else {
-                outside = mid;
-            }
-        }
-        outside
-    }
 }
 
 /// Whether `k` successes in `n` trials show, anytime-validly at level
@@ -538,27 +502,33 @@ mod tests {
         }
     }
 
+    /// Of 400 Bernoulli(`p`) streams of 2,000 observations, looked at after
+    /// every 10, how many ever satisfy `alarm(k, n)`.
+    fn streams_ever(seed: u64, p: f64, alarm: impl Fn(u64, u64) -> bool) -> usize {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..STREAMS)
+            .filter(|_| {
+                let mut k = 0;
+                (1..=2000u64).any(|n| {
+                    k += u64::from(rng.random_bool(p));
+                    n % 10 == 0 && alarm(k, n)
+                })
+            })
+            .count()
+    }
+
+    const STREAMS: usize = 400;
+
     /// Time-uniform coverage, checked by simulation: the fraction of
     /// Bernoulli streams whose sequence ever excludes the true rate within
     /// 2,000 looks stays below α.
     #[test]
     fn robbins_cs_covers_the_true_rate_at_all_times() {
-        let mut rng = StdRng::seed_from_u64(11);
-        let (alpha, p, runs) = (0.1, 0.05, 400);
-        let mut ever_missed = 0;
-        for _ in 0..runs {
-            let mut k = 0;
-            for n in 1..=2000u64 {
-                k += u64::from(rng.random_bool(p));
-                if n % 10 == 0 && !robbins_cs(k, n, alpha).contains(p) {
-                    ever_missed += 1;
-                    break;
-                }
-            }
-        }
+        let (alpha, p) = (0.1, 0.05);
+        let ever_missed = streams_ever(11, p, |k, n| !robbins_cs(k, n, alpha).contains(p));
         assert!(
-            (ever_missed as f64) / (runs as f64) <= alpha,
-            "{ever_missed}/{runs}"
+            (ever_missed as f64) / (STREAMS as f64) <= alpha,
+            "{ever_missed}/{STREAMS}"
         );
     }
 
@@ -700,22 +670,11 @@ mod tests {
     /// exactly the budget, looked at after every 10 observations.
     #[test]
     fn rate_exceeds_rarely_rejects_a_rate_at_the_budget() {
-        let mut rng = StdRng::seed_from_u64(23);
-        let (alpha, p0, runs) = (0.05, 0.05, 400);
-        let mut rejected = 0;
-        for _ in 0..runs {
-            let mut k = 0;
-            for n in 1..=2000u64 {
-                k += u64::from(rng.random_bool(p0));
-                if n % 10 == 0 && rate_exceeds(k, n, p0, alpha, 100.0) {
-                    rejected += 1;
-                    break;
-                }
-            }
-        }
+        let (alpha, p0) = (0.05, 0.05);
+        let rejected = streams_ever(23, p0, |k, n| rate_exceeds(k, n, p0, alpha, 100.0));
         assert!(
-            (rejected as f64) / (runs as f64) <= alpha,
-            "{rejected}/{runs}"
+            (rejected as f64) / (STREAMS as f64) <= alpha,
+            "{rejected}/{STREAMS}"
         );
     }
 

@@ -39,21 +39,16 @@ fn index_of(v: u64) -> usize {
     shift as usize * HALF_SUB_BUCKETS + (v >> shift) as usize
 }
 
-/// The lowest value and the width of bucket `i`.
-fn bucket_range(i: usize) -> (u64, u64) {
+/// `(lowest, highest)` value of bucket `i`.
+fn bucket_bounds(i: usize) -> (u64, u64) {
     let shift = (i / HALF_SUB_BUCKETS).saturating_sub(1);
     let sub = if i < 2 * HALF_SUB_BUCKETS {
         i
     } else {
         i % HALF_SUB_BUCKETS + HALF_SUB_BUCKETS
     };
-    ((sub as u64) << shift, 1u64 << shift)
-}
-
-/// `(lowest, highest)` value of bucket `i`.
-fn bucket_bounds(i: usize) -> (u64, u64) {
-    let (low, width) = bucket_range(i);
-    (low, low + width - 1)
+    let low = (sub as u64) << shift;
+    (low, low + (1u64 << shift) - 1)
 }
 
 /// Latency of successful requests, in microseconds.
@@ -197,22 +192,22 @@ impl LatencyHistogram {
     /// Records one latency; 0 counts as 1us and anything above the range is
     /// clamped to [`MAX_LATENCY_US`].
     pub fn record(&mut self, latency_us: u64) {
-        self.record_n(latency_us, 1);
+        self.record_counts([(latency_us, 1)]);
     }
 
     /// Records every latency in `latencies_us` (as [`LatencyHistogram::record`]);
     /// returns how many.
     pub fn record_all(&mut self, latencies_us: impl IntoIterator<Item = u64>) -> u64 {
-        let counts = self.counts_mut();
-        let mut n = 0;
-        for us in latencies_us {
-            counts.add(index_of(us), 1);
-            n += 1;
-        }
-        n
+        self.record_counts(latencies_us.into_iter().map(|us| (us, 1)))
     }
 
-    /// Records `(latency_us, count)` pairs; returns how many samples.
+    /// Records `count` samples of the same latency.
+    pub fn record_n(&mut self, latency_us: u64, count: u64) {
+        self.record_counts([(latency_us, count)]);
+    }
+
+    /// Records `(latency_us, count)` pairs; returns how many samples. Every
+    /// other way of recording comes here.
     pub fn record_counts(&mut self, counts: impl IntoIterator<Item = (u64, u64)>) -> u64 {
         let into = self.counts_mut();
         let mut n = 0;
@@ -223,13 +218,6 @@ impl LatencyHistogram {
             }
         }
         n
-    }
-
-    /// Records `count` samples of the same latency.
-    pub fn record_n(&mut self, latency_us: u64, count: u64) {
-        if count > 0 {
-            self.counts_mut().add(index_of(latency_us), count);
-        }
     }
 
     /// Number of recorded samples.

@@ -50,6 +50,14 @@ const HEALTHY: Arm = Arm {
     median_ms: 20.0,
 };
 
+/// An arm failing `failure` of its requests, at the healthy 20 ms median.
+fn failing(failure: f64) -> Arm {
+    Arm {
+        failure,
+        median_ms: 20.0,
+    }
+}
+
 /// A seeded traffic source that records what a gateway would, following the
 /// routing the state machine asks for.
 struct Traffic {
@@ -718,10 +726,7 @@ fn identical_candidate_with_noisy_windows_is_never_rolled_back_for_a_breach() {
     let mut promoted_at_high_rps = 0;
     for seed in 0..200u64 {
         let rps = [60, 150, 400, 1000][seed as usize % 4];
-        let arm = Arm {
-            failure: [0.0, 0.005, 0.015][seed as usize % 3],
-            median_ms: 20.0,
-        };
+        let arm = failing([0.0, 0.005, 0.015][seed as usize % 3]);
         let r = run(&spec, &mut Traffic::new(1000 + seed, rps, arm, arm), 600);
         match &r.state.phase {
             Phase::Promoted { .. } => {
@@ -756,10 +761,7 @@ fn sequential_identical_candidates_are_promoted_and_never_rolled_back_for_a_brea
         let spec = spec(sequential_plan(advance));
         let mut promoted = 0;
         for seed in 0..60u64 {
-            let arm = Arm {
-                failure: [0.0, 0.005, 0.01][seed as usize % 3],
-                median_ms: 20.0,
-            };
+            let arm = failing([0.0, 0.005, 0.01][seed as usize % 3]);
             let r = run(&spec, &mut Traffic::new(5000 + seed, 400, arm, arm), 900);
             match &r.state.phase {
                 Phase::Promoted { .. } => promoted += 1,
@@ -841,34 +843,38 @@ fn sequential_latency_regression_is_rolled_back_before_live_exposure() {
     );
 }
 
+/// How many of the 900 s rollouts of `candidate` against `champion` under
+/// `plan`, one per seed, end in a phase that `ends` picks.
+fn rollouts_ending(
+    plan: Plan,
+    seeds: std::ops::Range<u64>,
+    (champion, candidate): (Arm, Arm),
+    ends: impl Fn(&Phase) -> bool,
+) -> usize {
+    let spec = spec(plan);
+    seeds
+        .filter(|&seed| {
+            let r = run(
+                &spec,
+                &mut Traffic::new(seed, 400, champion, candidate),
+                900,
+            );
+            ends(&r.state.phase)
+        })
+        .count()
+}
+
 #[test]
 fn sequential_on_evidence_stops_a_candidate_twice_as_error_prone() {
     use rollgate_core::Advance;
-    let champion = Arm {
-        failure: 0.005,
-        median_ms: 20.0,
-    };
-    let worse = Arm {
-        failure: 0.01,
-        median_ms: 20.0,
-    };
-    let mut promoted = [0, 0];
-    for (i, advance) in [Advance::OnTime, Advance::OnEvidence]
-        .into_iter()
-        .enumerate()
-    {
+    let arms = (failing(0.005), failing(0.01));
+    let promoted = [Advance::OnTime, Advance::OnEvidence].map(|advance| {
         let mut plan = sequential_plan(advance);
         plan.gates.error_rate.margin = 0.0025;
-        let spec = spec(plan);
-        for seed in 0..30u64 {
-            let r = run(
-                &spec,
-                &mut Traffic::new(8000 + seed, 400, champion, worse),
-                900,
-            );
-            promoted[i] += usize::from(matches!(r.state.phase, Phase::Promoted { .. }));
-        }
-    }
+        rollouts_ending(plan, 8000..8030, arms, |p| {
+            matches!(p, Phase::Promoted { .. })
+        })
+    });
     // Time alone lets a small regression through; evidence does not.
     assert!(
         promoted[1] <= 6,
@@ -890,32 +896,17 @@ fn sequential_on_evidence_stops_a_candidate_twice_as_error_prone() {
 #[test]
 fn sequential_error_margin_is_a_rate_ratio() {
     use rollgate_core::{Advance, GateKind};
-    let champion = Arm {
-        failure: 0.01,
-        median_ms: 20.0,
-    };
-    let worse = Arm {
-        failure: 0.03,
-        median_ms: 20.0,
-    };
-    let mut error_breaches = [0, 0];
-    for (i, ratio) in [1.0, 4.0].into_iter().enumerate() {
+    let error_breaches = [1.0, 4.0].map(|ratio| {
         let mut plan = sequential_plan(Advance::OnTime);
         plan.sequential.max_error_ratio = ratio;
-        let spec = spec(plan);
-        for seed in 0..20u64 {
-            let r = run(
-                &spec,
-                &mut Traffic::new(9000 + seed, 400, champion, worse),
-                900,
-            );
-            error_breaches[i] += usize::from(matches!(
-                &r.state.phase,
+        rollouts_ending(plan, 9000..9020, (failing(0.01), failing(0.03)), |p| {
+            matches!(
+                p,
                 Phase::RolledBack { reason: RollbackReason::AnytimeBreach { gates } }
                     if gates.contains(&GateKind::ErrorRate)
-            ));
-        }
-    }
+            )
+        })
+    });
     assert!(
         error_breaches[0] >= 15,
         "no margin: {}/20",

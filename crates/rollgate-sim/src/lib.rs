@@ -17,6 +17,7 @@ use rollgate_core::{
     RevisionStats, RolloutSpec, RolloutState, Routing, Snapshot, Timestamp, step,
 };
 use serde::{Deserialize, Serialize};
+use statrs::distribution::{ContinuousCDF, LogNormal};
 
 /// The simulator's random numbers: xoshiro256++, a small fast generator
 /// with a fixed, documented algorithm (runs stay reproducible across
@@ -210,19 +211,16 @@ impl LatencyModel {
     /// Buckets holding all but 10⁻¹² of the lognormal's mass on each side
     /// (the rest goes to the edge buckets).
     fn lognormal(median_us: f64, sigma: f64) -> Self {
-        let (mu, sigma) = (median_us.max(1.0).ln(), sigma.max(0.0));
+        let median_us = median_us.max(1.0);
+        // sigma = 0 is a point mass at the median (statrs needs sigma > 0).
+        let dist = LogNormal::new(median_us.ln(), sigma).ok();
         // Latency x is recorded as ⌊x⌋ µs (at least 1): bucket [lo, hi]
         // holds x in [lo, hi + 1).
-        let cdf = |us: f64| {
-            if sigma == 0.0 {
-                f64::from(u8::from(us > median_us))
-            } else {
-                0.5 * statrs::function::erf::erfc(
-                    -(us.ln() - mu) / (sigma * std::f64::consts::SQRT_2),
-                )
-            }
+        let cdf = |us: f64| match &dist {
+            Some(d) => d.cdf(us),
+            None => f64::from(u8::from(us > median_us)),
         };
-        let at = |p: f64| (mu + sigma * standard_normal_quantile(p)).exp() as u64;
+        let at = |p: f64| dist.as_ref().map_or(median_us, |d| d.inverse_cdf(p)) as u64;
         let (first, last) = (at(1e-12).max(1), at(1.0 - 1e-12).max(1));
         let (mut values, mut weights) = (Vec::new(), Vec::new());
         let mut lo = *LatencyHistogram::equivalent_range(first).start();
@@ -324,12 +322,6 @@ impl AliasTable {
         }
         p
     }
-}
-
-/// The standard normal quantile function.
-fn standard_normal_quantile(p: f64) -> f64 {
-    // Φ⁻¹(p) = −√2 · erfc⁻¹(2p).
-    -std::f64::consts::SQRT_2 * statrs::function::erf::erfc_inv(2.0 * p)
 }
 
 /// Runs one rollout of `scenario` under `plan` (its own policy),
