@@ -17,6 +17,19 @@ fn upstream(r: &Revision) -> Upstream {
     }
 }
 
+/// The routing epoch label gateways count under: rollout id and epoch.
+pub fn epoch_label(rollout: i64, epoch: rollgate_core::Epoch) -> String {
+    format!("{rollout}.{epoch}")
+}
+
+/// The epoch of `rollout` a label names, if it is one of that rollout's.
+pub fn epoch_of(label: &str, rollout: i64) -> Option<rollgate_core::Epoch> {
+    let (r, e) = label.split_once('.')?;
+    (r.parse::<i64>().ok()? == rollout)
+        .then(|| e.parse().ok())
+        .flatten()
+}
+
 /// The gateway routes implied by the store. Models without a champion are
 /// not routed (they have nothing to serve yet).
 pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
@@ -51,6 +64,10 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 champion: upstream(champion),
                 candidate,
                 shadow,
+                epoch: m
+                    .rollout
+                    .as_ref()
+                    .map(|(_, routing, id)| epoch_label(*id, routing.epoch)),
             })
         })
         .filter(|r| r.protocol != Protocol::Json || r.json_path.is_some())

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollgate_core::{
-    Effect, Input, Observation, Phase, Protocol, RolloutState, Routing, Snapshot, Timestamp, step,
+    Effect, Exposure, Input, Observation, Phase, Protocol, RolloutState, Routing, SeriesReport,
+    Timestamp, step,
 };
 use rollgate_gateway::{Gateway, GatewaySnapshot};
 use rollgate_store::{Model, Revision, RolloutRecord, Store, StoreError, TransitionWrite};
@@ -104,28 +105,42 @@ async fn probe_ready(ctx: &Context, model: &Model, rev: &Revision) -> bool {
     )
 }
 
-/// One snapshot of `model` merged from every live gateway. `None` if there
-/// is no live gateway or any of them did not answer: a partial sum would
-/// look like counters going backwards, and missing evidence is never health.
-pub async fn merged_stats(ctx: &Context, model: &str) -> Result<Option<Snapshot>, Error> {
+/// What every live gateway that answered reported for rollout `rollout`
+/// of `model`: each gateway process (id and boot) is its own series, with
+/// its counts per routing epoch of arrival, so the core differences each
+/// on its own (a restart is a new series; a gateway that missed a pass
+/// adds what is new when it returns). A gateway that reports no boot (an
+/// older version) is one pooled series. `None` when no gateway answered:
+/// missing evidence is never health.
+pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option<Exposure>, Error> {
     let ttl = ctx.gateway_ttl;
     let gateways = blocking(&ctx.store, move |s| s.gateways(ttl)).await?;
-    if gateways.is_empty() {
-        return Ok(None);
-    }
-    let mut merged = Snapshot::default();
+    let mut out = Exposure::default();
+    let mut answered = false;
     for g in &gateways {
         let Some((200, body)) = ctx.http.get(&g.stats_url).await else {
-            return Ok(None);
+            continue;
         };
         let Ok(snap) = serde_json::from_slice::<GatewaySnapshot>(&body) else {
-            return Ok(None);
+            continue;
         };
-        if let Some(m) = snap.models.get(model) {
-            merged.merge(m);
+        answered = true;
+        if snap.boot.is_empty() {
+            let total = snap.models.get(model).cloned().unwrap_or_default();
+            out.series
+                .insert(g.stats_url.clone(), SeriesReport::Pooled { total });
+            continue;
         }
+        let epochs = snap
+            .epochs
+            .get(model)
+            .into_iter()
+            .flatten()
+            .filter_map(|(label, s)| Some((crate::follow::epoch_of(label, rollout)?, s.clone())))
+            .collect();
+        out = out.with_epochs(format!("{}/{}", snap.gateway, snap.boot), epochs);
     }
-    Ok(Some(merged))
+    Ok(answered.then_some(out))
 }
 
 /// Pushes champion-only routing for `model` to the in-process gateway
@@ -199,14 +214,14 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     })
     .await?;
     let candidate_ready = probe_ready(ctx, &model, &candidate).await;
-    let snapshot = merged_stats(ctx, &rec.spec.model).await?;
+    let exposure = exposure(ctx, &rec.spec.model, rec.id).await?;
     let now = (ctx.clock)();
     let t = match step(
         &rec.spec,
         &rec.state,
         Input::Observe(Observation {
             candidate_ready,
-            snapshot,
+            exposure,
         }),
         now,
     ) {

@@ -1,5 +1,6 @@
-//! The controller merges one snapshot from every live gateway, and treats a
-//! silent gateway as "no stats" (never as health).
+//! The controller reads every live gateway as its own series of counts per
+//! routing epoch; a silent gateway adds nothing (its earlier counts stay in
+//! the rollout's ledger), and no gateway at all is "no stats" (never health).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,9 +11,9 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use rollgate_controller::reconcile::merged_stats;
+use rollgate_controller::reconcile::exposure;
 use rollgate_controller::{Context, ControllerMetrics, HttpClient};
-use rollgate_core::{FailureClass, Snapshot, Timestamp};
+use rollgate_core::{FailureClass, SeriesReport, Snapshot, Timestamp};
 use rollgate_gateway::GatewaySnapshot;
 use rollgate_store::{SqliteStore, Store};
 use tokio::net::TcpListener;
@@ -42,7 +43,7 @@ async fn gateway(snap: GatewaySnapshot) -> String {
     format!("http://{addr}/rollgate/stats")
 }
 
-fn replica(requests: u64, failures: u64) -> GatewaySnapshot {
+fn counts(requests: u64, failures: u64) -> Snapshot {
     let mut s = Snapshot::default();
     for _ in 0..requests - failures {
         s.revision_mut("cand").record_success(1_000, ["ok"]);
@@ -50,11 +51,37 @@ fn replica(requests: u64, failures: u64) -> GatewaySnapshot {
     for _ in 0..failures {
         s.revision_mut("cand").record_failure(FailureClass::Timeout);
     }
+    s
+}
+
+/// A gateway process `id` (boot `boot`) that counted `requests` in epoch 2
+/// of rollout 7 and 5 more in epoch 1 of rollout 6.
+fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapshot {
+    let epochs = [
+        ("7.2".to_string(), counts(requests, failures)),
+        ("6.1".to_string(), counts(5, 0)),
+    ];
+    let mut pooled = Snapshot::default();
+    for (_, s) in &epochs {
+        pooled.merge(s);
+    }
     GatewaySnapshot {
-        models: [("m".to_string(), s)].into_iter().collect(),
+        gateway: id.into(),
+        boot: boot.into(),
+        models: [("m".to_string(), pooled)].into_iter().collect(),
+        epochs: [("m".to_string(), epochs.into_iter().collect())]
+            .into_iter()
+            .collect(),
         overloaded: 0,
         fallbacks: Default::default(),
         in_flight: 0,
+    }
+}
+
+fn requests_in(e: &rollgate_core::Exposure, series: &str, epoch: u32) -> Option<u64> {
+    match e.series.get(series)? {
+        SeriesReport::Epochs { epochs } => Some(epochs.get(&epoch)?.revision("cand").requests()),
+        SeriesReport::Pooled { total } => Some(total.revision("cand").requests()),
     }
 }
 
@@ -71,29 +98,32 @@ fn context(store: Arc<dyn Store>) -> Context {
 }
 
 #[tokio::test]
-async fn snapshots_of_every_live_gateway_are_summed() {
+async fn every_live_gateway_process_is_its_own_series_of_this_rollouts_epochs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
     store
-        .heartbeat("a", &gateway(replica(30, 3)).await)
+        .heartbeat("a", &gateway(replica("a", "b1", 30, 3)).await)
         .expect("heartbeat");
     store
-        .heartbeat("b", &gateway(replica(70, 7)).await)
+        .heartbeat("b", &gateway(replica("b", "b9", 70, 7)).await)
         .expect("heartbeat");
-    let merged = merged_stats(&context(Arc::clone(&store)), "m")
+    let e = exposure(&context(Arc::clone(&store)), "m", 7)
         .await
         .expect("store")
         .expect("both answered");
-    let cand = merged.revision("cand");
-    assert_eq!((cand.requests(), cand.failure_count()), (100, 10));
+    assert_eq!(e.series.len(), 2);
+    assert_eq!(requests_in(&e, "a/b1", 2), Some(30));
+    assert_eq!(requests_in(&e, "b/b9", 2), Some(70));
+    // Rollout 6's epochs are not rollout 7's evidence.
+    assert_eq!(requests_in(&e, "a/b1", 1), None);
 }
 
 #[tokio::test]
-async fn a_silent_gateway_means_no_stats_not_partial_stats() {
+async fn a_silent_gateway_adds_nothing_and_no_gateway_means_no_stats() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
     store
-        .heartbeat("a", &gateway(replica(30, 3)).await)
+        .heartbeat("a", &gateway(replica("a", "b1", 30, 3)).await)
         .expect("heartbeat");
     let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let dead = format!(
@@ -102,17 +132,39 @@ async fn a_silent_gateway_means_no_stats_not_partial_stats() {
     );
     drop(closed);
     store.heartbeat("b", &dead).expect("heartbeat");
+    let e = exposure(&context(Arc::clone(&store)), "m", 7)
+        .await
+        .expect("store")
+        .expect("one answered");
+    assert_eq!(e.series.len(), 1);
+    assert_eq!(requests_in(&e, "a/b1", 2), Some(30));
+    // Only silent gateways, or none at all, is no stats.
+    let silent: Arc<dyn Store> =
+        Arc::new(SqliteStore::open_dir(&dir.path().join("silent")).expect("store"));
+    silent.heartbeat("b", &dead).expect("heartbeat");
     assert_eq!(
-        merged_stats(&context(Arc::clone(&store)), "m")
-            .await
-            .expect("store"),
+        exposure(&context(silent), "m", 7).await.expect("store"),
         None
     );
-    // And no gateway at all is no stats either.
     let empty: Arc<dyn Store> =
         Arc::new(SqliteStore::open_dir(&dir.path().join("empty")).expect("store"));
     assert_eq!(
-        merged_stats(&context(empty), "m").await.expect("store"),
+        exposure(&context(empty), "m", 7).await.expect("store"),
         None
     );
+}
+
+#[tokio::test]
+async fn a_gateway_without_a_boot_id_is_one_pooled_series() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
+    let mut old = replica("", "", 30, 3);
+    old.epochs.clear();
+    let url = gateway(old).await;
+    store.heartbeat("old", &url).expect("heartbeat");
+    let e = exposure(&context(Arc::clone(&store)), "m", 7)
+        .await
+        .expect("store")
+        .expect("answered");
+    assert_eq!(requests_in(&e, &url, 0), Some(35));
 }

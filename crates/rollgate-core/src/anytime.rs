@@ -96,21 +96,66 @@ fn robbins_edge(k: u64, m: u64, ln_b: f64, threshold: f64) -> f64 {
 /// the log scale from just above the null to 100× it.
 const GRID: usize = 24;
 
+fn log_sum_exp(xs: &[f64]) -> f64 {
+    let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return max;
+    }
+    max + xs.iter().map(|l| (l - max).exp()).sum::<f64>().ln()
+}
+
+fn log_mean_exp(xs: &[f64]) -> f64 {
+    log_sum_exp(xs) - (xs.len().max(1) as f64).ln()
+}
+
 /// The one-sided conditional-binomial mixture e-process for "the candidate's
 /// failure rate per request is at most `r0` times the champion's".
+///
+/// A stretch where both arms fail alike (a shared outage) is evidence *for*
+/// the null: every alternative's likelihood ratio falls, and a test that
+/// only ever multiplies would need as much evidence again to climb back, so
+/// a candidate that starts failing right after the outage would be caught
+/// late. The e-process is therefore a mixture over **start times** as well
+/// as over alternatives: the component started at the rollout's origin has
+/// weight [`BASE_WEIGHT`], and the `k`-th [`restart`](Self::restart) (taken
+/// at a time chosen from past data only, e.g. after an outage) starts a
+/// fresh component with weight `(1 − BASE_WEIGHT) / (k (k + 1))`. Each
+/// component is a nonnegative supermartingale from its start (1 before it),
+/// so the fixed-weight mixture is one too, starting at 1: Ville's
+/// inequality holds for it as for a single product.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConditionalBinomial {
     /// The null's largest rate ratio, `1 + margin`.
     pub r0: f64,
-    /// `ln` of the likelihood ratio of each grid alternative against `r0`.
+    /// `ln` of the likelihood ratio of each grid alternative against `r0`,
+    /// for the component started at the origin.
     pub log_lr: Vec<f64>,
+    /// Components started later, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<Vec<f64>>,
 }
+
+/// The weight of the component started at the rollout's origin.
+pub const BASE_WEIGHT: f64 = 0.9;
+
+/// Restarts beyond this many are not taken (their weight is left unused,
+/// which only makes the test more conservative).
+pub const MAX_RESTARTS: usize = 16;
 
 impl ConditionalBinomial {
     pub fn new(r0: f64) -> Self {
         ConditionalBinomial {
             r0: r0.max(1e-9),
             log_lr: vec![0.0; GRID],
+            restarts: Vec::new(),
+        }
+    }
+
+    /// Starts a fresh component. Valid only when the decision to restart
+    /// depends on data already added (never on the next increment).
+    pub fn restart(&mut self) {
+        if self.restarts.len() < MAX_RESTARTS {
+            self.restarts.push(vec![0.0; GRID]);
         }
     }
 
@@ -137,19 +182,26 @@ impl ConditionalBinomial {
             // 1.47×r0, …, 100×r0, by multiplication.
             r1 *= step;
             let t1 = theta(r1);
-            self.log_lr[i] += b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
+            let d = b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
+            self.log_lr[i] += d;
+            for c in &mut self.restarts {
+                c[i] += d;
+            }
         }
     }
 
-    /// `ln` of the mixture (uniform over the grid) e-value.
+    /// `ln` of the mixture e-value: over start times (weights above) and,
+    /// within each, uniformly over the grid of alternatives.
     pub fn log_e_value(&self) -> f64 {
-        let max = self
-            .log_lr
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = self.log_lr.iter().map(|l| (l - max).exp()).sum();
-        max + (sum / GRID as f64).ln()
+        let rest = 1.0 - BASE_WEIGHT;
+        let components = std::iter::once((BASE_WEIGHT.ln(), &self.log_lr)).chain(
+            self.restarts.iter().enumerate().map(|(k, c)| {
+                let k = (k + 1) as f64;
+                ((rest / (k * (k + 1.0))).ln(), c)
+            }),
+        );
+        let terms: Vec<f64> = components.map(|(w, c)| w + log_mean_exp(c)).collect();
+        log_sum_exp(&terms)
     }
 
     /// Whether the null is rejected at level `alpha` (Ville's inequality).

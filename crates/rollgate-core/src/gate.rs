@@ -129,6 +129,9 @@ pub enum Evidence {
         /// Wilson bound on the candidate's own rate (for the gross rule).
         candidate_rate: Interval,
         champion_rate: Interval,
+        /// The error e-process's value (`sequential`: FAIL at `1/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        e_value: Option<f64>,
     },
     Latency {
         candidate_successes: u64,
@@ -397,6 +400,7 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         margin: cfg.margin,
         candidate_rate,
         champion_rate,
+        e_value: None,
     };
     let (outcome, reason) =
         if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
@@ -515,7 +519,8 @@ pub fn shadow_gate(
     )
 }
 
-/// Absolute limits on the candidate alone. `None` when no rail is set.
+/// Absolute limits on the candidate alone at two-sided level `alpha`
+/// (fixed-sample bounds: the `windowed` policy). `None` when no rail is set.
 /// A breach still needs a champion verdict (its floor met), as every gate.
 pub fn guard_rail_gate(
     cfg: &GuardRails,
@@ -523,13 +528,25 @@ pub fn guard_rail_gate(
     arms: Arms,
     alpha: f64,
 ) -> Option<GateVerdict> {
+    let c = arms.candidate;
+    let error_rate = wilson(c.failure_count(), c.requests(), z_two_sided(alpha));
+    let p95 = c.latency().quantile_bounds(0.95, alpha);
+    guard_rail_verdict(cfg, min_requests, arms, error_rate, p95)
+}
+
+/// The guard-rail verdict from bounds on the candidate's error rate and p95
+/// that the policy computed. `None` when no rail is set.
+pub fn guard_rail_verdict(
+    cfg: &GuardRails,
+    min_requests: u64,
+    arms: Arms,
+    error_rate: Interval,
+    p95: Option<QuantileBounds>,
+) -> Option<GateVerdict> {
     if cfg.max_error_rate.is_none() && cfg.max_p95_ms.is_none() {
         return None;
     }
-    let z = z_two_sided(alpha);
     let c = arms.candidate;
-    let error_rate = wilson(c.failure_count(), c.requests(), z);
-    let p95 = c.latency().quantile_bounds(0.95, alpha);
     let evidence = Evidence::GuardRails {
         candidate: Counts::of(c),
         error_rate,

@@ -6,6 +6,7 @@
 //! values. `tests/architecture.rs` checks this on every `cargo test`.
 
 pub mod anytime;
+pub mod exposure;
 pub mod gate;
 pub mod histogram;
 mod memo;
@@ -17,6 +18,7 @@ pub mod snapshot;
 pub mod stage;
 pub mod stats;
 
+pub use exposure::{Epoch, Exposure, Ledger, SeriesReport};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
 pub use plan::{Advance, Plan, PlanError, Policy};

@@ -51,7 +51,26 @@ pub struct Plan {
     pub policy: Policy,
     /// Settings of the `sequential` policy.
     pub sequential: SequentialPlan,
+    /// The champion is judged for an outage on this much recent evidence
+    /// (not on totals since the rollout began, which dilute an outage).
+    #[serde(with = "humantime_serde")]
+    pub outage_window: Duration,
+    /// Which rollbacks reject (block) the candidate.
+    pub reject_on: RejectOn,
     pub gates: Gates,
+}
+
+/// Which rollbacks reject the candidate, so that it cannot be rolled out
+/// again until an operator unblocks it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectOn {
+    /// The default: a candidate shown worse (a breach) or never ready. A
+    /// rollout that ended for lack of evidence leaves it startable.
+    #[default]
+    ShownWorse,
+    /// Every rollback, whatever its reason.
+    AnyRollback,
 }
 
 /// How gates are decided.
@@ -117,6 +136,8 @@ impl Default for Plan {
             alpha: 0.05,
             policy: Policy::Sequential,
             sequential: SequentialPlan::default(),
+            outage_window: Duration::from_secs(10),
+            reject_on: RejectOn::ShownWorse,
             gates: Gates::default(),
         }
     }
@@ -355,6 +376,9 @@ impl Plan {
         }
         if self.readiness_timeout.is_zero() {
             return Err(err("readiness_timeout", "must be positive"));
+        }
+        if self.outage_window < Duration::from_secs(1) {
+            return Err(err("outage_window", "must be at least 1s"));
         }
         if self.confirm_breaches == 0 {
             return Err(err("confirm_breaches", "must be at least 1"));

@@ -9,14 +9,15 @@
 //! Each stage judges the window since its own clock started (its baseline
 //! snapshot): candidate and champion over the same requests and time.
 
-use std::time::Duration;
-
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exposure::{Epoch, Exposure, Ledger};
 use crate::gate::{GateKind, Outcome};
-use crate::plan::{Plan, Policy};
+use crate::plan::{Plan, Policy, RejectOn};
 use crate::sequential::{self, SequentialInput, SequentialState};
 use crate::snapshot::Snapshot;
 use crate::stage::{
@@ -25,7 +26,9 @@ use crate::stage::{
 
 /// Milliseconds since the Unix epoch. The core never reads a clock: the
 /// caller passes `now`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 
@@ -74,6 +77,18 @@ impl RollbackReason {
                 | RollbackReason::GrossBreach { .. }
                 | RollbackReason::AnytimeBreach { .. }
         )
+    }
+
+    /// Whether this rollback rejects (blocks) the candidate under `plan`:
+    /// by default only when it was shown worse or never became ready; a
+    /// rollout that ended for lack of evidence leaves it startable again.
+    pub fn rejects(&self, plan: &Plan) -> bool {
+        match plan.reject_on {
+            RejectOn::AnyRollback => true,
+            RejectOn::ShownWorse => {
+                self.is_breach() || matches!(self, RollbackReason::ReadinessTimeout)
+            }
+        }
     }
 
     pub fn code(&self) -> &'static str {
@@ -148,6 +163,10 @@ pub struct Routing {
     pub candidate_weight_bp: u32,
     /// Share of champion-served requests mirrored to the candidate.
     pub mirror_bp: u32,
+    /// The rollout's routing epoch this routing starts (0: none). Gateways
+    /// count each request under the epoch in force when it arrived.
+    #[serde(default)]
+    pub epoch: Epoch,
 }
 
 impl Routing {
@@ -155,6 +174,7 @@ impl Routing {
     pub const CHAMPION_ONLY: Routing = Routing {
         candidate_weight_bp: 0,
         mirror_bp: 0,
+        epoch: 0,
     };
 
     /// The routing a phase implies under `plan`.
@@ -163,14 +183,17 @@ impl Routing {
             Phase::Shadow => Routing {
                 candidate_weight_bp: 0,
                 mirror_bp: plan.shadow.mirror_percent * 100,
+                epoch: 0,
             },
             Phase::Canary { weight_percent, .. } => Routing {
                 candidate_weight_bp: weight_percent * 100,
                 mirror_bp: 0,
+                epoch: 0,
             },
             Phase::Promoted { .. } => Routing {
                 candidate_weight_bp: 10_000,
                 mirror_bp: 0,
+                epoch: 0,
             },
             _ => Routing::CHAMPION_ONLY,
         }
@@ -190,6 +213,9 @@ pub struct RolloutSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageClock {
     pub started_at: Timestamp,
+    /// The routing epoch the stage runs in: its own evidence.
+    #[serde(default)]
+    pub epoch: Epoch,
     /// Cumulative stats when the stage started; the stage's window is the
     /// current snapshot minus this. `None` until a snapshot is first seen.
     pub baseline: Option<Snapshot>,
@@ -201,9 +227,10 @@ pub struct StageClock {
 }
 
 impl StageClock {
-    fn new(started_at: Timestamp, baseline: Option<Snapshot>) -> Self {
+    fn new(started_at: Timestamp, epoch: Epoch, baseline: Option<Snapshot>) -> Self {
         StageClock {
             started_at,
+            epoch,
             window_baseline: baseline.clone(),
             baseline,
             consecutive_breaches: 0,
@@ -225,6 +252,12 @@ pub struct RolloutState {
     /// The `sequential` policy's test state (absent under `windowed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequential: Option<SequentialState>,
+    /// The current routing epoch (0 before the first stage).
+    #[serde(default)]
+    pub epoch: Epoch,
+    /// Every gateway series' counts per epoch: the rollout's evidence.
+    #[serde(default)]
+    pub evidence: Ledger,
 }
 
 impl RolloutState {
@@ -237,6 +270,8 @@ impl RolloutState {
             last_verdict: None,
             evaluations: 0,
             sequential: None,
+            epoch: 0,
+            evidence: Ledger::default(),
         }
     }
 }
@@ -246,8 +281,9 @@ impl RolloutState {
 pub struct Observation {
     /// The candidate's readiness probe passed.
     pub candidate_ready: bool,
-    /// Cumulative stats merged from every gateway; `None` if none answered.
-    pub snapshot: Option<Snapshot>,
+    /// What the gateways that answered reported, per series and routing
+    /// epoch; `None` if none answered.
+    pub exposure: Option<Exposure>,
 }
 
 /// Something an operator asked for.
@@ -409,9 +445,13 @@ fn enter(
     now: Timestamp,
 ) {
     t.state.phase = next;
-    t.state.stage = Some(StageClock::new(now, baseline));
+    t.state.epoch += 1;
+    t.state.stage = Some(StageClock::new(now, t.state.epoch, baseline));
     t.effects.push(Effect::SetRouting {
-        routing: Routing::for_phase(&spec.plan, &t.state.phase),
+        routing: Routing {
+            epoch: t.state.epoch,
+            ..Routing::for_phase(&spec.plan, &t.state.phase)
+        },
     });
 }
 
@@ -461,20 +501,31 @@ fn advance(
     }
 }
 
-fn roll_back(t: &mut Transition, reason: RollbackReason, verdict: Option<Arc<StageVerdict>>) {
+fn roll_back(
+    plan: &Plan,
+    t: &mut Transition,
+    reason: RollbackReason,
+    verdict: Option<Arc<StageVerdict>>,
+) {
     let from = t.state.phase.clone();
+    let rejects = reason.rejects(plan);
     t.state.phase = Phase::RolledBack { reason };
     t.effects.push(Effect::SetRouting {
         routing: Routing::CHAMPION_ONLY,
     });
-    t.effects.push(Effect::RejectCandidate);
+    let note = if rejects {
+        t.effects.push(Effect::RejectCandidate);
+        "candidate rejected: it was shown worse or never became ready"
+    } else {
+        "candidate not rejected: no regression was shown; it may be rolled out again"
+    };
     audit(
         t,
         AuditKind::RolledBack,
         Actor::Controller,
         from,
         verdict,
-        None,
+        Some(note.to_string()),
     );
 }
 
@@ -503,9 +554,14 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         if obs.candidate_ready {
             let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
             if plan.policy == Policy::Sequential {
-                t.state.sequential = Some(SequentialState::new(&spec.plan, obs.snapshot.clone()));
+                t.state.sequential = Some(SequentialState::new(&spec.plan));
             }
-            enter(spec, t, next, obs.snapshot, now);
+            // What was counted before the first stage is not the rollout's.
+            if let Some(e) = &obs.exposure {
+                t.state.evidence.baseline(e);
+            }
+            let baseline = obs.exposure.as_ref().map(|_| Snapshot::default());
+            enter(spec, t, next, baseline, now);
             audit(
                 t,
                 AuditKind::Started,
@@ -515,21 +571,40 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
                 None,
             );
         } else if now.since(t.state.created_at) >= plan.readiness_timeout {
-            roll_back(t, RollbackReason::ReadinessTimeout, None);
+            roll_back(plan, t, RollbackReason::ReadinessTimeout, None);
         }
         return;
     }
     let Some(kind) = t.state.phase.stage_kind() else {
         return;
     };
+    // Every series' new counts, per epoch of arrival; the champion's recent
+    // counts for outage detection.
+    let increments = obs.exposure.as_ref().map(|e| {
+        let new = t.state.evidence.absorb(e, t.state.epoch, now);
+        let (mut requests, mut failures) = (0, 0);
+        for inc in new.values() {
+            let h = inc.revision(&spec.champion);
+            requests += h.requests();
+            failures += h.failure_count();
+        }
+        let window = plan.outage_window.as_millis() as u64;
+        t.state
+            .evidence
+            .note_champion(now, requests, failures, window);
+        new
+    });
     if plan.policy == Policy::Sequential {
-        return observe_sequential(spec, t, obs, now, kind);
+        return observe_sequential(spec, t, increments, now, kind);
     }
-    let current = obs.snapshot;
+    // The windowed policy judges cumulative counts over every epoch and
+    // series: they never go backwards, whatever the gateways do.
+    let current = increments.map(|_| t.state.evidence.pooled(1, t.state.epoch));
+    let epoch = t.state.epoch;
     let clock = t
         .state
         .stage
-        .get_or_insert_with(|| StageClock::new(now, None));
+        .get_or_insert_with(|| StageClock::new(now, epoch, None));
     // The stage's window and the confirmation window. A missing baseline is
     // taken now; counters that went backwards (a gateway restarted) restart
     // both windows from here: evidence is lost, never invented.
@@ -540,12 +615,12 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             (Ok(w), Ok(r)) => (Some(w), Some(r)),
             (Err(e), _) | (_, Err(e)) => {
                 note = Some(format!("window restarted: {e}"));
-                *clock = StageClock::new(clock.started_at, Some(s.clone()));
+                *clock = StageClock::new(clock.started_at, clock.epoch, Some(s.clone()));
                 (Some(Snapshot::default()), Some(Snapshot::default()))
             }
         },
         (_, _, Some(s)) => {
-            *clock = StageClock::new(clock.started_at, Some(s.clone()));
+            *clock = StageClock::new(clock.started_at, clock.epoch, Some(s.clone()));
             (Some(Snapshot::default()), Some(Snapshot::default()))
         }
     };
@@ -600,10 +675,15 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     };
     if verdict.outcome == Outcome::Fail && verdict.gross {
         let gates = gates_of(&verdict.reason);
-        return roll_back(t, RollbackReason::GrossBreach { gates }, Some(verdict));
+        return roll_back(
+            plan,
+            t,
+            RollbackReason::GrossBreach { gates },
+            Some(verdict),
+        );
     }
     if let Some(reason) = confirmed {
-        return roll_back(t, reason, Some(verdict));
+        return roll_back(plan, t, reason, Some(verdict));
     }
     match (verdict.outcome, &verdict.reason) {
         // A breach on the stage's whole window is not yet confirmed: the
@@ -618,7 +698,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
                     StageReason::MetricsMissing { .. } => RollbackReason::MetricsMissing { gates },
                     _ => RollbackReason::EvidenceTimeout { gates },
                 };
-                roll_back(t, reason, Some(verdict));
+                roll_back(plan, t, reason, Some(verdict));
             }
         }
         (Outcome::Pass, _) => {
@@ -634,39 +714,43 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
 fn observe_sequential(
     spec: &RolloutSpec,
     t: &mut Transition,
-    obs: Observation,
+    increments: Option<BTreeMap<Epoch, Snapshot>>,
     now: Timestamp,
     kind: StageKind,
 ) {
     let plan = &spec.plan;
     let state = &mut t.state;
+    let epoch = state.epoch;
     let clock = state
         .stage
-        .get_or_insert_with(|| StageClock::new(now, None));
-    if clock.baseline.is_none() {
-        clock.baseline = obs.snapshot.clone();
-    }
-    let started = clock.started_at;
+        .get_or_insert_with(|| StageClock::new(now, epoch, None));
+    let (started, stage_epoch) = (clock.started_at, clock.epoch);
     let seq = state
         .sequential
-        .get_or_insert_with(|| SequentialState::new(plan, None));
+        .get_or_insert_with(|| SequentialState::new(plan));
     let verdict = sequential::evaluate(
         plan,
         seq,
         &SequentialInput {
             stage: kind,
-            current: obs.snapshot.as_ref(),
-            stage_origin: state.stage.as_ref().and_then(|c| c.baseline.as_ref()),
+            evidence: increments.as_ref().map(|inc| (&state.evidence, inc)),
+            stage_epoch,
             champion: &spec.champion,
             candidate: &spec.candidate,
             elapsed: now.since(started),
+            now,
         },
     );
     let (phase, verdict) = record_evaluation(t, verdict, None);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
             let gates = gates.clone();
-            roll_back(t, RollbackReason::AnytimeBreach { gates }, Some(verdict));
+            roll_back(
+                plan,
+                t,
+                RollbackReason::AnytimeBreach { gates },
+                Some(verdict),
+            );
         }
         (Outcome::Fail, reason) => {
             if !t.state.paused {
@@ -679,7 +763,7 @@ fn observe_sequential(
                     },
                     _ => RollbackReason::EvidenceTimeout { gates: vec![] },
                 };
-                roll_back(t, reason, Some(verdict));
+                roll_back(plan, t, reason, Some(verdict));
             }
         }
         (Outcome::Wait, _) => {}
@@ -687,7 +771,7 @@ fn observe_sequential(
             if t.state.paused {
                 return;
             }
-            advance(spec, t, phase, verdict, obs.snapshot, now);
+            advance(spec, t, phase, verdict, None, now);
         }
     }
 }

@@ -23,38 +23,55 @@
 //!   for reading.
 //! - Prediction shift: Robbins confidence sequences on each class rate.
 //!
+//! What each test is fed (see [`crate::exposure`]): the error e-process
+//! adds each look's new counts epoch by epoch (every increment from one
+//! routing epoch, the candidate's share taken from that increment's own
+//! requests); every two-sample comparison (latency, prediction shift, the
+//! error PASS) is made within one epoch, never pooled across epochs, with
+//! the metric's `α` split over the plan's stages for the comparisons that
+//! can fail; the champion's outage is judged on the last
+//! `outage_window` of evidence.
+//!
 //! References: Robbins (1970); Lindon & Malek, NeurIPS 2022; Howard,
 //! Ramdas, McAuliffe & Sekhon, Ann. Statist. 2021; Howard & Ramdas,
 //! Bernoulli 2022.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::anytime::{ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs};
+use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
     Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason, decide,
-    judge_quantile, latency_verdict, sample_floor, shadow_verdict, shift_verdict,
+    guard_rail_verdict, judge_quantile, latency_verdict, sample_floor, shadow_verdict,
+    shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
+use crate::rollout::Timestamp;
 use crate::snapshot::{RevisionStats, Snapshot};
-use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champion_health};
+use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champion_health_of};
 use crate::stats::Interval;
 
 /// The sequential test's state: small, serialisable, restored exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SequentialState {
-    /// Cumulative stats when the first stage started: the test's origin.
-    pub origin: Option<Snapshot>,
-    /// Both arms' counts at the previous look, for the e-process increments.
-    #[serde(default)]
-    pub last: Option<Tally>,
     pub errors: ConditionalBinomial,
+    /// The champion was in an outage at the last look. While it is, new
+    /// counts are not added to the error e-process (a choice made from past
+    /// data only, so the e-process stays valid), and the first look after
+    /// it starts a fresh component of the e-process ([`restart_due`]).
+    ///
+    /// [`restart_due`]: SequentialState::restart_due
+    #[serde(default)]
+    pub champion_outage: bool,
+    #[serde(default)]
+    pub restart_due: bool,
 }
 
-/// Cumulative counts of both arms: what the error e-process adds up and
-/// what each stage's sample floors count.
+/// Counts of both arms: what each stage's sample floors count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
     pub candidate: ArmTally,
@@ -80,15 +97,6 @@ impl ArmTally {
             predictions: s.predictions().values().sum(),
         }
     }
-
-    fn since(&self, e: &ArmTally) -> Option<ArmTally> {
-        Some(ArmTally {
-            requests: self.requests.checked_sub(e.requests)?,
-            failures: self.failures.checked_sub(e.failures)?,
-            latencies: self.latencies.checked_sub(e.latencies)?,
-            predictions: self.predictions.checked_sub(e.predictions)?,
-        })
-    }
 }
 
 impl Tally {
@@ -99,50 +107,103 @@ impl Tally {
             pairs: s.pairs_for(candidate).map_or(0, |p| p.pairs()),
         }
     }
-
-    /// `self − earlier`, or `None` if a counter went backwards (a gateway
-    /// restarted).
-    fn since(&self, earlier: &Tally) -> Option<Tally> {
-        Some(Tally {
-            candidate: self.candidate.since(&earlier.candidate)?,
-            champion: self.champion.since(&earlier.champion)?,
-            pairs: self.pairs.checked_sub(earlier.pairs)?,
-        })
-    }
 }
 
 impl SequentialState {
-    /// A test starting at `origin`, with `plan`'s error margin.
-    pub fn new(plan: &Plan, origin: Option<Snapshot>) -> Self {
+    /// A test with `plan`'s error margin.
+    pub fn new(plan: &Plan) -> Self {
         SequentialState {
-            last: None,
-            origin,
             errors: ConditionalBinomial::new(plan.sequential.max_error_ratio),
+            champion_outage: false,
+            restart_due: false,
+        }
+    }
+
+    /// Adds one look's new counts, epoch by epoch, to the error e-process:
+    /// under the null, a failure in an increment came from the candidate
+    /// with probability set by the candidate's share of *that increment's*
+    /// requests, all of which arrived under one routing split.
+    fn add(&mut self, increments: &BTreeMap<Epoch, Snapshot>, champion: &str, candidate: &str) {
+        if self.champion_outage {
+            return;
+        }
+        if std::mem::take(&mut self.restart_due) {
+            self.errors.restart();
+        }
+        for inc in increments.values() {
+            let (c, h) = (inc.revision(candidate), inc.revision(champion));
+            let exposure = c.requests() + h.requests();
+            if exposure > 0 {
+                self.errors.update(
+                    h.failure_count(),
+                    c.failure_count(),
+                    c.requests() as f64 / exposure as f64,
+                );
+            }
         }
     }
 }
 
-/// Error rate: e-process to fail, confidence sequences to pass.
-fn error_gate(plan: &Plan, errors: &ConditionalBinomial, alpha: f64, arms: Arms) -> GateVerdict {
+/// Error rate: the e-process (over every epoch's increments) to fail;
+/// to pass, a difference that does not pool arms across time: the
+/// candidate's pooled rate is its own exposure-weighted average over the
+/// epochs, and it is compared with the champion's rates *reweighted to the
+/// candidate's exposure* (each epoch's champion sequence at
+/// `alpha / stages`, so that all epochs hold at once). Under a shared drift
+/// both sides move together; the rates and difference shown are these.
+fn error_gate(
+    plan: &Plan,
+    errors: &ConditionalBinomial,
+    alpha: f64,
+    epochs: &[(Epoch, &Snapshot)],
+    ids: (&str, &str),
+    stage: Arms,
+) -> GateVerdict {
     let cfg = &plan.gates.error_rate;
-    let (c, h) = (arms.candidate, arms.champion);
-    let cand = robbins_cs(c.failure_count(), c.requests(), alpha / 2.0);
-    let champ = robbins_cs(h.failure_count(), h.requests(), alpha / 2.0);
+    let (champion_id, candidate_id) = ids;
+    let (mut c_all, mut h_all) = (RevisionStats::default(), RevisionStats::default());
+    for (_, s) in epochs {
+        c_all.merge(s.revision(candidate_id));
+        h_all.merge(s.revision(champion_id));
+    }
+    let cand = robbins_cs(c_all.failure_count(), c_all.requests(), alpha / 2.0);
+    let per_epoch = alpha / 2.0 / stage_count(plan).max(epochs.len()).max(1) as f64;
+    let champ = if c_all.requests() == 0 {
+        robbins_cs(h_all.failure_count(), h_all.requests(), alpha / 2.0)
+    } else {
+        let mut champ = Interval {
+            lower: 0.0,
+            upper: 0.0,
+        };
+        for (_, s) in epochs {
+            let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
+            let w = c.requests() as f64 / c_all.requests() as f64;
+            let i = robbins_cs(h.failure_count(), h.requests(), per_epoch);
+            champ.lower += w * i.lower;
+            champ.upper += w * i.upper;
+        }
+        champ
+    };
     let difference = Interval {
         lower: (cand.lower - champ.upper).max(-1.0),
         upper: (cand.upper - champ.lower).min(1.0),
     };
     let evidence = Evidence::ErrorRate {
-        candidate: Counts::of(c),
-        champion: Counts::of(h),
+        candidate: Counts::of(&c_all),
+        champion: Counts::of(&h_all),
         difference,
         margin: cfg.margin,
         candidate_rate: cand,
         champion_rate: champ,
+        e_value: Some(errors.log_e_value().exp()),
     };
     let (outcome, reason) = decide(
         None,
-        sample_floor(c.requests(), h.requests(), cfg.min_requests),
+        sample_floor(
+            stage.candidate.requests(),
+            stage.champion.requests(),
+            cfg.min_requests,
+        ),
         errors.rejects(alpha),
         difference.upper <= cfg.margin,
         true,
@@ -273,27 +334,84 @@ fn stage_floor(plan: &Plan, gate: GateKind, w: &Tally) -> Option<Reason> {
 pub fn metric_alpha(plan: &Plan) -> f64 {
     let g = &plan.gates;
     let shadow = usize::from(plan.shadow.enabled);
+    let rails =
+        usize::from(g.guard_rails.max_error_rate.is_some() || g.guard_rails.max_p95_ms.is_some());
     let metrics = usize::from(g.error_rate.enabled)
         + usize::from(g.latency.enabled)
         + shadow * (1 + usize::from(g.shadow.max_flip_rate < 1.0))
-        + usize::from(g.prediction_shift.enabled);
+        + usize::from(g.prediction_shift.enabled)
+        + rails;
     plan.sequential.alpha / metrics.max(1) as f64
+}
+
+/// The plan's stages: one routing epoch each.
+pub fn stage_count(plan: &Plan) -> usize {
+    usize::from(plan.shadow.enabled) + plan.steps.len()
+}
+
+/// `α` of one epoch's two-sample comparison: a metric compared within
+/// epochs fails when any epoch's comparison fails, so its `α` is split over
+/// the epochs it can fail in (the plan's stages).
+pub fn epoch_alpha(plan: &Plan, epoch: Epoch) -> f64 {
+    metric_alpha(plan) / stage_count(plan).max(epoch as usize).max(1) as f64
+}
+
+/// Guard rails: absolute limits on the candidate over its whole exposure
+/// (no comparison, so pooling across epochs is sound), with anytime-valid
+/// bounds at the metric's `α`.
+fn guard_gate(plan: &Plan, alpha: f64, pooled: Arms) -> Option<GateVerdict> {
+    let c = pooled.candidate;
+    let error_rate = robbins_cs(c.failure_count(), c.requests(), alpha);
+    let p95 = c.latency().quantile_rank_bounds(
+        0.95,
+        quantile_cs_ranks(0.95, c.latency().len(), alpha, DESIGN_SAMPLES),
+    );
+    guard_rail_verdict(
+        &plan.gates.guard_rails,
+        plan.gates.error_rate.min_requests,
+        pooled,
+        error_rate,
+        p95,
+    )
 }
 
 /// What one sequential look is judged on.
 #[derive(Debug, Clone, Copy)]
 pub struct SequentialInput<'a> {
     pub stage: StageKind,
-    /// The cumulative snapshot now; `None` if no stats could be read.
-    pub current: Option<&'a Snapshot>,
-    /// The cumulative snapshot when the current stage started: each stage
-    /// must gather its own sample floor before it may pass, so a stage whose
-    /// traffic stopped never passes on earlier stages' evidence.
-    pub stage_origin: Option<&'a Snapshot>,
+    /// The rollout's evidence and this look's new counts per epoch; `None`
+    /// if no stats could be read.
+    pub evidence: Option<(&'a Ledger, &'a BTreeMap<Epoch, Snapshot>)>,
+    /// The current stage's epoch: each stage must gather its own sample
+    /// floor before it may pass, so a stage whose traffic stopped never
+    /// passes on earlier stages' evidence.
+    pub stage_epoch: Epoch,
     pub champion: &'a str,
     pub candidate: &'a str,
     /// Time since the current stage's clock started.
     pub elapsed: Duration,
+    pub now: Timestamp,
+}
+
+/// A two-sample gate judged within each epoch: the first epoch whose
+/// comparison fails (only epochs with new counts can newly fail), else the
+/// current stage's epoch's verdict.
+fn within_epochs(
+    epochs: &[(Epoch, &Snapshot)],
+    stage_epoch: Epoch,
+    judge: impl Fn(Epoch, &Snapshot) -> Option<GateVerdict>,
+) -> Option<GateVerdict> {
+    let mut stage = None;
+    for &(e, snap) in epochs {
+        let v = judge(e, snap);
+        if v.as_ref().is_some_and(|v| v.outcome == Outcome::Fail) {
+            return v;
+        }
+        if e == stage_epoch {
+            stage = v;
+        }
+    }
+    stage
 }
 
 /// Takes one look: updates the test state and judges the stage.
@@ -312,7 +430,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             gates,
             confirmation: None,
         };
-    let Some(current) = input.current else {
+    let Some((ledger, increments)) = input.evidence else {
         return if input.elapsed >= plan.evidence_timeout {
             base(
                 Outcome::Fail,
@@ -324,66 +442,99 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             base(Outcome::Wait, StageReason::StatsUnavailable, None, vec![])
         };
     };
-    // Counters that went backwards (a gateway restarted) restart the test's
-    // origin: evidence is lost, never invented. The e-process keeps what it
-    // has accumulated: it only ever adds increments that really happened.
     let (champion_id, candidate_id) = (input.champion, input.candidate);
-    let tally = Tally::of(current, champion_id, candidate_id);
-    let origin = state.origin.get_or_insert_with(|| current.clone());
-    let last = state
-        .last
-        .unwrap_or_else(|| Tally::of(origin, champion_id, candidate_id));
-    let window = match (current.window_since(origin), tally.since(&last)) {
-        (Ok(w), Some(increment)) => {
-            let (ic, ih) = (increment.candidate, increment.champion);
-            let exposure = ic.requests + ih.requests;
-            if exposure > 0 {
-                state.errors.update(
-                    ih.failures,
-                    ic.failures,
-                    ic.requests as f64 / exposure as f64,
-                );
-            }
-            w
-        }
-        _ => {
-            state.origin = Some(current.clone());
-            Snapshot::default()
-        }
-    };
-    state.last = Some(tally);
+    state.add(increments, champion_id, candidate_id);
 
     let g = &plan.gates;
-    let (c, h) = (
-        window.revision(input.candidate),
-        window.revision(input.champion),
-    );
-    let arms = Arms {
-        champion: h,
-        candidate: c,
+    let stage_snap = ledger.epoch(input.stage_epoch);
+    let arms_of = |s: &'_ Snapshot| -> (RevisionStats, RevisionStats) {
+        (
+            s.revision(candidate_id).clone(),
+            s.revision(champion_id).clone(),
+        )
     };
+    let (c, h) = arms_of(&stage_snap);
+    let arms = Arms {
+        champion: &h,
+        candidate: &c,
+    };
+    // The epochs a comparison may newly fail in: those with new counts,
+    // and the stage's own (whose verdict is shown).
+    let touched: Vec<(Epoch, Snapshot)> = increments
+        .keys()
+        .copied()
+        .filter(|&e| e != input.stage_epoch)
+        .map(|e| (e, ledger.epoch(e)))
+        .chain(std::iter::once((input.stage_epoch, stage_snap.clone())))
+        .collect();
+    let touched: Vec<(Epoch, &Snapshot)> = touched.iter().map(|(e, s)| (*e, s)).collect();
+    let shadow_epoch = |e: Epoch| plan.shadow.enabled && e == 1;
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
-        gates.push(error_gate(plan, &state.errors, alpha, arms));
+        let all: Vec<(Epoch, Snapshot)> = ledger
+            .epochs()
+            .into_iter()
+            .filter(|&e| e <= input.stage_epoch)
+            .map(|e| (e, ledger.epoch(e)))
+            .collect();
+        let all: Vec<(Epoch, &Snapshot)> = all.iter().map(|(e, s)| (*e, s)).collect();
+        gates.push(error_gate(
+            plan,
+            &state.errors,
+            alpha,
+            &all,
+            (champion_id, candidate_id),
+            arms,
+        ));
     }
     if g.latency.enabled {
-        gates.push(latency_gate(plan, alpha, arms));
+        gates.extend(within_epochs(&touched, input.stage_epoch, |e, s| {
+            let (c, h) = arms_of(s);
+            Some(latency_gate(
+                plan,
+                epoch_alpha(plan, e),
+                Arms {
+                    champion: &h,
+                    candidate: &c,
+                },
+            ))
+        }));
     }
     match input.stage {
-        StageKind::Shadow => gates.push(shadow_gate(plan, alpha, &window, input.candidate, arms)),
+        StageKind::Shadow => {
+            gates.push(shadow_gate(plan, alpha, &stage_snap, candidate_id, arms));
+        }
         StageKind::Canary if g.prediction_shift.enabled => {
-            gates.push(shift_gate(plan, alpha, arms))
+            gates.extend(within_epochs(&touched, input.stage_epoch, |e, s| {
+                let (c, h) = arms_of(s);
+                (!shadow_epoch(e)).then(|| {
+                    shift_gate(
+                        plan,
+                        epoch_alpha(plan, e),
+                        Arms {
+                            champion: &h,
+                            candidate: &c,
+                        },
+                    )
+                })
+            }));
         }
         StageKind::Canary => {}
     }
+    let pooled = ledger.pooled(1, input.stage_epoch.max(1));
+    let (pc, ph) = arms_of(&pooled);
+    gates.extend(guard_gate(
+        plan,
+        alpha,
+        Arms {
+            champion: &ph,
+            candidate: &pc,
+        },
+    ));
     // Each stage needs its own sample floor before it may pass, whatever the
     // cumulative evidence says (a stage nobody exercised proved nothing).
-    // A stage whose counters went backwards has gathered nothing yet.
-    let stage_window = input
-        .stage_origin
-        .and_then(|o| tally.since(&Tally::of(o, champion_id, candidate_id)))
-        .unwrap_or_default();
+    let stage_window = Tally::of(&stage_snap, champion_id, candidate_id);
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
@@ -393,7 +544,13 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             v.reason = r;
         }
     }
-    let champion = champion_health(plan, h);
+    // The champion is judged on recent evidence: totals since the rollout
+    // began would dilute an outage that starts late.
+    let window = plan.outage_window.as_millis() as u64;
+    let (recent_requests, recent_failures) = ledger.recent_champion(input.now, window);
+    let champion = champion_health_of(plan, recent_requests, recent_failures, h.latency());
+    state.champion_outage = champion.outage;
+    state.restart_due |= champion.outage;
     let kinds = |keep: &dyn Fn(&GateVerdict) -> bool| {
         gates
             .iter()

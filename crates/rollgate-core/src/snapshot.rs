@@ -630,6 +630,20 @@ impl Snapshot {
         }
     }
 
+    /// Whether nothing at all was recorded (every counter zero).
+    pub fn is_empty(&self) -> bool {
+        self.data.revisions.values().all(|r| {
+            r.requests == 0
+                && r.client_errors == 0
+                && r.latency.is_empty()
+                && r.predictions.values().all(|&n| n == 0)
+        }) && self
+            .data
+            .pairs
+            .values()
+            .all(|p| p.pairs == 0 && p.mirror_dropped == 0)
+    }
+
     /// The sum of several replicas' snapshots.
     pub fn merged<'a>(snapshots: impl IntoIterator<Item = &'a Snapshot>) -> Snapshot {
         let mut out = Snapshot::default();

@@ -23,6 +23,7 @@ use crate::gate::{
     Arms, GateKind, GateVerdict, Outcome, error_rate_gate, guard_rail_gate, latency_gate,
     prediction_shift_gate, shadow_gate,
 };
+use crate::histogram::LatencyHistogram;
 use crate::plan::Plan;
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stats::{Interval, wilson, z_two_sided};
@@ -202,23 +203,34 @@ pub fn evaluate_gates(
 
 /// The champion's verdict on itself.
 pub fn champion_health(plan: &Plan, champion: &RevisionStats) -> ChampionHealth {
-    let rails = &plan.gates.guard_rails;
-    let error_rate = wilson(
-        champion.failure_count(),
+    champion_health_of(
+        plan,
         champion.requests(),
-        z_two_sided(plan.alpha),
-    );
-    let enough = champion.requests() >= plan.gates.error_rate.min_requests;
+        champion.failure_count(),
+        champion.latency(),
+    )
+}
+
+/// The champion's verdict on itself from its counts (e.g. of a recent
+/// window) and a latency histogram.
+pub fn champion_health_of(
+    plan: &Plan,
+    requests: u64,
+    failures: u64,
+    latency: &LatencyHistogram,
+) -> ChampionHealth {
+    let rails = &plan.gates.guard_rails;
+    let error_rate = wilson(failures, requests, z_two_sided(plan.alpha));
+    let enough = requests >= plan.gates.error_rate.min_requests;
     let slow = rails.max_p95_ms.is_some_and(|max| {
-        champion
-            .latency()
+        latency
             .quantile_bounds(0.95, plan.alpha)
             .and_then(|b| b.lower_us)
             .is_some_and(|lo| lo as f64 / 1000.0 > max)
     });
     ChampionHealth {
-        requests: champion.requests(),
-        failures: champion.failure_count(),
+        requests,
+        failures,
         error_rate,
         outage: enough && (error_rate.lower > rails.champion_outage_error_rate || slow),
     }

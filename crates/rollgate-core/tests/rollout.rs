@@ -8,9 +8,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 use rollgate_core::{
-    AuditKind, Effect, FailureClass, GateKind, Input, Observation, OperatorAction, Outcome, Phase,
-    Plan, RollbackReason, RolloutSpec, RolloutState, Routing, Snapshot, StageReason, StepError,
-    Timestamp, step,
+    AuditKind, Effect, Exposure, FailureClass, GateKind, Input, Observation, OperatorAction,
+    Outcome, Phase, Plan, RollbackReason, RolloutSpec, RolloutState, Routing, Snapshot,
+    StageReason, StepError, Timestamp, step,
 };
 
 const CH: &str = "rev-champion";
@@ -140,7 +140,7 @@ fn run(spec: &RolloutSpec, traffic: &mut Traffic, max_s: u64) -> Run {
         s += 1;
         let obs = Observation {
             candidate_ready: true,
-            snapshot: Some(traffic.snapshot.clone()),
+            exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
         };
         let t = step(spec, &state, Input::Observe(obs), Timestamp(s * 1000))
             .expect("observe never errs");
@@ -181,7 +181,7 @@ fn observe(
         state,
         Input::Observe(Observation {
             candidate_ready: ready,
-            snapshot,
+            exposure: snapshot.map(Exposure::pooled),
         }),
         Timestamp(now_s * 1000),
     )
@@ -215,7 +215,8 @@ fn ready_candidate_enters_shadow_with_full_mirroring_and_no_live_exposure() {
         Effect::SetRouting {
             routing: Routing {
                 candidate_weight_bp: 0,
-                mirror_bp: 10_000
+                mirror_bp: 10_000,
+                epoch: 1,
             }
         }
     );
@@ -508,7 +509,7 @@ fn every_evaluation_is_audited_with_its_verdict() {
 }
 
 #[test]
-fn a_gateway_restart_restarts_the_window_instead_of_inventing_evidence() {
+fn a_gateway_restart_neither_invents_nor_loses_evidence() {
     let spec = spec(quick_plan());
     let mut traffic = Traffic::new(6, 200, HEALTHY, HEALTHY);
     traffic.tick();
@@ -523,18 +524,22 @@ fn a_gateway_restart_restarts_the_window_instead_of_inventing_evidence() {
     traffic.routing = Routing {
         candidate_weight_bp: 0,
         mirror_bp: 10_000,
+        epoch: 1,
     };
     traffic.tick();
     state = observe(&spec, &state, true, Some(traffic.snapshot.clone()), 1).state;
+    let before = state.evidence.pooled(1, 1);
+    assert!(before.revision(CH).requests() > 0);
+    // The gateway restarted: its counters start again from zero.
     let t = observe(&spec, &state, true, Some(Snapshot::default()), 2);
-    let note = t.effects.iter().find_map(|e| match e {
-        Effect::Audit { event } => event.note.clone(),
-        _ => None,
-    });
-    assert!(note.expect("note").starts_with("window restarted"));
+    assert_eq!(t.state.evidence.pooled(1, 1), before);
+    // What it counts after the restart is added, not what it counted before.
+    let mut after = Snapshot::default();
+    after.revision_mut(CH).record_failure(FailureClass::Timeout);
+    let t = observe(&spec, &t.state, true, Some(after), 3);
     assert_eq!(
-        t.state.stage.and_then(|c| c.baseline),
-        Some(Snapshot::default())
+        t.state.evidence.pooled(1, 1).revision(CH).requests(),
+        before.revision(CH).requests() + 1
     );
 }
 
@@ -938,7 +943,7 @@ fn sequential_traffic_that_stops_never_promotes() {
                 &state,
                 Input::Observe(Observation {
                     candidate_ready: true,
-                    snapshot: Some(traffic.snapshot.clone()),
+                    exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
                 }),
                 Timestamp(s * 1000),
             )
@@ -1009,7 +1014,7 @@ proptest! {
                 cumulative.clone()
             });
             saw_stats |= snapshot.is_some();
-            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, snapshot }), Timestamp(i as u64 * 5000)).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
             if let Phase::Promoted { manual } = t.state.phase {
                 prop_assert!(!manual);
                 prop_assert!(saw_stats);

@@ -24,6 +24,9 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GatewayConfig {
+    /// This gateway's id in its stats (with a boot id drawn at start, it
+    /// names one series of counts for the controller).
+    pub id: String,
     pub listen: SocketAddr,
     /// The header a sticky key is read from.
     pub key_header: String,
@@ -35,6 +38,7 @@ pub struct GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
+            id: "gateway".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             key_header: "x-rollgate-key".into(),
             limits: Limits::default(),
@@ -146,6 +150,12 @@ pub struct ModelRoute {
     pub candidate: Option<WeightedUpstream>,
     #[serde(default)]
     pub shadow: Option<MirroredUpstream>,
+    /// The routing epoch this route starts (the store follower sets
+    /// `"<rollout>.<epoch>"`): each request is counted under the epoch in
+    /// force when it arrived, so requests that finish after a routing
+    /// change are never counted in the new split.
+    #[serde(default)]
+    pub epoch: Option<String>,
 }
 
 fn default_confidence() -> f64 {

@@ -57,6 +57,8 @@ impl Counters {
 }
 
 struct Inner {
+    id: String,
+    boot: String,
     limits: Limits,
     key_header: HeaderName,
     routes: ArcSwap<RoutingTable>,
@@ -70,8 +72,18 @@ struct Inner {
 /// A gateway's measurements at one instant: cumulative since it started.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GatewaySnapshot {
-    /// Per model: stats per revision and shadow pairs.
+    /// The gateway's id.
+    #[serde(default)]
+    pub gateway: String,
+    /// Drawn at every start: with the id, it names one series of counts, so
+    /// a restarted gateway is a new series, never counters going backwards.
+    #[serde(default)]
+    pub boot: String,
+    /// Per model: stats per revision and shadow pairs, over every epoch.
     pub models: BTreeMap<String, Snapshot>,
+    /// Per model and routing epoch of arrival (`""`: outside any rollout).
+    #[serde(default)]
+    pub epochs: BTreeMap<String, BTreeMap<String, Snapshot>>,
     /// Requests refused because the gateway was at capacity.
     pub overloaded: u64,
     /// Per model: candidate requests retried on the champion.
@@ -81,8 +93,12 @@ pub struct GatewaySnapshot {
 
 impl Inner {
     fn snapshot(&self) -> GatewaySnapshot {
+        let counted = self.recorders.snapshot();
         GatewaySnapshot {
-            models: self.recorders.snapshot(),
+            gateway: self.id.clone(),
+            boot: self.boot.clone(),
+            models: counted.models,
+            epochs: counted.epochs,
             overloaded: self.counters.overloaded.load(Ordering::Relaxed),
             fallbacks: self
                 .counters
@@ -131,6 +147,8 @@ impl Gateway {
             RoutingTable::compile(&config.models, config.limits.upstream_timeout, &recorders);
         Ok(Gateway {
             inner: Arc::new(Inner {
+                id: config.id.clone(),
+                boot: format!("{:016x}", rand::random::<u64>()),
                 limits: config.limits.clone(),
                 key_header,
                 routes: ArcSwap::from_pointee(table),

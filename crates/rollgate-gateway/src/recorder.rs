@@ -2,7 +2,7 @@
 //! the same lock, and each shard is a core `RevisionStats`/`PairStats`, so
 //! every shard (and their merge) keeps `failures <= requests`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -42,43 +42,128 @@ impl<T: Default> Sharded<T> {
     }
 }
 
-/// Recorders keyed by (model, revision).
-type ByRevision<T> = Mutex<HashMap<(String, String), Arc<Sharded<T>>>>;
+/// Recorders keyed by (model, epoch, revision); epoch `""` is none.
+type ByRevision<T> = Mutex<HashMap<(String, String, String), Arc<Sharded<T>>>>;
 
-/// Every recorder of the gateway, by model and revision. Recorders outlive
-/// routing changes: a route holds `Arc`s to them, the registry keeps them.
+/// Epochs of a model no longer routed whose counts stay reported (their
+/// late completions still arrive); older ones are folded into the model's
+/// retired totals, which keeps memory bounded and the pooled counters
+/// monotone.
+const RETIRED_EPOCHS_KEPT: usize = 8;
+
+/// Every recorder of the gateway, by model, routing epoch and revision.
+/// Recorders outlive routing changes: a route holds `Arc`s to them (so a
+/// request records into the epoch it arrived in), the registry keeps them.
 #[derive(Debug, Default)]
 pub struct Recorders {
     revisions: ByRevision<RevisionStats>,
     pairs: ByRevision<PairStats>,
+    /// Per model: epochs retired, oldest first.
+    retired: Mutex<HashMap<String, Vec<String>>>,
+    /// Per model: counts of epochs folded away.
+    folded: Mutex<BTreeMap<String, Snapshot>>,
+}
+
+fn key(model: &str, epoch: &str, id: &str) -> (String, String, String) {
+    (model.to_string(), epoch.to_string(), id.to_string())
+}
+
+/// What the gateway has counted: per model pooled over epochs, and per
+/// model and epoch.
+#[derive(Debug, Default)]
+pub struct Counted {
+    pub models: BTreeMap<String, Snapshot>,
+    pub epochs: BTreeMap<String, BTreeMap<String, Snapshot>>,
 }
 
 impl Recorders {
-    pub fn revision(&self, model: &str, revision: &str) -> Arc<Sharded<RevisionStats>> {
+    pub fn revision(
+        &self,
+        model: &str,
+        epoch: &str,
+        revision: &str,
+    ) -> Arc<Sharded<RevisionStats>> {
         Arc::clone(
             lock(&self.revisions)
-                .entry((model.to_string(), revision.to_string()))
+                .entry(key(model, epoch, revision))
                 .or_default(),
         )
     }
 
-    pub fn pairs(&self, model: &str, shadow: &str) -> Arc<Sharded<PairStats>> {
+    pub fn pairs(&self, model: &str, epoch: &str, shadow: &str) -> Arc<Sharded<PairStats>> {
         Arc::clone(
             lock(&self.pairs)
-                .entry((model.to_string(), shadow.to_string()))
+                .entry(key(model, epoch, shadow))
                 .or_default(),
         )
     }
 
-    /// Cumulative stats of every model, merged over shards.
-    pub fn snapshot(&self) -> std::collections::BTreeMap<String, Snapshot> {
-        let mut out: std::collections::BTreeMap<String, Snapshot> = Default::default();
+    /// Notes the epochs now routed; epochs no longer routed are retired,
+    /// and beyond [`RETIRED_EPOCHS_KEPT`] per model folded away.
+    pub fn retire_except(&self, live: &BTreeSet<(String, String)>) {
+        let known: BTreeSet<(String, String)> = lock(&self.revisions)
+            .keys()
+            .chain(lock(&self.pairs).keys())
+            .map(|(m, e, _)| (m.clone(), e.clone()))
+            .collect();
+        let mut retired = lock(&self.retired);
+        for (model, epoch) in known.difference(live) {
+            let list = retired.entry(model.clone()).or_default();
+            if !list.contains(epoch) {
+                list.push(epoch.clone());
+            }
+        }
+        // An epoch routed again (a restarted controller re-sends it) is live.
+        for (model, list) in retired.iter_mut() {
+            list.retain(|e| !live.contains(&(model.clone(), e.clone())));
+        }
+        for (model, list) in retired.iter_mut() {
+            while list.len() > RETIRED_EPOCHS_KEPT {
+                let epoch = list.remove(0);
+                self.fold(model, &epoch);
+            }
+        }
+    }
+
+    fn fold(&self, model: &str, epoch: &str) {
+        let mut out = Snapshot::default();
+        lock(&self.revisions).retain(|(m, e, rev), rec| {
+            let keep = !(m == model && e == epoch);
+            if !keep {
+                let dst = out.revision_mut(rev);
+                rec.fold(|s| dst.merge(s));
+            }
+            keep
+        });
+        lock(&self.pairs).retain(|(m, e, shadow), rec| {
+            let keep = !(m == model && e == epoch);
+            if !keep {
+                let dst = out.pairs_mut(shadow);
+                rec.fold(|p| dst.merge(p));
+            }
+            keep
+        });
+        lock(&self.folded)
+            .entry(model.to_string())
+            .or_default()
+            .merge(&out);
+    }
+
+    /// Cumulative stats of every model, merged over shards: pooled per
+    /// model (with folded epochs) and per model and epoch.
+    pub fn snapshot(&self) -> Counted {
+        let mut out = Counted::default();
         let revisions: Vec<_> = lock(&self.revisions)
             .iter()
             .map(|(k, v)| (k.clone(), Arc::clone(v)))
             .collect();
-        for ((model, rev), rec) in revisions {
-            let snap = out.entry(model).or_default();
+        for ((model, epoch, rev), rec) in revisions {
+            let snap = out
+                .epochs
+                .entry(model)
+                .or_default()
+                .entry(epoch)
+                .or_default();
             let dst = snap.revision_mut(&rev);
             rec.fold(|s| dst.merge(s));
         }
@@ -86,10 +171,24 @@ impl Recorders {
             .iter()
             .map(|(k, v)| (k.clone(), Arc::clone(v)))
             .collect();
-        for ((model, shadow), rec) in pairs {
-            let snap = out.entry(model).or_default();
+        for ((model, epoch, shadow), rec) in pairs {
+            let snap = out
+                .epochs
+                .entry(model)
+                .or_default()
+                .entry(epoch)
+                .or_default();
             let dst = snap.pairs_mut(&shadow);
             rec.fold(|p| dst.merge(p));
+        }
+        for (model, epochs) in &out.epochs {
+            let pooled = out.models.entry(model.clone()).or_default();
+            for s in epochs.values() {
+                pooled.merge(s);
+            }
+        }
+        for (model, folded) in lock(&self.folded).iter() {
+            out.models.entry(model.clone()).or_default().merge(folded);
         }
         out
     }

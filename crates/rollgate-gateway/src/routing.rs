@@ -22,12 +22,18 @@ pub struct Target {
 }
 
 impl Target {
-    fn new(model: &str, u: &Upstream, default_timeout: Duration, rec: &Recorders) -> Target {
+    fn new(
+        model: &str,
+        epoch: &str,
+        u: &Upstream,
+        default_timeout: Duration,
+        rec: &Recorders,
+    ) -> Target {
         Target {
             revision: u.revision.clone(),
             base: u.url.trim_end_matches('/').to_string(),
             timeout: u.timeout.unwrap_or(default_timeout),
-            stats: rec.revision(model, &u.revision),
+            stats: rec.revision(model, epoch, &u.revision),
         }
     }
 }
@@ -64,7 +70,10 @@ impl RoutingTable {
         rec: &Recorders,
     ) -> RoutingTable {
         let mut t = RoutingTable::default();
+        let mut live = std::collections::BTreeSet::new();
         for m in models {
+            let epoch = m.epoch.as_deref().unwrap_or("");
+            live.insert((m.name.clone(), epoch.to_string()));
             let route = Arc::new(Route {
                 name: m.name.clone(),
                 protocol: m.protocol,
@@ -75,18 +84,18 @@ impl RoutingTable {
                 confidence_threshold: m.confidence_threshold,
                 numeric_tolerance: m.numeric_tolerance,
                 fallback_to_champion: m.fallback_to_champion,
-                champion: Target::new(&m.name, &m.champion, default_timeout, rec),
+                champion: Target::new(&m.name, epoch, &m.champion, default_timeout, rec),
                 candidate: m.candidate.as_ref().map(|c| {
                     (
-                        Target::new(&m.name, &c.upstream, default_timeout, rec),
+                        Target::new(&m.name, epoch, &c.upstream, default_timeout, rec),
                         c.weight_bp,
                     )
                 }),
                 shadow: m.shadow.as_ref().map(|s| {
                     (
-                        Target::new(&m.name, &s.upstream, default_timeout, rec),
+                        Target::new(&m.name, epoch, &s.upstream, default_timeout, rec),
                         s.mirror_bp,
-                        rec.pairs(&m.name, &s.upstream.revision),
+                        rec.pairs(&m.name, epoch, &s.upstream.revision),
                     )
                 }),
             });
@@ -95,6 +104,7 @@ impl RoutingTable {
             }
             t.by_name.insert(m.name.clone(), route);
         }
+        rec.retire_except(&live);
         t
     }
 

@@ -122,6 +122,7 @@ fn route(champion: &str) -> ModelRoute {
         champion: up("champ", champion),
         candidate: None,
         shadow: None,
+        epoch: None,
     }
 }
 

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use rollgate_core::{
-    AuditEvent, GateKind, Phase, RevisionStats, RollbackReason, Routing, Snapshot,
+    AuditEvent, Exposure, GateKind, Phase, RevisionStats, RollbackReason, Routing, Snapshot,
 };
 
 use crate::{CANDIDATE, Decider};
@@ -75,6 +75,7 @@ impl Baseline {
         Routing {
             candidate_weight_bp: self.steps[self.step] * 100,
             mirror_bp: 0,
+            epoch: 0,
         }
     }
 
@@ -95,9 +96,10 @@ impl Baseline {
 impl Decider for Baseline {
     fn observe(
         &mut self,
-        snapshot: &Snapshot,
+        exposure: &Exposure,
         now: Duration,
     ) -> (Option<Routing>, Phase, Vec<AuditEvent>) {
+        let snapshot = &crate::pooled(exposure);
         if self.phase.is_terminal() {
             return (None, self.phase.clone(), vec![]);
         }

@@ -12,9 +12,12 @@ use std::time::Duration;
 use rand::{RngCore, SeedableRng};
 use rand_distr::{Binomial, Distribution, Poisson};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use std::collections::{BTreeMap, VecDeque};
+
 use rollgate_core::{
-    AuditEvent, Effect, FailureClass, Input, LatencyHistogram, Observation, Phase, Plan,
-    RevisionStats, RolloutSpec, RolloutState, Routing, Snapshot, Timestamp, step,
+    AuditEvent, Effect, Epoch, Exposure, FailureClass, Input, LatencyHistogram, Observation, Phase,
+    Plan, RevisionStats, RolloutSpec, RolloutState, Routing, SeriesReport, Snapshot, Timestamp,
+    step,
 };
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, LogNormal};
@@ -107,6 +110,34 @@ pub struct Scenario {
     /// `false` starts at the first canary step, as for a model with no
     /// shadow traffic.
     pub shadow: Option<bool>,
+    /// Share of requests (both arms alike) that hang until the gateway's
+    /// `timeout` and then fail: they complete long after they arrived,
+    /// across routing changes.
+    pub timeout_rate: f64,
+    /// The gateway's upstream timeout for hanging requests.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Successes complete this long after they arrive (a slow model); fast
+    /// failures complete at once.
+    #[serde(with = "humantime_serde")]
+    pub success_delay: Duration,
+    /// Gateways sharing the traffic, each its own series of counts.
+    pub gateways: u32,
+    /// Seconds at which gateway 0 restarts: its counters start again from
+    /// zero and its requests in flight are lost.
+    pub gateway_restarts: Vec<u64>,
+    /// Every this many seconds the last gateway drops out of the live set
+    /// for `flap_for` seconds, then returns with its whole history.
+    pub flap_every: Option<u64>,
+    pub flap_for: u64,
+    /// Both arms' latency scaled by a shared factor that ramps linearly
+    /// from 1 at `from_s` to `factor` at `to_s` (a step when equal).
+    pub shared_slowdown: Option<Slowdown>,
+    /// The candidate behaves as the champion until this second, and as
+    /// `candidate` from then on.
+    pub candidate_changes_at: Option<u64>,
+    /// Canary steps for this scenario (default: the plan's).
+    pub steps: Option<Vec<u32>>,
     /// Controller evaluation interval.
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
@@ -121,6 +152,9 @@ impl Scenario {
         let mut p = plan.clone();
         if let Some(shadow) = self.shadow {
             p.shadow.enabled = shadow;
+        }
+        if let Some(steps) = &self.steps {
+            p.steps = steps.clone();
         }
         p
     }
@@ -140,8 +174,40 @@ impl Scenario {
             traffic_stops_at: None,
             shadow: None,
             keys: 10_000,
+            timeout_rate: 0.0,
+            timeout: Duration::from_secs(30),
+            success_delay: Duration::ZERO,
+            gateways: 1,
+            gateway_restarts: Vec::new(),
+            flap_every: None,
+            flap_for: 5,
+            shared_slowdown: None,
+            candidate_changes_at: None,
+            steps: None,
             tick: Duration::from_secs(1),
             max_duration: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// A latency change shared by both arms.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slowdown {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub factor: f64,
+}
+
+impl Slowdown {
+    /// The latency factor at second `t`.
+    fn at(&self, t: f64) -> f64 {
+        if t <= self.from_s {
+            1.0
+        } else if t >= self.to_s {
+            self.factor
+        } else {
+            1.0 + (self.factor - 1.0) * (t - self.from_s) / (self.to_s - self.from_s)
         }
     }
 }
@@ -331,13 +397,13 @@ pub fn simulate(plan: &Plan, scenario: &Scenario, seed: u64) -> SimResult {
     simulate_with(&mut CoreDecider::new(&scenario.plan(plan)), &traffic, seed)
 }
 
-/// Decides a rollout from cumulative snapshots: rollgate's state machine,
-/// or a baseline rebuilt from another system's published rules.
+/// Decides a rollout from what the gateways report: rollgate's state
+/// machine, or a baseline rebuilt from another system's published rules.
 pub trait Decider {
     /// One look at `now`: the routing to apply, the phase, and audit records.
     fn observe(
         &mut self,
-        snapshot: &Snapshot,
+        exposure: &Exposure,
         now: Duration,
     ) -> (Option<Routing>, Phase, Vec<AuditEvent>);
     fn evaluations(&self) -> u64;
@@ -367,12 +433,12 @@ impl CoreDecider {
 impl Decider for CoreDecider {
     fn observe(
         &mut self,
-        snapshot: &Snapshot,
+        exposure: &Exposure,
         now: Duration,
     ) -> (Option<Routing>, Phase, Vec<AuditEvent>) {
         let obs = Observation {
             candidate_ready: true,
-            snapshot: Some(snapshot.clone()),
+            exposure: Some(exposure.clone()),
         };
         let Ok(t) = step(
             &self.spec,
@@ -466,14 +532,59 @@ impl<'a> Traffic<'a> {
     }
 }
 
+/// Every series' counts pooled into one snapshot, for deciders that do not
+/// split by series or epoch (the baselines).
+pub fn pooled(exposure: &Exposure) -> Snapshot {
+    let mut out = Snapshot::default();
+    for r in exposure.series.values() {
+        match r {
+            SeriesReport::Epochs { epochs } => epochs.values().for_each(|s| out.merge(s)),
+            SeriesReport::Pooled { total } => out.merge(total),
+        }
+    }
+    out
+}
+
+/// One simulated gateway process: its boot (a restart starts a new series)
+/// and its counts per routing epoch of arrival.
+#[derive(Debug, Default)]
+struct SimGateway {
+    boot: u32,
+    epochs: BTreeMap<Epoch, Snapshot>,
+}
+
+/// Counts that complete later: recorded into their gateway's epoch when
+/// due, unless the gateway restarted meanwhile (then they are lost, as a
+/// killed process loses its requests in flight).
+#[derive(Debug)]
+struct Pending {
+    due: Duration,
+    gateway: usize,
+    boot: u32,
+    epoch: Epoch,
+    counts: Snapshot,
+}
+
+/// Where one tick's requests on one gateway are recorded: failures at
+/// once, successes and hung requests when they complete.
+struct Sinks<'a> {
+    now: &'a mut Snapshot,
+    later: Option<&'a mut Snapshot>,
+    hung: Option<&'a mut Snapshot>,
+    timeout_rate: f64,
+    /// Shared latency factor (1 = none).
+    slowdown: f64,
+}
+
 /// Runs one rollout of `traffic` with `decider`, deterministically for `seed`.
 ///
 /// Each tick's requests are drawn in aggregate: a Poisson count, split by
-/// binomials into the candidate's live share (each request's key is drawn
-/// uniformly, so it is the candidate's with the keys' bucket share), the
-/// mirrored share, failures and answer agreement. This has exactly the
-/// distribution of drawing every request on its own, at a cost per tick
-/// instead of per request (latency is still drawn per success).
+/// binomials over the gateways, into the candidate's live share (each
+/// request's key is drawn uniformly, so it is the candidate's with the
+/// keys' bucket share), the mirrored share, failures and answer agreement.
+/// This has exactly the distribution of drawing every request on its own,
+/// at a cost per tick instead of per request. Each gateway counts a request
+/// under the routing epoch in force when it arrived, when it completes.
 pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) -> SimResult {
     let mut rng = Rng::seed_from_u64(seed);
     let Traffic {
@@ -484,61 +595,144 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
     let tick_s = scenario.tick.as_secs_f64();
     let arrivals = Poisson::new((scenario.rps * tick_s).max(1e-9)).ok();
     let mut keys = StickyKeys::new(scenario.keys, seed);
+    let gateways = scenario.gateways.max(1) as usize;
+    let mut gws: Vec<SimGateway> = (0..gateways).map(|_| SimGateway::default()).collect();
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let delayed = !scenario.success_delay.is_zero();
+    let hanging = scenario.timeout_rate > 0.0;
 
-    let mut snapshot = Snapshot::default();
     let mut routing = Routing::CHAMPION_ONLY;
     let mut share = 0.0;
     let mut phase = Phase::Pending;
     let mut audit = Vec::new();
     let (mut live, mut mirrored) = (0u64, 0u64);
     let mut now = Duration::ZERO;
+    let mut restarts = scenario.gateway_restarts.clone();
+    restarts.sort_unstable();
+    let mut restarts = restarts.into_iter().peekable();
 
     while now < scenario.max_duration && !phase.is_terminal() {
         now += scenario.tick;
         let second = now.as_secs();
+        while restarts.next_if(|&r| r <= second).is_some() {
+            let g = &mut gws[0];
+            g.boot += 1;
+            g.epochs.clear();
+        }
         let stopped = scenario.traffic_stops_at.is_some_and(|t| second >= t);
         let outage = scenario
             .shared_outage
             .is_some_and(|(from, to)| (from..to).contains(&second));
-        let n = if stopped {
+        let slowdown = scenario
+            .shared_slowdown
+            .map_or(1.0, |s| s.at(now.as_secs_f64()));
+        let candidate = match scenario.candidate_changes_at {
+            Some(at) if second < at => champion,
+            _ => candidate,
+        };
+        let mut n = if stopped {
             0
         } else {
             arrivals.as_ref().map_or(0, |p| p.sample(&mut rng) as u64)
         };
-        let to_candidate = binomial(&mut rng, n, share);
-        let to_champion = n - to_candidate;
-        let mirror = binomial(
-            &mut rng,
-            to_champion,
-            f64::from(routing.mirror_bp) / 10_000.0,
-        );
-        live += to_candidate;
-        mirrored += mirror;
-        let snap = &mut snapshot;
-        serve(&mut rng, snap, CANDIDATE, candidate, to_candidate, outage);
-        serve(
-            &mut rng,
-            snap,
-            CHAMPION,
-            champion,
-            to_champion - mirror,
-            outage,
-        );
-        // Mirrored requests: the shadow's failures are independent of the
-        // champion's; a pair needs both answers.
-        let champion_ok = serve(&mut rng, snap, CHAMPION, champion, mirror, outage);
-        let pairs = serve(&mut rng, snap, CANDIDATE, candidate, champion_ok, outage);
-        serve(
-            &mut rng,
-            snap,
-            CANDIDATE,
-            candidate,
-            mirror - champion_ok,
-            outage,
-        );
-        record_pairs(&mut rng, snap, scenario, pairs);
+        for (g, gw) in gws.iter_mut().enumerate() {
+            let here = binomial(&mut rng, n, 1.0 / (gateways - g) as f64);
+            n -= here;
+            let to_candidate = binomial(&mut rng, here, share);
+            let to_champion = here - to_candidate;
+            let mirror = binomial(
+                &mut rng,
+                to_champion,
+                f64::from(routing.mirror_bp) / 10_000.0,
+            );
+            live += to_candidate;
+            mirrored += mirror;
+            let epoch = routing.epoch;
+            let (mut later, mut hung) = (Snapshot::default(), Snapshot::default());
+            let mut sinks = Sinks {
+                now: gw.epochs.entry(epoch).or_default(),
+                later: delayed.then_some(&mut later),
+                hung: hanging.then_some(&mut hung),
+                timeout_rate: scenario.timeout_rate,
+                slowdown,
+            };
+            serve(
+                &mut rng,
+                &mut sinks,
+                CANDIDATE,
+                candidate,
+                to_candidate,
+                outage,
+            );
+            serve(
+                &mut rng,
+                &mut sinks,
+                CHAMPION,
+                champion,
+                to_champion - mirror,
+                outage,
+            );
+            // Mirrored requests: the shadow's failures are independent of
+            // the champion's; a pair needs both answers.
+            let champion_ok = serve(&mut rng, &mut sinks, CHAMPION, champion, mirror, outage);
+            let pairs = serve(
+                &mut rng,
+                &mut sinks,
+                CANDIDATE,
+                candidate,
+                champion_ok,
+                outage,
+            );
+            serve(
+                &mut rng,
+                &mut sinks,
+                CANDIDATE,
+                candidate,
+                mirror - champion_ok,
+                outage,
+            );
+            let pair_sink = sinks.later.as_deref_mut().unwrap_or(sinks.now);
+            record_pairs(&mut rng, pair_sink, scenario, pairs);
+            for (counts, after) in [(later, scenario.success_delay), (hung, scenario.timeout)] {
+                if !counts.is_empty() {
+                    pending.push_back(Pending {
+                        due: now + after,
+                        gateway: g,
+                        boot: gw.boot,
+                        epoch,
+                        counts,
+                    });
+                }
+            }
+        }
+        // Completions that are due: the two delays are fixed, so the queue
+        // is sorted up to the interleaving of its two kinds.
+        if !pending.is_empty() {
+            let (due, rest): (Vec<Pending>, Vec<Pending>) =
+                pending.drain(..).partition(|p| p.due <= now);
+            pending.extend(rest);
+            for p in due {
+                let gw = &mut gws[p.gateway];
+                if gw.boot == p.boot {
+                    gw.epochs.entry(p.epoch).or_default().merge(&p.counts);
+                }
+            }
+        }
+        // The report: every gateway in the live set, as its own series.
+        let flapping = |g: usize| {
+            g + 1 == gateways
+                && gateways > 1
+                && scenario.flap_every.is_some_and(|every| {
+                    let every = every.max(1);
+                    second >= every && second % every < scenario.flap_for
+                })
+        };
+        let mut exposure = Exposure::default();
+        for (g, gw) in gws.iter().enumerate().filter(|(g, _)| !flapping(*g)) {
+            exposure = exposure.with_epochs(format!("gw{g}/{}", gw.boot), gw.epochs.clone());
+        }
 
-        let (r, p, events) = decider.observe(&snapshot, now);
+        let (r, p, events) = decider.observe(&exposure, now);
         if let Some(r) = r {
             if r.candidate_weight_bp != routing.candidate_weight_bp {
                 share = keys.share(r.candidate_weight_bp);
@@ -565,26 +759,41 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
 
 /// Serves `count` requests on `arm`, recording them; returns how many
 /// succeeded.
-fn serve(
-    rng: &mut Rng,
-    snapshot: &mut Snapshot,
-    rev: &str,
-    arm: &Arm,
-    count: u64,
-    outage: bool,
-) -> u64 {
+fn serve(rng: &mut Rng, sinks: &mut Sinks, rev: &str, arm: &Arm, count: u64, outage: bool) -> u64 {
     if count == 0 {
         return 0;
+    }
+    let hung = binomial(rng, count, sinks.timeout_rate);
+    let count = count - hung;
+    if hung > 0 {
+        let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
+        sink.revision_mut(rev)
+            .record_failures(FailureClass::Timeout, hung);
     }
     let failures = if outage {
         count
     } else {
         binomial(rng, count, arm.model.failure)
     };
-    let stats = snapshot.revision_mut(rev);
-    stats.record_failures(FailureClass::Upstream5xx, failures);
+    sinks
+        .now
+        .revision_mut(rev)
+        .record_failures(FailureClass::Upstream5xx, failures);
     let successes = count - failures;
-    arm.latency.record(rng, stats, successes);
+    let stats = sinks
+        .later
+        .as_deref_mut()
+        .unwrap_or(sinks.now)
+        .revision_mut(rev);
+    if sinks.slowdown == 1.0 {
+        arm.latency.record(rng, stats, successes);
+    } else {
+        let f = sinks.slowdown;
+        stats.record_latencies(
+            (0..successes)
+                .map(|_| (arm.latency.values[arm.latency.alias.sample(rng)] as f64 * f) as u64),
+        );
+    }
     let fraud = binomial(rng, successes, 0.3);
     stats.record_predictions("fraud", fraud);
     stats.record_predictions("ok", successes - fraud);

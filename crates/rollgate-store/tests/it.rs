@@ -519,6 +519,7 @@ fn routes_follow_rollouts_and_gateways_heartbeat() {
         let routing = Routing {
             candidate_weight_bp: 0,
             mirror_bp: 10_000,
+            epoch: 1,
         };
         store
             .apply(TransitionWrite {
@@ -606,6 +607,7 @@ fn child_writer() {
             routing: Routing {
                 candidate_weight_bp: (i % 10_000) as u32,
                 mirror_bp: 0,
+                epoch: 1,
             },
         }];
         let rec = store

@@ -170,14 +170,18 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(&args.data)?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
-        let gateway = Gateway::new(&GatewayConfig {
-            models: vec![],
-            ..cfg.gateway.clone()
-        })?;
         let gw_listener = tokio::net::TcpListener::bind(cfg.gateway.listen)
             .await
             .with_context(|| format!("binding the gateway on {}", cfg.gateway.listen))?;
         let gw_addr = gw_listener.local_addr()?;
+        let gateway = Gateway::new(&GatewayConfig {
+            id: format!("up-{gw_addr}"),
+            models: vec![],
+            ..cfg.gateway.clone()
+        })?;
+        // Serve only once the routes are loaded: a restarted gateway must
+        // not answer 404 for models the store routes.
+        initial_routes(store.as_ref(), &gateway);
         let api_listener = tokio::net::TcpListener::bind(cfg.api.listen)
             .await
             .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
@@ -274,6 +278,14 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Loads the store's routes before the gateway serves. A failure is logged
+/// and the follower keeps trying: the gateway still serves what it can.
+fn initial_routes(store: &dyn rollgate_store::Store, gateway: &Gateway) {
+    if let Err(e) = rollgate_controller::sync_once(store, gateway) {
+        tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
+    }
+}
+
 /// A gateway that follows the store at `data` (used by `rollgate gateway --data`).
 pub fn gateway_following_store(
     config: GatewayConfig,
@@ -285,20 +297,22 @@ pub fn gateway_following_store(
     let store = open_store(data)?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
-        let gateway = Gateway::new(&GatewayConfig {
-            models: vec![],
-            ..config.clone()
-        })?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
         let addr = listener.local_addr()?;
-        rollgate_controller::sync_once(store.as_ref(), &gateway)?;
+        let id = id.unwrap_or_else(|| format!("gateway-{addr}"));
+        let gateway = Gateway::new(&GatewayConfig {
+            id: id.clone(),
+            models: vec![],
+            ..config.clone()
+        })?;
+        // Serve only once the routes are loaded.
+        initial_routes(store.as_ref(), &gateway);
         println!(
             "rollgate gateway: http://{addr} following the store in {}",
             data.display()
         );
-        let id = id.unwrap_or_else(|| format!("gateway-{addr}"));
         let follow = tokio::spawn(rollgate_controller::follow(
             Arc::clone(&store),
             gateway.clone(),
