@@ -118,11 +118,14 @@ fn log_mean_exp(xs: &[f64]) -> f64 {
 /// late. The e-process is therefore a mixture over **start times** as well
 /// as over alternatives: the component started at the rollout's origin has
 /// weight [`BASE_WEIGHT`], and the `k`-th [`restart`](Self::restart) (taken
-/// at a time chosen from past data only, e.g. after an outage) starts a
-/// fresh component with weight `(1 − BASE_WEIGHT) / (k (k + 1))`. Each
-/// component is a nonnegative supermartingale from its start (1 before it),
-/// so the fixed-weight mixture is one too, starting at 1: Ville's
-/// inequality holds for it as for a single product.
+/// at a time chosen from past data only, e.g. when an outage has ended)
+/// starts a fresh component with weight `(1 − BASE_WEIGHT) / (k (k + 1))`.
+/// Each component is a nonnegative supermartingale from its start (1
+/// before it), so the fixed-weight mixture is one too, starting at 1 (the
+/// weights sum to at most 1): Ville's inequality holds for it as for a
+/// single product. All restarted components see the same increments from
+/// their start on, so per alternative their weighted sum obeys
+/// `A ← (A + π_k) · LR`: one number per alternative, however many restarts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConditionalBinomial {
     /// The null's largest rate ratio, `1 + margin`.
@@ -130,32 +133,40 @@ pub struct ConditionalBinomial {
     /// `ln` of the likelihood ratio of each grid alternative against `r0`,
     /// for the component started at the origin.
     pub log_lr: Vec<f64>,
-    /// Components started later, in order.
+    /// Per alternative, `ln` of the weighted sum of the restarted
+    /// components (`−∞`, stored as `None` in JSON, before the first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub restarts: Vec<Vec<f64>>,
+    pub restarted: Vec<Option<f64>>,
+    /// Restarts taken so far.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// The weight of the component started at the rollout's origin.
 pub const BASE_WEIGHT: f64 = 0.9;
-
-/// Restarts beyond this many are not taken (their weight is left unused,
-/// which only makes the test more conservative).
-pub const MAX_RESTARTS: usize = 16;
 
 impl ConditionalBinomial {
     pub fn new(r0: f64) -> Self {
         ConditionalBinomial {
             r0: r0.max(1e-9),
             log_lr: vec![0.0; GRID],
-            restarts: Vec::new(),
+            restarted: Vec::new(),
+            restarts: 0,
         }
     }
 
     /// Starts a fresh component. Valid only when the decision to restart
     /// depends on data already added (never on the next increment).
     pub fn restart(&mut self) {
-        if self.restarts.len() < MAX_RESTARTS {
-            self.restarts.push(vec![0.0; GRID]);
+        self.restarts += 1;
+        let k = f64::from(self.restarts);
+        let ln_w = ((1.0 - BASE_WEIGHT) / (k * (k + 1.0))).ln();
+        self.restarted.resize(GRID, None);
+        for a in &mut self.restarted {
+            *a = Some(match *a {
+                None => ln_w,
+                Some(x) => log_sum_exp(&[x, ln_w]),
+            });
         }
     }
 
@@ -184,8 +195,8 @@ impl ConditionalBinomial {
             let t1 = theta(r1);
             let d = b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
             self.log_lr[i] += d;
-            for c in &mut self.restarts {
-                c[i] += d;
+            if let Some(Some(x)) = self.restarted.get_mut(i) {
+                *x += d;
             }
         }
     }
@@ -193,15 +204,13 @@ impl ConditionalBinomial {
     /// `ln` of the mixture e-value: over start times (weights above) and,
     /// within each, uniformly over the grid of alternatives.
     pub fn log_e_value(&self) -> f64 {
-        let rest = 1.0 - BASE_WEIGHT;
-        let components = std::iter::once((BASE_WEIGHT.ln(), &self.log_lr)).chain(
-            self.restarts.iter().enumerate().map(|(k, c)| {
-                let k = (k + 1) as f64;
-                ((rest / (k * (k + 1.0))).ln(), c)
-            }),
-        );
-        let terms: Vec<f64> = components.map(|(w, c)| w + log_mean_exp(c)).collect();
-        log_sum_exp(&terms)
+        let base = BASE_WEIGHT.ln() + log_mean_exp(&self.log_lr);
+        let restarted: Vec<f64> = self.restarted.iter().flatten().copied().collect();
+        if restarted.is_empty() {
+            return base;
+        }
+        let later = log_sum_exp(&restarted) - (GRID as f64).ln();
+        log_sum_exp(&[base, later])
     }
 
     /// Whether the null is rejected at level `alpha` (Ville's inequality).
@@ -740,10 +749,95 @@ mod tests {
         assert!(!rate_exceeds(5, 5, 1.0, 0.0025, 100.0));
     }
 
+    /// Both arms fail alike for a while (a shared outage), then the
+    /// candidate fails `after` of its requests; the e-process restarts
+    /// once at `restart_at` (or never). Returns whether it rejected, and
+    /// after how many ticks past the outage.
+    fn outage_then(after: f64, restart_at: Option<u64>, seed: u64) -> (bool, u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut e = ConditionalBinomial::new(1.0);
+        for tick in 0..400u64 {
+            if restart_at == Some(tick) {
+                e.restart();
+            }
+            let outage = tick < 60;
+            let (n, rho) = (100u64, 0.5);
+            let nb = (0..n).filter(|_| rng.random_bool(rho)).count() as u64;
+            let na = n - nb;
+            let fa = if outage {
+                na
+            } else {
+                (0..na).filter(|_| rng.random_bool(0.01)).count() as u64
+            };
+            let fb = if outage {
+                nb
+            } else {
+                (0..nb).filter(|_| rng.random_bool(after)).count() as u64
+            };
+            e.update(fa, fb, nb as f64 / n as f64);
+            if e.rejects(0.01) {
+                return (true, tick.saturating_sub(60));
+            }
+        }
+        (false, 0)
+    }
+
+    #[test]
+    fn a_restart_after_an_outage_catches_a_candidate_that_fails_after_it() {
+        // Without a restart the outage crushed every alternative: a
+        // candidate failing half its requests afterwards is seen late. One
+        // restart when the outage ends (tick 60) catches it within a few
+        // ticks.
+        let median = |restart_at| {
+            let mut ticks: Vec<u64> = (0..40)
+                .map(|s| {
+                    let (rejected, t) = outage_then(0.5, restart_at, 50 + s);
+                    assert!(rejected, "seed {s}");
+                    t
+                })
+                .collect();
+            ticks.sort_unstable();
+            ticks[20]
+        };
+        let (with, without) = (median(Some(60)), median(None));
+        assert!(with <= 3, "median {with} ticks after the outage");
+        assert!(
+            without >= 5 * with.max(1),
+            "without a restart {without}, with {with}"
+        );
+    }
+
+    #[test]
+    fn restarts_keep_the_error_below_alpha() {
+        // An equivalent candidate (both 1%) with a restart every 10 ticks
+        // (40 restarts): the mixture over start times is still one test
+        // supermartingale, so false rejections stay below α = 1%.
+        let rejected = (0..300)
+            .filter(|&s| {
+                let mut rng = StdRng::seed_from_u64(900 + s);
+                let mut e = ConditionalBinomial::new(1.0);
+                (0..600u64).any(|tick| {
+                    if tick % 10 == 0 {
+                        e.restart();
+                    }
+                    let nb = (0..200).filter(|_| rng.random_bool(0.25)).count() as u64;
+                    let na = 200 - nb;
+                    let fa = (0..na).filter(|_| rng.random_bool(0.01)).count() as u64;
+                    let fb = (0..nb).filter(|_| rng.random_bool(0.01)).count() as u64;
+                    e.update(fa, fb, nb as f64 / 200.0);
+                    e.rejects(0.01)
+                })
+            })
+            .count();
+        assert!(rejected <= 3, "{rejected}/300 at alpha 1%");
+    }
+
     #[test]
     fn state_round_trips_through_json() {
         let mut e = ConditionalBinomial::new(1.5);
         e.update(3, 9, 0.25);
+        e.restart();
+        e.update(1, 4, 0.25);
         let back: ConditionalBinomial =
             serde_json::from_str(&serde_json::to_string(&e).expect("ser")).expect("de");
         assert_eq!(back, e);

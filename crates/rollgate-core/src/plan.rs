@@ -136,7 +136,7 @@ impl Default for Plan {
             alpha: 0.05,
             policy: Policy::Sequential,
             sequential: SequentialPlan::default(),
-            outage_window: Duration::from_secs(10),
+            outage_window: Duration::from_secs(5),
             reject_on: RejectOn::ShownWorse,
             gates: Gates::default(),
         }

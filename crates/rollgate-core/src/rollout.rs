@@ -597,10 +597,11 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     if plan.policy == Policy::Sequential {
         return observe_sequential(spec, t, increments, now, kind);
     }
-    // The windowed policy judges cumulative counts over every epoch and
-    // series: they never go backwards, whatever the gateways do.
-    let current = increments.map(|_| t.state.evidence.pooled(1, t.state.epoch));
+    // The windowed policy judges the stage's own epoch: counts of requests
+    // that arrived under this stage's routing, over every series, which
+    // never go backwards whatever the gateways do.
     let epoch = t.state.epoch;
+    let current = increments.map(|_| t.state.evidence.epoch(epoch));
     let clock = t
         .state
         .stage
@@ -705,7 +706,8 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             if t.state.paused || pending_breach {
                 return;
             }
-            advance(spec, t, phase, verdict, current, now);
+            // The next stage is a new epoch: its counts start at zero.
+            advance(spec, t, phase, verdict, Some(Snapshot::default()), now);
         }
     }
 }

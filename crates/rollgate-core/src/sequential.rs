@@ -59,16 +59,19 @@ use crate::stats::Interval;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SequentialState {
     pub errors: ConditionalBinomial,
-    /// The champion was in an outage at the last look. While it is, new
-    /// counts are not added to the error e-process (a choice made from past
-    /// data only, so the e-process stays valid), and the first look after
-    /// it starts a fresh component of the e-process ([`restart_due`]).
-    ///
-    /// [`restart_due`]: SequentialState::restart_due
+    /// The champion was in an outage at the last look.
     #[serde(default)]
     pub champion_outage: bool,
+    /// An outage ended at the last look: the next look starts a fresh
+    /// component of the error e-process before adding its counts (a choice
+    /// made from past data only, so the e-process stays valid).
     #[serde(default)]
     pub restart_due: bool,
+    /// The stage's counts when the last outage ended: evidence gathered
+    /// before and during a shared outage says nothing of the candidate
+    /// after it, so the stage's floors count only what came after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_base: Option<(Epoch, Tally)>,
 }
 
 /// Counts of both arms: what each stage's sample floors count.
@@ -89,6 +92,15 @@ pub struct ArmTally {
 }
 
 impl ArmTally {
+    fn since(&self, e: &ArmTally) -> ArmTally {
+        ArmTally {
+            requests: self.requests.saturating_sub(e.requests),
+            failures: self.failures.saturating_sub(e.failures),
+            latencies: self.latencies.saturating_sub(e.latencies),
+            predictions: self.predictions.saturating_sub(e.predictions),
+        }
+    }
+
     fn of(s: &RevisionStats) -> Self {
         ArmTally {
             requests: s.requests(),
@@ -100,6 +112,14 @@ impl ArmTally {
 }
 
 impl Tally {
+    fn since(&self, e: &Tally) -> Tally {
+        Tally {
+            candidate: self.candidate.since(&e.candidate),
+            champion: self.champion.since(&e.champion),
+            pairs: self.pairs.saturating_sub(e.pairs),
+        }
+    }
+
     fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
         Tally {
             candidate: ArmTally::of(s.revision(candidate)),
@@ -116,6 +136,7 @@ impl SequentialState {
             errors: ConditionalBinomial::new(plan.sequential.max_error_ratio),
             champion_outage: false,
             restart_due: false,
+            floor_base: None,
         }
     }
 
@@ -124,9 +145,6 @@ impl SequentialState {
     /// with probability set by the candidate's share of *that increment's*
     /// requests, all of which arrived under one routing split.
     fn add(&mut self, increments: &BTreeMap<Epoch, Snapshot>, champion: &str, candidate: &str) {
-        if self.champion_outage {
-            return;
-        }
         if std::mem::take(&mut self.restart_due) {
             self.errors.restart();
         }
@@ -534,7 +552,22 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     ));
     // Each stage needs its own sample floor before it may pass, whatever the
     // cumulative evidence says (a stage nobody exercised proved nothing).
-    let stage_window = Tally::of(&stage_snap, champion_id, candidate_id);
+    let stage_tally = Tally::of(&stage_snap, champion_id, candidate_id);
+    // The champion is judged on recent evidence: totals since the rollout
+    // began would dilute an outage that starts late. An outage that ends
+    // here re-bases the stage's floors before they are checked.
+    let window = plan.outage_window.as_millis() as u64;
+    let (recent_requests, recent_failures) = ledger.recent_champion(input.now, window);
+    let champion = champion_health_of(plan, recent_requests, recent_failures, h.latency());
+    if state.champion_outage && !champion.outage {
+        state.restart_due = true;
+        state.floor_base = Some((input.stage_epoch, stage_tally));
+    }
+    state.champion_outage = champion.outage;
+    let stage_window = match state.floor_base {
+        Some((e, base)) if e == input.stage_epoch => stage_tally.since(&base),
+        _ => stage_tally,
+    };
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
@@ -544,13 +577,6 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             v.reason = r;
         }
     }
-    // The champion is judged on recent evidence: totals since the rollout
-    // began would dilute an outage that starts late.
-    let window = plan.outage_window.as_millis() as u64;
-    let (recent_requests, recent_failures) = ledger.recent_champion(input.now, window);
-    let champion = champion_health_of(plan, recent_requests, recent_failures, h.latency());
-    state.champion_outage = champion.outage;
-    state.restart_due |= champion.outage;
     let kinds = |keep: &dyn Fn(&GateVerdict) -> bool| {
         gates
             .iter()

@@ -108,6 +108,10 @@ fn start_controller(dir: &Path, env: &[(&str, &str)]) -> Proc {
 }
 
 fn start_gateway(dir: &Path) -> Proc {
+    start_gateway_on(dir, "127.0.0.1:0")
+}
+
+fn start_gateway_on(dir: &Path, listen: &str) -> Proc {
     let data = dir.join("data");
     spawn(
         &[
@@ -115,10 +119,48 @@ fn start_gateway(dir: &Path) -> Proc {
             "--data",
             &data.to_string_lossy(),
             "--listen",
-            "127.0.0.1:0",
+            listen,
         ],
         &[],
     )
+}
+
+/// A loopback address with a port free right now (for a gateway that must
+/// come back on the same address after a kill).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").to_string()
+}
+
+/// Requests of `revision` in the rollout's ledger: every series, every
+/// epoch, archived series too.
+fn ledger_requests(r: &Value, revision: &str) -> u64 {
+    let ledger = &r["state"]["evidence"];
+    let of = |snap: &Value| {
+        snap["revisions"][revision]["requests"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let series: u64 = ledger["series"]
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+        .flat_map(|s| s["epochs"].as_object().into_iter().flat_map(|e| e.values()))
+        .map(of)
+        .sum();
+    let archived: u64 = ledger["archived"]
+        .as_object()
+        .into_iter()
+        .flat_map(|e| e.values())
+        .map(of)
+        .sum();
+    series + archived
+}
+
+fn ledger_series(r: &Value) -> usize {
+    r["state"]["evidence"]["series"]
+        .as_object()
+        .map_or(0, |m| m.len())
 }
 
 /// How a test model server behaves.
@@ -127,6 +169,10 @@ struct Model {
     /// POSTs answer 503 while set.
     failing: Arc<AtomicBool>,
     predictions: Arc<AtomicU64>,
+    /// Every this many POSTs (0: none) one hangs for 3 s: past the
+    /// revision's 1 s timeout in the tests that use it.
+    hang_every: u64,
+    posts: Arc<AtomicU64>,
 }
 
 impl Model {
@@ -134,6 +180,15 @@ impl Model {
         Model {
             failing: Arc::new(AtomicBool::new(failing)),
             predictions: Arc::new(AtomicU64::new(0)),
+            hang_every: 0,
+            posts: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn hanging_one_in(n: u64) -> Model {
+        Model {
+            hang_every: n,
+            ..Model::new(false)
         }
     }
 }
@@ -154,6 +209,13 @@ async fn model_server(model: Model) -> String {
                     async move {
                         let post = req.method() == hyper::Method::POST;
                         let _ = req.into_body().collect().await;
+                        if post
+                            && model.hang_every > 0
+                            && model.posts.fetch_add(1, Ordering::SeqCst) % model.hang_every
+                                == model.hang_every - 1
+                        {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
                         let (status, body) = if !post {
                             (200, r#"{"name":"m","ready":true}"#)
                         } else if model.failing.load(Ordering::SeqCst) {
@@ -828,4 +890,260 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     );
     let (code, _, _) = cli(&api, &["model", "show", "nope"]);
     assert_eq!(code, 2);
+}
+
+/// The candidate's requests in the ledger never exceed what its model
+/// server answered: nothing is counted twice.
+async fn assert_counted_once(c: &HttpClient, ctl: &Proc, id: i64, cand: &str, served: &Model) {
+    let (_, r) = api(c, ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+    let counted = ledger_requests(&r, cand);
+    let answered = served.predictions.load(Ordering::SeqCst);
+    assert!(counted > 0, "nothing counted: {r}");
+    assert!(
+        counted <= answered,
+        "counted {counted} candidate requests, the model server answered {answered}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_mid_canary_and_restarted_loses_and_double_counts_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = Model::new(false);
+    let cand_url = model_server(candidate.clone()).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &cand_url).await;
+    let listen = free_addr();
+    let mut gw = start_gateway_on(dir.path(), &listen);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    gw.kill(); // SIGKILL, mid-canary, after a SHADOW stage
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _gw = start_gateway_on(dir.path(), &listen);
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    assert!(ledger_series(&r) >= 2, "a restart is a new series: {r}");
+    let kinds = audit_kinds(&c, &ctl, id).await;
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
+    assert_counted_once(&c, &ctl, id, &cand, &candidate).await;
+    assert!(chain_intact(&c, &ctl).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_one_restarted_twice_promote_an_identical_candidate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = Model::new(false);
+    let cand_url = model_server(candidate.clone()).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &cand_url).await;
+    let listen = free_addr();
+    let steady = start_gateway(dir.path());
+    let mut flappy = start_gateway_on(dir.path(), &listen);
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [
+        traffic(steady.addr(), Arc::clone(&stop)),
+        traffic(&listen, Arc::clone(&stop)),
+    ];
+    let id = start_rollout(&c, &ctl, &cand).await;
+    for stage in ["shadow", "canary"] {
+        wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+            phase(r) == stage || finished(r)
+        })
+        .await;
+        flappy.kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        flappy = start_gateway_on(dir.path(), &listen);
+    }
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    assert_counted_once(&c, &ctl, id, &cand, &candidate).await;
+    assert!(chain_intact(&c, &ctl).await);
+    stop.store(true, Ordering::SeqCst);
+    for l in loads {
+        let _ = l.await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_late_in_the_last_stage_holds_then_promotes_without_rejecting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let (champion_model, candidate_model) = (Model::new(false), Model::new(false));
+    let champion = model_server(champion_model.clone()).await;
+    let candidate = model_server(candidate_model.clone()).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
+    let mut p = plan();
+    p["min_stage_duration"] = json!("8s");
+    p["evidence_timeout"] = json!("40s");
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "m", "revision": cand, "plan": p })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_i64().expect("id");
+    // Healthy for 3 s of the 50% stage, then both arms fail everything.
+    wait_for(&c, &ctl, id, Duration::from_secs(60), |r| {
+        r["state"]["phase"]["weight_percent"] == 50
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    champion_model.failing.store(true, Ordering::SeqCst);
+    candidate_model.failing.store(true, Ordering::SeqCst);
+    let began = Instant::now();
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(10), |r| {
+        r["state"]["last_verdict"]["reason"]["code"] == "shared_outage" || finished(r)
+    })
+    .await;
+    assert!(!finished(&r), "{r}");
+    assert!(
+        began.elapsed() <= Duration::from_secs(6),
+        "outage recognised after {:?}",
+        began.elapsed()
+    );
+    // Held past the stage's minimum duration while the outage lasts.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (_, r) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+    assert!(!finished(&r), "{r}");
+    champion_model.failing.store(false, Ordering::SeqCst);
+    candidate_model.failing.store(false, Ordering::SeqCst);
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let (_, rev) = api(&c, &ctl, "GET", &format!("/api/v1/revisions/{cand}"), None).await;
+    assert_eq!(rev["blocked"], false, "{rev}");
+    assert_eq!(rev["rejections"], 0, "{rev}");
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_timeouts_on_both_arms_across_shadow_and_canary_do_not_roll_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    // One request in 200 hangs past the revisions' 1 s timeout, on both.
+    let champion = model_server(Model::hanging_one_in(200)).await;
+    let candidate = model_server(Model::hanging_one_in(200)).await;
+    let (s, _) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m" })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let mut ids = Vec::new();
+    for url in [&champion, &candidate] {
+        let (s, rev) = api(
+            &c,
+            &ctl,
+            "POST",
+            "/api/v1/models/m/revisions",
+            Some(json!({ "upstream": url, "timeout_ms": 1000 })),
+        )
+        .await;
+        assert_eq!(s, 201, "{rev}");
+        ids.push(rev["id"].as_str().expect("id").to_string());
+    }
+    let (s, _) = api(
+        &c,
+        &ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": ids[0], "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
+    let mut p = plan();
+    p["steps"] = json!([5]);
+    p["min_stage_duration"] = json!("4s");
+    p["evidence_timeout"] = json!("30s");
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "m", "revision": ids[1], "plan": p })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_i64().expect("id");
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+/// `rollgate up` on fixed loopback ports; `addr()` is its admin API and
+/// `addrs[1]` its gateway.
+fn start_up(dir: &Path, gateway: &str, api: &str) -> Proc {
+    let cfg = write(
+        dir,
+        "up.toml",
+        &format!(
+            "[api]\nlisten = \"{api}\"\n[controller]\ntick = \"200ms\"\nfollow_interval = \"200ms\"\ngateway_ttl = \"3s\"\n[gateway]\nlisten = \"{gateway}\"\n"
+        ),
+    );
+    let data = dir.join("data");
+    let mut up = spawn(
+        &["up", "--config", &cfg, "--data", &data.to_string_lossy()],
+        &[],
+    );
+    up.addrs.swap(0, 1);
+    up
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollgate_up_killed_mid_canary_and_restarted_reaches_the_same_outcome() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw_addr, api_addr) = (free_addr(), free_addr());
+    let mut up = start_up(dir.path(), &gw_addr, &api_addr);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = Model::new(false);
+    let cand_url = model_server(candidate.clone()).await;
+    let (_, cand) = setup(&c, &up, &champion, &cand_url).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw_addr, Arc::clone(&stop));
+    let id = start_rollout(&c, &up, &cand).await;
+    wait_for(&c, &up, id, Duration::from_secs(30), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    up.kill(); // SIGKILL: gateway, controller and API at once
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let up = start_up(dir.path(), &gw_addr, &api_addr);
+    let r = wait_for(&c, &up, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let kinds = audit_kinds(&c, &up, id).await;
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
+    assert_counted_once(&c, &up, id, &cand, &candidate).await;
+    assert!(chain_intact(&c, &up).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
 }
