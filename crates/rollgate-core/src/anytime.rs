@@ -109,70 +109,28 @@ fn log_mean_exp(xs: &[f64]) -> f64 {
 }
 
 /// The one-sided conditional-binomial mixture e-process for "the candidate's
-/// failure rate per request is at most `r0` times the champion's".
-///
-/// A stretch where both arms fail alike (a shared outage) is evidence *for*
-/// the null: every alternative's likelihood ratio falls, and a test that
-/// only ever multiplies would need as much evidence again to climb back, so
-/// a candidate that starts failing right after the outage would be caught
-/// late. The e-process is therefore a mixture over **start times** as well
-/// as over alternatives: the component started at the rollout's origin has
-/// weight [`BASE_WEIGHT`], and the `k`-th [`restart`](Self::restart) (taken
-/// at a time chosen from past data only, e.g. when an outage has ended)
-/// starts a fresh component with weight `(1 − BASE_WEIGHT) / (k (k + 1))`.
-/// Each component is a nonnegative supermartingale from its start (1
-/// before it), so the fixed-weight mixture is one too, starting at 1 (the
-/// weights sum to at most 1): Ville's inequality holds for it as for a
-/// single product. All restarted components see the same increments from
-/// their start on, so per alternative their weighted sum obeys
-/// `A ← (A + π_k) · LR`: one number per alternative, however many restarts.
+/// failure rate per request is at most `r0` times the champion's": a
+/// product of factors, one per [`update`](Self::update), mixed uniformly
+/// over a grid of alternatives.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConditionalBinomial {
     /// The null's largest rate ratio, `1 + margin`.
     pub r0: f64,
-    /// `ln` of the likelihood ratio of each grid alternative against `r0`,
-    /// for the component started at the origin.
+    /// `ln` of the likelihood ratio of each grid alternative against `r0`.
     pub log_lr: Vec<f64>,
-    /// Per alternative, `ln` of the weighted sum of the restarted
-    /// components (`−∞`, stored as `None` in JSON, before the first).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub restarted: Vec<Option<f64>>,
-    /// Restarts taken so far.
-    #[serde(default)]
-    pub restarts: u32,
 }
-
-/// The weight of the component started at the rollout's origin.
-pub const BASE_WEIGHT: f64 = 0.9;
 
 impl ConditionalBinomial {
     pub fn new(r0: f64) -> Self {
         ConditionalBinomial {
             r0: r0.max(1e-9),
             log_lr: vec![0.0; GRID],
-            restarted: Vec::new(),
-            restarts: 0,
         }
     }
 
-    /// Starts a fresh component. Valid only when the decision to restart
-    /// depends on data already added (never on the next increment).
-    pub fn restart(&mut self) {
-        self.restarts += 1;
-        let k = f64::from(self.restarts);
-        let ln_w = ((1.0 - BASE_WEIGHT) / (k * (k + 1.0))).ln();
-        self.restarted.resize(GRID, None);
-        for a in &mut self.restarted {
-            *a = Some(match *a {
-                None => ln_w,
-                Some(x) => log_sum_exp(&[x, ln_w]),
-            });
-        }
-    }
-
-    /// Adds the failures seen since the last update: `champion_failures`
-    /// and `candidate_failures`, while the candidate had `candidate_share`
-    /// of the requests (its exposure, in (0, 1)).
+    /// Multiplies in one factor: `champion_failures` and
+    /// `candidate_failures` while the candidate had `candidate_share` of
+    /// the requests (its exposure, in (0, 1)).
     pub fn update(
         &mut self,
         champion_failures: u64,
@@ -193,30 +151,51 @@ impl ConditionalBinomial {
             // 1.47×r0, …, 100×r0, by multiplication.
             r1 *= step;
             let t1 = theta(r1);
-            let d = b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
-            self.log_lr[i] += d;
-            if let Some(Some(x)) = self.restarted.get_mut(i) {
-                *x += d;
-            }
+            self.log_lr[i] += b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();
         }
     }
 
-    /// `ln` of the mixture e-value: over start times (weights above) and,
-    /// within each, uniformly over the grid of alternatives.
+    /// `ln` of the mixture (uniform over the grid) e-value.
     pub fn log_e_value(&self) -> f64 {
-        let base = BASE_WEIGHT.ln() + log_mean_exp(&self.log_lr);
-        let restarted: Vec<f64> = self.restarted.iter().flatten().copied().collect();
-        if restarted.is_empty() {
-            return base;
-        }
-        let later = log_sum_exp(&restarted) - (GRID as f64).ln();
-        log_sum_exp(&[base, later])
+        log_mean_exp(&self.log_lr)
     }
 
     /// Whether the null is rejected at level `alpha` (Ville's inequality).
     pub fn rejects(&self, alpha: f64) -> bool {
         self.log_e_value() >= (1.0 / alpha).ln()
     }
+}
+
+/// The weight of the component of a [start mixture](start_mixture) started
+/// at the origin.
+pub const BASE_WEIGHT: f64 = 0.9;
+
+/// `ln` of an e-process mixed over start times, from the `ln` e-values of
+/// its components in order: the one started at the origin (weight
+/// [`BASE_WEIGHT`]), then the `k`-th restart (weight
+/// `(1 − BASE_WEIGHT)/(k(k+1))`). Each component is a test supermartingale
+/// from its start (1 before it), and a start chosen from past data only is
+/// allowed; the weights sum to at most 1, so the mixture is a test
+/// supermartingale too and Ville's inequality holds for it.
+///
+/// Why: a stretch where both arms fail alike (a shared outage) is evidence
+/// *for* the null and crushes every alternative of a component that saw
+/// it; a component started after it is not crushed.
+pub fn start_mixture(log_e: impl IntoIterator<Item = f64>) -> f64 {
+    let terms: Vec<f64> = log_e
+        .into_iter()
+        .enumerate()
+        .map(|(k, l)| {
+            let w = if k == 0 {
+                BASE_WEIGHT
+            } else {
+                let k = k as f64;
+                (1.0 - BASE_WEIGHT) / (k * (k + 1.0))
+            };
+            w.ln() + l
+        })
+        .collect();
+    log_sum_exp(&terms)
 }
 
 /// Howard et al.'s beta-binomial mixture supermartingale for a sum `s` of
@@ -750,32 +729,37 @@ mod tests {
     }
 
     /// Both arms fail alike for a while (a shared outage), then the
-    /// candidate fails `after` of its requests; the e-process restarts
-    /// once at `restart_at` (or never). Returns whether it rejected, and
-    /// after how many ticks past the outage.
-    fn outage_then(after: f64, restart_at: Option<u64>, seed: u64) -> (bool, u64) {
+    /// candidate fails `after` of its requests. With `restart`, a second
+    /// component starts when the outage ends (tick 60), mixed by
+    /// [`start_mixture`]. Returns whether it rejected, and after how many
+    /// ticks past the outage.
+    fn outage_then(after: f64, restart: bool, seed: u64) -> (bool, u64) {
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut e = ConditionalBinomial::new(1.0);
+        let mut base = ConditionalBinomial::new(1.0);
+        let mut later = ConditionalBinomial::new(1.0);
         for tick in 0..400u64 {
-            if restart_at == Some(tick) {
-                e.restart();
-            }
             let outage = tick < 60;
             let (n, rho) = (100u64, 0.5);
             let nb = (0..n).filter(|_| rng.random_bool(rho)).count() as u64;
             let na = n - nb;
-            let fa = if outage {
-                na
-            } else {
-                (0..na).filter(|_| rng.random_bool(0.01)).count() as u64
+            let fail = |rng: &mut StdRng, m: u64, p: f64| {
+                if outage {
+                    m
+                } else {
+                    (0..m).filter(|_| rng.random_bool(p)).count() as u64
+                }
             };
-            let fb = if outage {
-                nb
+            let (fa, fb) = (fail(&mut rng, na, 0.01), fail(&mut rng, nb, after));
+            base.update(fa, fb, nb as f64 / n as f64);
+            if tick >= 60 {
+                later.update(fa, fb, nb as f64 / n as f64);
+            }
+            let e = if restart && tick >= 60 {
+                start_mixture([base.log_e_value(), later.log_e_value()])
             } else {
-                (0..nb).filter(|_| rng.random_bool(after)).count() as u64
+                start_mixture([base.log_e_value()])
             };
-            e.update(fa, fb, nb as f64 / n as f64);
-            if e.rejects(0.01) {
+            if e >= (1.0f64 / 0.01).ln() {
                 return (true, tick.saturating_sub(60));
             }
         }
@@ -785,13 +769,13 @@ mod tests {
     #[test]
     fn a_restart_after_an_outage_catches_a_candidate_that_fails_after_it() {
         // Without a restart the outage crushed every alternative: a
-        // candidate failing half its requests afterwards is seen late. One
-        // restart when the outage ends (tick 60) catches it within a few
+        // candidate failing half its requests afterwards is seen late. A
+        // component started when the outage ends catches it within a few
         // ticks.
-        let median = |restart_at| {
+        let median = |restart| {
             let mut ticks: Vec<u64> = (0..40)
                 .map(|s| {
-                    let (rejected, t) = outage_then(0.5, restart_at, 50 + s);
+                    let (rejected, t) = outage_then(0.5, restart, 50 + s);
                     assert!(rejected, "seed {s}");
                     t
                 })
@@ -799,7 +783,7 @@ mod tests {
             ticks.sort_unstable();
             ticks[20]
         };
-        let (with, without) = (median(Some(60)), median(None));
+        let (with, without) = (median(true), median(false));
         assert!(with <= 3, "median {with} ticks after the outage");
         assert!(
             without >= 5 * with.max(1),
@@ -809,23 +793,26 @@ mod tests {
 
     #[test]
     fn restarts_keep_the_error_below_alpha() {
-        // An equivalent candidate (both 1%) with a restart every 10 ticks
-        // (40 restarts): the mixture over start times is still one test
-        // supermartingale, so false rejections stay below α = 1%.
+        // An equivalent candidate (both 1%) with a component started every
+        // 10 ticks (60 of them): the mixture over start times is still a
+        // test supermartingale, so false rejections stay below α = 1%.
         let rejected = (0..300)
             .filter(|&s| {
                 let mut rng = StdRng::seed_from_u64(900 + s);
-                let mut e = ConditionalBinomial::new(1.0);
+                let mut components: Vec<ConditionalBinomial> = Vec::new();
                 (0..600u64).any(|tick| {
                     if tick % 10 == 0 {
-                        e.restart();
+                        components.push(ConditionalBinomial::new(1.0));
                     }
                     let nb = (0..200).filter(|_| rng.random_bool(0.25)).count() as u64;
                     let na = 200 - nb;
                     let fa = (0..na).filter(|_| rng.random_bool(0.01)).count() as u64;
                     let fb = (0..nb).filter(|_| rng.random_bool(0.01)).count() as u64;
-                    e.update(fa, fb, nb as f64 / 200.0);
-                    e.rejects(0.01)
+                    for c in &mut components {
+                        c.update(fa, fb, nb as f64 / 200.0);
+                    }
+                    start_mixture(components.iter().map(ConditionalBinomial::log_e_value))
+                        >= (1.0f64 / 0.01).ln()
                 })
             })
             .count();
@@ -836,8 +823,6 @@ mod tests {
     fn state_round_trips_through_json() {
         let mut e = ConditionalBinomial::new(1.5);
         e.update(3, 9, 0.25);
-        e.restart();
-        e.update(1, 4, 0.25);
         let back: ConditionalBinomial =
             serde_json::from_str(&serde_json::to_string(&e).expect("ser")).expect("de");
         assert_eq!(back, e);

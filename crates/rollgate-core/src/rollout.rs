@@ -213,9 +213,14 @@ pub struct RolloutSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageClock {
     pub started_at: Timestamp,
-    /// The routing epoch the stage runs in: its own evidence.
+    /// The routing epoch the stage started in: its own evidence is that
+    /// epoch's and any later one's.
     #[serde(default)]
     pub epoch: Epoch,
+    /// The epoch from which the stage's sample floors count (after a
+    /// champion outage: the epoch started when it ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_epoch: Option<Epoch>,
     /// Cumulative stats when the stage started; the stage's window is the
     /// current snapshot minus this. `None` until a snapshot is first seen.
     pub baseline: Option<Snapshot>,
@@ -231,6 +236,7 @@ impl StageClock {
         StageClock {
             started_at,
             epoch,
+            floor_epoch: None,
             window_baseline: baseline.clone(),
             baseline,
             consecutive_breaches: 0,
@@ -255,6 +261,9 @@ pub struct RolloutState {
     /// The current routing epoch (0 before the first stage).
     #[serde(default)]
     pub epoch: Epoch,
+    /// The first epoch of each stage entered, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stage_starts: Vec<Epoch>,
     /// Every gateway series' counts per epoch: the rollout's evidence.
     #[serde(default)]
     pub evidence: Ledger,
@@ -271,6 +280,7 @@ impl RolloutState {
             evaluations: 0,
             sequential: None,
             epoch: 0,
+            stage_starts: Vec::new(),
             evidence: Ledger::default(),
         }
     }
@@ -446,6 +456,7 @@ fn enter(
 ) {
     t.state.phase = next;
     t.state.epoch += 1;
+    t.state.stage_starts.push(t.state.epoch);
     t.state.stage = Some(StageClock::new(now, t.state.epoch, baseline));
     t.effects.push(Effect::SetRouting {
         routing: Routing {
@@ -601,7 +612,8 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     // that arrived under this stage's routing, over every series, which
     // never go backwards whatever the gateways do.
     let epoch = t.state.epoch;
-    let current = increments.map(|_| t.state.evidence.epoch(epoch));
+    let stage_epoch = t.state.stage.as_ref().map_or(epoch, |c| c.epoch);
+    let current = increments.map(|_| t.state.evidence.pooled(stage_epoch, epoch));
     let clock = t
         .state
         .stage
@@ -726,7 +738,7 @@ fn observe_sequential(
     let clock = state
         .stage
         .get_or_insert_with(|| StageClock::new(now, epoch, None));
-    let (started, stage_epoch) = (clock.started_at, clock.epoch);
+    let (started, floor_epoch) = (clock.started_at, clock.floor_epoch.unwrap_or(clock.epoch));
     let seq = state
         .sequential
         .get_or_insert_with(|| SequentialState::new(plan));
@@ -736,18 +748,21 @@ fn observe_sequential(
         &SequentialInput {
             stage: kind,
             evidence: increments.as_ref().map(|inc| (&state.evidence, inc)),
-            stage_epoch,
+            stage_starts: &state.stage_starts,
+            epoch,
+            floor_epoch,
             champion: &spec.champion,
             candidate: &spec.candidate,
             elapsed: now.since(started),
             now,
         },
     );
+    let new_epoch = std::mem::take(&mut seq.new_epoch_due);
     let (phase, verdict) = record_evaluation(t, verdict, None);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
             let gates = gates.clone();
-            roll_back(
+            return roll_back(
                 plan,
                 t,
                 RollbackReason::AnytimeBreach { gates },
@@ -765,17 +780,42 @@ fn observe_sequential(
                     },
                     _ => RollbackReason::EvidenceTimeout { gates: vec![] },
                 };
-                roll_back(plan, t, reason, Some(verdict));
+                return roll_back(plan, t, reason, Some(verdict));
             }
         }
         (Outcome::Wait, _) => {}
         (Outcome::Pass, _) => {
-            if t.state.paused {
-                return;
+            if !t.state.paused {
+                return advance(spec, t, phase, verdict, None, now);
             }
-            advance(spec, t, phase, verdict, None, now);
         }
     }
+    if new_epoch {
+        restart_epoch(plan, t);
+    }
+}
+
+/// A champion outage ended: the same split continues in a new routing
+/// epoch, where a fresh component of the error e-process and the stage's
+/// sample floors start (docs/statistics.md, "Outages").
+fn restart_epoch(plan: &Plan, t: &mut Transition) {
+    let state = &mut t.state;
+    state.epoch += 1;
+    let epoch = state.epoch;
+    if let Some(seq) = &mut state.sequential
+        && seq.restarts.len() < sequential::MAX_RESTARTS
+    {
+        seq.restarts.push(epoch);
+    }
+    if let Some(clock) = &mut state.stage {
+        clock.floor_epoch = Some(epoch);
+    }
+    t.effects.push(Effect::SetRouting {
+        routing: Routing {
+            epoch,
+            ..Routing::for_phase(plan, &state.phase)
+        },
+    });
 }
 
 fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<(), StepError> {

@@ -41,7 +41,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::anytime::{ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs};
+use crate::anytime::{
+    ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs, start_mixture,
+};
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
     Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason, decide,
@@ -56,23 +58,27 @@ use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champio
 use crate::stats::Interval;
 
 /// The sequential test's state: small, serialisable, restored exactly.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// (The evidence itself is the rollout's [`Ledger`]; the error e-process
+/// is recomputed from it at every look.)
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SequentialState {
-    pub errors: ConditionalBinomial,
+    /// Epochs at which a fresh component of the error e-process starts
+    /// (one after each champion outage), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<Epoch>,
     /// The champion was in an outage at the last look.
     #[serde(default)]
     pub champion_outage: bool,
-    /// An outage ended at the last look: the next look starts a fresh
-    /// component of the error e-process before adding its counts (a choice
-    /// made from past data only, so the e-process stays valid).
+    /// An outage ended at this look: the caller starts a new epoch (same
+    /// split), where a fresh component of the e-process and the stage's
+    /// floors start.
     #[serde(default)]
-    pub restart_due: bool,
-    /// The stage's counts when the last outage ended: evidence gathered
-    /// before and during a shared outage says nothing of the candidate
-    /// after it, so the stage's floors count only what came after.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub floor_base: Option<(Epoch, Tally)>,
+    pub new_epoch_due: bool,
 }
+
+/// Restarts beyond this many are not taken (their weight is left unused,
+/// which only makes the test more conservative).
+pub const MAX_RESTARTS: usize = 16;
 
 /// Counts of both arms: what each stage's sample floors count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,15 +98,6 @@ pub struct ArmTally {
 }
 
 impl ArmTally {
-    fn since(&self, e: &ArmTally) -> ArmTally {
-        ArmTally {
-            requests: self.requests.saturating_sub(e.requests),
-            failures: self.failures.saturating_sub(e.failures),
-            latencies: self.latencies.saturating_sub(e.latencies),
-            predictions: self.predictions.saturating_sub(e.predictions),
-        }
-    }
-
     fn of(s: &RevisionStats) -> Self {
         ArmTally {
             requests: s.requests(),
@@ -112,14 +109,6 @@ impl ArmTally {
 }
 
 impl Tally {
-    fn since(&self, e: &Tally) -> Tally {
-        Tally {
-            candidate: self.candidate.since(&e.candidate),
-            champion: self.champion.since(&e.champion),
-            pairs: self.pairs.saturating_sub(e.pairs),
-        }
-    }
-
     fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
         Tally {
             candidate: ArmTally::of(s.revision(candidate)),
@@ -130,36 +119,62 @@ impl Tally {
 }
 
 impl SequentialState {
-    /// A test with `plan`'s error margin.
-    pub fn new(plan: &Plan) -> Self {
-        SequentialState {
-            errors: ConditionalBinomial::new(plan.sequential.max_error_ratio),
-            champion_outage: false,
-            restart_due: false,
-            floor_base: None,
-        }
+    /// A test from the rollout's origin.
+    pub fn new(_plan: &Plan) -> Self {
+        SequentialState::default()
     }
+}
 
-    /// Adds one look's new counts, epoch by epoch, to the error e-process:
-    /// under the null, a failure in an increment came from the candidate
-    /// with probability set by the candidate's share of *that increment's*
-    /// requests, all of which arrived under one routing split.
-    fn add(&mut self, increments: &BTreeMap<Epoch, Snapshot>, champion: &str, candidate: &str) {
-        if std::mem::take(&mut self.restart_due) {
-            self.errors.restart();
+/// One epoch's counts for the error e-process, with every request that has
+/// no outcome yet (in flight, abandoned by its client, lost with a killed
+/// gateway) taken at its worst for a rejection: the champion's as failures,
+/// the candidate's as successes. This factor is at most the one the
+/// epoch's final counts will give, whatever those outcomes turn out to be
+/// and whenever they arrive.
+fn pessimistic(s: &Snapshot, champion: &str, candidate: &str) -> (u64, u64, f64) {
+    let (c, h) = (s.revision(candidate), s.revision(champion));
+    let (uc, uh) = (c.unresolved(), h.unresolved());
+    let (nc, nh) = (c.requests() + uc, h.requests() + uh);
+    let share = if nc + nh == 0 {
+        0.0
+    } else {
+        nc as f64 / (nc + nh) as f64
+    };
+    (h.failure_count() + uh, c.failure_count(), share)
+}
+
+/// `ln` of the error e-process: every epoch of the rollout is one factor of
+/// the conditional-binomial e-process (its cumulative counts, unresolved
+/// requests at their worst), mixed over start times — the origin, and each
+/// restart epoch after an outage ([`start_mixture`]).
+///
+/// Why per epoch and not per look: within an epoch, *when* a request's
+/// outcome is counted depends on its latency, and a candidate that fails
+/// fast beside a champion that times out (equal rates) would show its
+/// failures first. Epochs are fixed in advance of their data, so the
+/// product over epochs of their final factors is a test supermartingale;
+/// at any look each factor is bounded above by its final value, so a
+/// rejection implies the final product crossed `1/α` (Ville's inequality
+/// bounds that by `α`).
+fn error_log_e(plan: &Plan, state: &SequentialState, ledger: &Ledger, ids: (&str, &str)) -> f64 {
+    let (champion, candidate) = ids;
+    let factors: Vec<(Epoch, (u64, u64, f64))> = ledger
+        .epochs()
+        .into_iter()
+        .map(|e| (e, pessimistic(&ledger.epoch(e), champion, candidate)))
+        .collect();
+    let component = |from: Epoch| {
+        let mut cb = ConditionalBinomial::new(plan.sequential.max_error_ratio);
+        for &(_, (kh, kc, share)) in factors.iter().filter(|(e, _)| *e >= from) {
+            cb.update(kh, kc, share);
         }
-        for inc in increments.values() {
-            let (c, h) = (inc.revision(candidate), inc.revision(champion));
-            let exposure = c.requests() + h.requests();
-            if exposure > 0 {
-                self.errors.update(
-                    h.failure_count(),
-                    c.failure_count(),
-                    c.requests() as f64 / exposure as f64,
-                );
-            }
-        }
-    }
+        cb.log_e_value()
+    };
+    start_mixture(
+        std::iter::once(0)
+            .chain(state.restarts.iter().copied())
+            .map(component),
+    )
 }
 
 /// Error rate: the e-process (over every epoch's increments) to fail;
@@ -171,7 +186,7 @@ impl SequentialState {
 /// both sides move together; the rates and difference shown are these.
 fn error_gate(
     plan: &Plan,
-    errors: &ConditionalBinomial,
+    log_e: f64,
     alpha: f64,
     epochs: &[(Epoch, &Snapshot)],
     ids: (&str, &str),
@@ -213,7 +228,7 @@ fn error_gate(
         margin: cfg.margin,
         candidate_rate: cand,
         champion_rate: champ,
-        e_value: Some(errors.log_e_value().exp()),
+        e_value: Some(log_e.exp()),
     };
     let (outcome, reason) = decide(
         None,
@@ -222,7 +237,7 @@ fn error_gate(
             stage.champion.requests(),
             cfg.min_requests,
         ),
-        errors.rejects(alpha),
+        log_e >= (1.0 / alpha).ln(),
         difference.upper <= cfg.margin,
         true,
     );
@@ -367,11 +382,11 @@ pub fn stage_count(plan: &Plan) -> usize {
     usize::from(plan.shadow.enabled) + plan.steps.len()
 }
 
-/// `α` of one epoch's two-sample comparison: a metric compared within
-/// epochs fails when any epoch's comparison fails, so its `α` is split over
-/// the epochs it can fail in (the plan's stages).
-pub fn epoch_alpha(plan: &Plan, epoch: Epoch) -> f64 {
-    metric_alpha(plan) / stage_count(plan).max(epoch as usize).max(1) as f64
+/// `α` of one stage's two-sample comparison: a metric compared within
+/// stages fails when any stage's comparison fails, so its `α` is split over
+/// the plan's stages.
+pub fn stage_alpha(plan: &Plan, stage: usize) -> f64 {
+    metric_alpha(plan) / stage_count(plan).max(stage).max(1) as f64
 }
 
 /// Guard rails: absolute limits on the candidate over its whole exposure
@@ -400,10 +415,17 @@ pub struct SequentialInput<'a> {
     /// The rollout's evidence and this look's new counts per epoch; `None`
     /// if no stats could be read.
     pub evidence: Option<(&'a Ledger, &'a BTreeMap<Epoch, Snapshot>)>,
-    /// The current stage's epoch: each stage must gather its own sample
-    /// floor before it may pass, so a stage whose traffic stopped never
-    /// passes on earlier stages' evidence.
-    pub stage_epoch: Epoch,
+    /// The first epoch of each stage entered, in order; the last is the
+    /// current stage's. A stage runs in one split, so its epochs are
+    /// compared together.
+    pub stage_starts: &'a [Epoch],
+    /// The epoch in force now.
+    pub epoch: Epoch,
+    /// The epoch from which the current stage's sample floors count: each
+    /// stage must gather its own floor before it may pass (a stage whose
+    /// traffic stopped never passes on earlier stages' evidence), and
+    /// after an outage only what came after it counts.
+    pub floor_epoch: Epoch,
     pub champion: &'a str,
     pub candidate: &'a str,
     /// Time since the current stage's clock started.
@@ -411,25 +433,23 @@ pub struct SequentialInput<'a> {
     pub now: Timestamp,
 }
 
-/// A two-sample gate judged within each epoch: the first epoch whose
-/// comparison fails (only epochs with new counts can newly fail), else the
-/// current stage's epoch's verdict.
-fn within_epochs(
-    epochs: &[(Epoch, &Snapshot)],
-    stage_epoch: Epoch,
-    judge: impl Fn(Epoch, &Snapshot) -> Option<GateVerdict>,
+/// A two-sample gate judged within each stage (one split): the first
+/// stage whose comparison fails (only stages with new counts can newly
+/// fail), else the current stage's verdict. `stages` are `(stage number
+/// from 1, its evidence)`, the current one last.
+fn within_stages(
+    stages: &[(usize, Snapshot)],
+    judge: impl Fn(usize, &Snapshot) -> Option<GateVerdict>,
 ) -> Option<GateVerdict> {
-    let mut stage = None;
-    for &(e, snap) in epochs {
-        let v = judge(e, snap);
+    let mut last = None;
+    for (i, snap) in stages {
+        let v = judge(*i, snap);
         if v.as_ref().is_some_and(|v| v.outcome == Outcome::Fail) {
             return v;
         }
-        if e == stage_epoch {
-            stage = v;
-        }
+        last = v;
     }
-    stage
+    last
 }
 
 /// Takes one look: updates the test state and judges the stage.
@@ -461,10 +481,11 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         };
     };
     let (champion_id, candidate_id) = (input.champion, input.candidate);
-    state.add(increments, champion_id, candidate_id);
+    let log_e = error_log_e(plan, state, ledger, (champion_id, candidate_id));
 
     let g = &plan.gates;
-    let stage_snap = ledger.epoch(input.stage_epoch);
+    let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);
+    let stage_snap = ledger.pooled(stage_epoch, input.epoch);
     let arms_of = |s: &'_ Snapshot| -> (RevisionStats, RevisionStats) {
         (
             s.revision(candidate_id).clone(),
@@ -476,30 +497,35 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         champion: &h,
         candidate: &c,
     };
-    // The epochs a comparison may newly fail in: those with new counts,
-    // and the stage's own (whose verdict is shown).
-    let touched: Vec<(Epoch, Snapshot)> = increments
-        .keys()
-        .copied()
-        .filter(|&e| e != input.stage_epoch)
-        .map(|e| (e, ledger.epoch(e)))
-        .chain(std::iter::once((input.stage_epoch, stage_snap.clone())))
+    // The stages a comparison may newly fail in: those with new counts, and
+    // the current one (whose verdict is shown), each with its evidence.
+    let stages: Vec<(usize, Snapshot)> = input
+        .stage_starts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &from)| {
+            let to = input
+                .stage_starts
+                .get(i + 1)
+                .map_or(input.epoch, |&next| next.saturating_sub(1));
+            let current = i + 1 == input.stage_starts.len();
+            let touched = increments.keys().any(|e| (from..=to).contains(e));
+            (current || touched).then(|| (i + 1, ledger.pooled(from, to)))
+        })
         .collect();
-    let touched: Vec<(Epoch, &Snapshot)> = touched.iter().map(|(e, s)| (*e, s)).collect();
-    let shadow_epoch = |e: Epoch| plan.shadow.enabled && e == 1;
+    let shadow_stage = |i: usize| plan.shadow.enabled && i == 1;
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
         let all: Vec<(Epoch, Snapshot)> = ledger
             .epochs()
             .into_iter()
-            .filter(|&e| e <= input.stage_epoch)
             .map(|e| (e, ledger.epoch(e)))
             .collect();
         let all: Vec<(Epoch, &Snapshot)> = all.iter().map(|(e, s)| (*e, s)).collect();
         gates.push(error_gate(
             plan,
-            &state.errors,
+            log_e,
             alpha,
             &all,
             (champion_id, candidate_id),
@@ -507,11 +533,11 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         ));
     }
     if g.latency.enabled {
-        gates.extend(within_epochs(&touched, input.stage_epoch, |e, s| {
+        gates.extend(within_stages(&stages, |i, s| {
             let (c, h) = arms_of(s);
             Some(latency_gate(
                 plan,
-                epoch_alpha(plan, e),
+                stage_alpha(plan, i),
                 Arms {
                     champion: &h,
                     candidate: &c,
@@ -524,12 +550,12 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             gates.push(shadow_gate(plan, alpha, &stage_snap, candidate_id, arms));
         }
         StageKind::Canary if g.prediction_shift.enabled => {
-            gates.extend(within_epochs(&touched, input.stage_epoch, |e, s| {
+            gates.extend(within_stages(&stages, |i, s| {
                 let (c, h) = arms_of(s);
-                (!shadow_epoch(e)).then(|| {
+                (!shadow_stage(i)).then(|| {
                     shift_gate(
                         plan,
-                        epoch_alpha(plan, e),
+                        stage_alpha(plan, i),
                         Arms {
                             champion: &h,
                             candidate: &c,
@@ -540,7 +566,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         }
         StageKind::Canary => {}
     }
-    let pooled = ledger.pooled(1, input.stage_epoch.max(1));
+    let pooled = ledger.pooled(1, input.epoch.max(1));
     let (pc, ph) = arms_of(&pooled);
     gates.extend(guard_gate(
         plan,
@@ -550,23 +576,26 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             candidate: &pc,
         },
     ));
-    // Each stage needs its own sample floor before it may pass, whatever the
-    // cumulative evidence says (a stage nobody exercised proved nothing).
-    let stage_tally = Tally::of(&stage_snap, champion_id, candidate_id);
     // The champion is judged on recent evidence: totals since the rollout
-    // began would dilute an outage that starts late. An outage that ends
-    // here re-bases the stage's floors before they are checked.
+    // began would dilute an outage that starts late. When an outage ends,
+    // a new epoch starts (a fresh component of the error e-process and the
+    // stage's floors start there), so this look cannot pass.
     let window = plan.outage_window.as_millis() as u64;
     let (recent_requests, recent_failures) = ledger.recent_champion(input.now, window);
     let champion = champion_health_of(plan, recent_requests, recent_failures, h.latency());
-    if state.champion_outage && !champion.outage {
-        state.restart_due = true;
-        state.floor_base = Some((input.stage_epoch, stage_tally));
-    }
+    let outage_ended = state.champion_outage && !champion.outage;
+    state.new_epoch_due = outage_ended;
     state.champion_outage = champion.outage;
-    let stage_window = match state.floor_base {
-        Some((e, base)) if e == input.stage_epoch => stage_tally.since(&base),
-        _ => stage_tally,
+    // Each stage needs its own sample floor before it may pass, whatever the
+    // cumulative evidence says (a stage nobody exercised proved nothing).
+    let stage_window = if outage_ended {
+        Tally::default()
+    } else {
+        Tally::of(
+            &ledger.pooled(input.floor_epoch, input.epoch),
+            champion_id,
+            candidate_id,
+        )
     };
     for v in gates
         .iter_mut()

@@ -119,6 +119,11 @@ impl FailureCounts {
 #[serde(try_from = "RevisionStatsWire", into = "RevisionStatsWire")]
 pub struct RevisionStats {
     requests: u64,
+    /// Requests sent to the revision, counted when they arrive (before any
+    /// outcome): `arrived − requests − client_errors` is what has no
+    /// outcome yet (in flight, or abandoned). Not checked against
+    /// `requests`: shards record arrival and outcome apart.
+    arrived: u64,
     failures: FailureCounts,
     client_errors: u64,
     latency: LatencyHistogram,
@@ -129,6 +134,8 @@ pub struct RevisionStats {
 #[serde(deny_unknown_fields)]
 struct RevisionStatsWire {
     requests: u64,
+    #[serde(default)]
+    arrived: u64,
     #[serde(default)]
     failures: FailureCounts,
     #[serde(default)]
@@ -142,13 +149,15 @@ struct RevisionStatsWire {
 impl TryFrom<RevisionStatsWire> for RevisionStats {
     type Error = SnapshotError;
     fn try_from(w: RevisionStatsWire) -> Result<Self, SnapshotError> {
-        RevisionStats::from_parts(
+        let mut s = RevisionStats::from_parts(
             w.requests,
             w.failures,
             w.client_errors,
             w.latency,
             w.predictions,
-        )
+        )?;
+        s.arrived = w.arrived;
+        Ok(s)
     }
 }
 
@@ -156,6 +165,7 @@ impl From<RevisionStats> for RevisionStatsWire {
     fn from(s: RevisionStats) -> Self {
         RevisionStatsWire {
             requests: s.requests,
+            arrived: s.arrived,
             failures: s.failures,
             client_errors: s.client_errors,
             latency: s.latency,
@@ -176,6 +186,7 @@ impl RevisionStats {
     ) -> Result<Self, SnapshotError> {
         let s = RevisionStats {
             requests,
+            arrived: 0,
             failures,
             client_errors,
             latency,
@@ -268,6 +279,24 @@ impl RevisionStats {
         self.client_errors += 1;
     }
 
+    /// `n` requests sent to the revision, before their outcome is known.
+    pub fn record_arrivals(&mut self, n: u64) {
+        self.arrived += n;
+    }
+
+    /// Requests sent to the revision (0 from a gateway that does not count
+    /// arrivals).
+    pub fn arrived(&self) -> u64 {
+        self.arrived
+    }
+
+    /// Requests sent with no outcome counted yet: in flight, or abandoned
+    /// (a client that went away, a gateway that was killed).
+    pub fn unresolved(&self) -> u64 {
+        self.arrived
+            .saturating_sub(self.requests + self.client_errors)
+    }
+
     /// Requests counted for the revision: successes plus failures.
     pub fn requests(&self) -> u64 {
         self.requests
@@ -309,6 +338,7 @@ impl RevisionStats {
     /// Adds another replica's stats for the same revision.
     pub fn merge(&mut self, other: &RevisionStats) {
         self.requests += other.requests;
+        self.arrived += other.arrived;
         for class in FailureClass::ALL {
             self.failures.add(class, other.failures.get(class));
         }
@@ -369,6 +399,7 @@ impl RevisionStats {
             })?;
         let out = RevisionStats {
             requests: sub(self.requests, earlier.requests, "requests")?,
+            arrived: sub(self.arrived, earlier.arrived, "arrived")?,
             failures,
             client_errors: sub(self.client_errors, earlier.client_errors, "client_errors")?,
             latency,
@@ -634,6 +665,7 @@ impl Snapshot {
     pub fn is_empty(&self) -> bool {
         self.data.revisions.values().all(|r| {
             r.requests == 0
+                && r.arrived == 0
                 && r.client_errors == 0
                 && r.latency.is_empty()
                 && r.predictions.values().all(|&n| n == 0)

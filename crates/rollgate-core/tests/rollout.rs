@@ -1028,3 +1028,79 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn only_a_candidate_shown_worse_or_never_ready_is_rejected() {
+    use rollgate_core::plan::RejectOn;
+    let rejected = |plan: Plan, traffic: &mut Traffic| {
+        let r = run(&spec(plan), traffic, 900);
+        let phase = r.state.phase.clone();
+        (phase, r.effects.contains(&Effect::RejectCandidate))
+    };
+    // Starved: no traffic at all, the deadline passes. Not rejected.
+    let (phase, rej) = rejected(
+        sequential_plan(rollgate_core::Advance::OnTime),
+        &mut Traffic::new(1, 0, HEALTHY, HEALTHY),
+    );
+    assert!(
+        matches!(
+            phase,
+            Phase::RolledBack {
+                reason: RollbackReason::EvidenceTimeout { .. }
+            }
+        ),
+        "{phase:?}"
+    );
+    assert!(!rej, "a starved rollout must leave the candidate startable");
+    // The strict plan option keeps the old behaviour.
+    let mut strict = sequential_plan(rollgate_core::Advance::OnTime);
+    strict.reject_on = RejectOn::AnyRollback;
+    let (_, rej) = rejected(strict, &mut Traffic::new(1, 0, HEALTHY, HEALTHY));
+    assert!(rej);
+    // Shown worse: rejected.
+    let (phase, rej) = rejected(
+        sequential_plan(rollgate_core::Advance::OnTime),
+        &mut Traffic::new(2, 200, HEALTHY, failing(1.0)),
+    );
+    assert!(
+        matches!(
+            phase,
+            Phase::RolledBack {
+                reason: RollbackReason::AnytimeBreach { .. }
+            }
+        ),
+        "{phase:?}"
+    );
+    assert!(rej);
+}
+
+#[test]
+fn guard_rails_run_under_the_sequential_policy() {
+    // Both arms fail 5%: no relative regression, but an absolute limit of
+    // 2% is breached by the candidate, as the plan asks.
+    let mut plan = sequential_plan(rollgate_core::Advance::OnTime);
+    plan.gates.guard_rails.max_error_rate = Some(0.02);
+    let r = run(
+        &spec(plan.clone()),
+        &mut Traffic::new(3, 400, failing(0.05), failing(0.05)),
+        900,
+    );
+    match &r.state.phase {
+        Phase::RolledBack {
+            reason: RollbackReason::AnytimeBreach { gates },
+        } => assert_eq!(gates, &vec![GateKind::GuardRails]),
+        other => panic!("{other:?}"),
+    }
+    // Within the limit: promoted.
+    plan.gates.guard_rails.max_error_rate = Some(0.2);
+    let r = run(
+        &spec(plan),
+        &mut Traffic::new(3, 400, failing(0.05), failing(0.05)),
+        900,
+    );
+    assert!(
+        matches!(r.state.phase, Phase::Promoted { .. }),
+        "{:?}",
+        r.state.phase
+    );
+}

@@ -262,6 +262,7 @@ async fn predict_inner(
         _ => None,
     };
     if let Some(candidate) = chosen {
+        candidate.stats.with(|s| s.record_arrivals(1));
         let outcome = forward(
             inner,
             candidate,
@@ -279,6 +280,7 @@ async fn predict_inner(
         inner.counters.fallback(&route.name);
     }
     let champion = &route.champion;
+    champion.stats.with(|s| s.record_arrivals(1));
     let outcome = forward(
         inner,
         champion,
@@ -308,7 +310,10 @@ async fn predict_inner(
 }
 
 /// Records the outcome against `target`. Returns the predictions of a
-/// successful answer (empty if the model's output is not read).
+/// successful answer (empty if the model's output is not read). Every
+/// request was counted as arrived before it was sent: one whose outcome
+/// never comes (its client went away) stays unresolved, which the
+/// controller's error test takes at its worst for a rejection.
 fn record(route: &Route, target: &Target, outcome: &Upstreamed) -> Option<Vec<Prediction>> {
     let failure = |class| {
         target.stats.with(|s| s.record_failure(class));
@@ -481,6 +486,7 @@ fn mirror(
         let Some((shadow, _, _)) = &route.shadow else {
             return;
         };
+        shadow.stats.with(|s| s.record_arrivals(1));
         let outcome = forward(&inner, shadow, method, &path_q, &headers, body).await;
         let answer = record(&route, shadow, &outcome);
         if let (Some(champion), Some(answer)) = (champion, answer)

@@ -43,6 +43,9 @@ pub struct ArmModel {
     pub median_ms: f64,
     /// Lognormal shape: the spread of latency.
     pub sigma: f64,
+    /// This arm's own share of requests that hang until the scenario's
+    /// `timeout` and then fail (beside the scenario's shared `timeout_rate`).
+    pub hang: f64,
 }
 
 impl Default for ArmModel {
@@ -62,6 +65,7 @@ impl ArmModel {
         failure: 0.0,
         median_ms: 20.0,
         sigma: 0.25,
+        hang: 0.0,
     };
 }
 
@@ -599,7 +603,9 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
     let mut gws: Vec<SimGateway> = (0..gateways).map(|_| SimGateway::default()).collect();
     let mut pending: VecDeque<Pending> = VecDeque::new();
     let delayed = !scenario.success_delay.is_zero();
-    let hanging = scenario.timeout_rate > 0.0;
+    let hanging = scenario.timeout_rate > 0.0
+        || scenario.champion.hang > 0.0
+        || scenario.candidate.hang > 0.0;
 
     let mut routing = Routing::CHAMPION_ONLY;
     let mut share = 0.0;
@@ -763,7 +769,9 @@ fn serve(rng: &mut Rng, sinks: &mut Sinks, rev: &str, arm: &Arm, count: u64, out
     if count == 0 {
         return 0;
     }
-    let hung = binomial(rng, count, sinks.timeout_rate);
+    sinks.now.revision_mut(rev).record_arrivals(count);
+    let p_hang = 1.0 - (1.0 - sinks.timeout_rate) * (1.0 - arm.model.hang);
+    let hung = binomial(rng, count, p_hang);
     let count = count - hung;
     if hung > 0 {
         let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);

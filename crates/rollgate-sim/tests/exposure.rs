@@ -32,6 +32,7 @@ fn identical_arms_are_never_rolled_back_whatever_the_exposure_does() {
         ("timeouts-0.5pct-200rps-shadow", 12),
         ("timeouts-0.1pct-1000rps-shadow", 4),
         ("slow-model-fast-failures", 12),
+        ("fast-failures-vs-timeouts", 12),
         ("outage-at-routing-change", 12),
         ("gateways-4-flap-30s", 12),
         ("gateway-restart-mid-stage", 12),

@@ -164,7 +164,8 @@ pub struct Revision {
     pub model: String,
     pub spec: RevisionSpec,
     pub state: RevisionState,
-    /// How many rollouts of it were rolled back, ever.
+    /// How many rollouts of it rejected it (showed it worse, or it never
+    /// became ready), ever.
     pub rejections: u32,
     /// Blocked from new rollouts until an operator unblocks it.
     pub blocked: bool,

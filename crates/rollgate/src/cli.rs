@@ -379,6 +379,12 @@ fn rollout_view(r: &RolloutRecord) -> String {
     if r.state.phase.is_terminal() {
         out.push_str(&format!("  {}\n", report::phase_line(&r.state.phase)));
     }
+    if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
+        out.push_str(&format!(
+            "  {}\n",
+            report::rejection_line(reason, &r.spec.plan)
+        ));
+    }
     if let Some(v) = &r.state.last_verdict {
         out.push_str(&format!(
             "  last evaluation: {:?} ({}), {:.0}s into the stage\n",

@@ -40,9 +40,10 @@ pub fn gate_line(g: &GateVerdict) -> String {
             champion,
             difference,
             margin,
+            e_value,
             ..
         } => format!(
-            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}",
+            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}",
             candidate.failures,
             candidate.requests,
             pct(candidate.rate),
@@ -51,7 +52,8 @@ pub fn gate_line(g: &GateVerdict) -> String {
             pct(champion.rate),
             pct(difference.lower),
             pct(difference.upper),
-            pct(*margin)
+            pct(*margin),
+            e_value.map_or(String::new(), |e| format!("; e-value {e:.3}"))
         ),
         Evidence::Latency { median, tail, .. } => match (median, tail) {
             (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
@@ -143,6 +145,15 @@ pub fn phase_line(p: &Phase) -> String {
     }
 }
 
+/// Whether a rollback rejected (blocked) the candidate, in words.
+pub fn rejection_line(r: &RollbackReason, plan: &rollgate_core::Plan) -> String {
+    if r.rejects(plan) {
+        "candidate REJECTED: blocked from new rollouts until an operator unblocks it".into()
+    } else {
+        "candidate not rejected: no regression was shown, it may be rolled out again".into()
+    }
+}
+
 fn rollback_words(r: &RollbackReason) -> String {
     let names =
         |g: &[rollgate_core::GateKind]| g.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
@@ -183,4 +194,27 @@ pub fn verdict_lines(v: &StageVerdict) -> Vec<String> {
         ));
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rollgate_core::{GateKind, Plan, plan::RejectOn};
+
+    #[test]
+    fn a_rollback_says_whether_it_rejected_the_candidate() {
+        let plan = Plan::default();
+        let breach = RollbackReason::AnytimeBreach {
+            gates: vec![GateKind::ErrorRate],
+        };
+        let starved = RollbackReason::EvidenceTimeout { gates: vec![] };
+        assert!(rejection_line(&breach, &plan).starts_with("candidate REJECTED"));
+        assert!(rejection_line(&RollbackReason::ReadinessTimeout, &plan).contains("REJECTED"));
+        assert!(rejection_line(&starved, &plan).starts_with("candidate not rejected"));
+        let strict = Plan {
+            reject_on: RejectOn::AnyRollback,
+            ..Plan::default()
+        };
+        assert!(rejection_line(&starved, &strict).starts_with("candidate REJECTED"));
+    }
 }
