@@ -73,6 +73,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
             .into_iter()
             .collect(),
         overloaded: 0,
+        retried: 0,
         fallbacks: Default::default(),
         in_flight: 0,
     }

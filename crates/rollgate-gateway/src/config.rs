@@ -65,6 +65,11 @@ pub struct Limits {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// Idle upstream connections are closed after this long: below the
+    /// keep-alive timeouts servers commonly use (uvicorn's is 5 s), so the
+    /// gateway never reuses a connection the server is about to close.
+    #[serde(with = "humantime_serde")]
+    pub pool_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -76,6 +81,7 @@ impl Default for Limits {
             upstream_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
+            pool_idle_timeout: Duration::from_secs(4),
         }
     }
 }

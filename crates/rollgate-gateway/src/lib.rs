@@ -46,6 +46,9 @@ use routing::RoutingTable;
 struct Counters {
     in_flight: AtomicI64,
     overloaded: AtomicU64,
+    /// Requests sent again because the upstream closed a pooled connection
+    /// before answering.
+    retried: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
 }
 
@@ -64,6 +67,8 @@ struct Inner {
     routes: ArcSwap<RoutingTable>,
     recorders: Recorders,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Never pools: for sending a request again on a fresh connection.
+    fresh: Client<HttpConnector, Full<Bytes>>,
     capacity: Arc<Semaphore>,
     mirror_slots: Arc<Semaphore>,
     counters: Counters,
@@ -86,6 +91,10 @@ pub struct GatewaySnapshot {
     pub epochs: BTreeMap<String, BTreeMap<String, Snapshot>>,
     /// Requests refused because the gateway was at capacity.
     pub overloaded: u64,
+    /// Requests sent again on a fresh connection because the upstream
+    /// closed a pooled one before answering.
+    #[serde(default)]
+    pub retried: u64,
     /// Per model: candidate requests retried on the champion.
     pub fallbacks: BTreeMap<String, u64>,
     pub in_flight: i64,
@@ -100,6 +109,7 @@ impl Inner {
             models: counted.models,
             epochs: counted.epochs,
             overloaded: self.counters.overloaded.load(Ordering::Relaxed),
+            retried: self.counters.retried.load(Ordering::Relaxed),
             fallbacks: self
                 .counters
                 .fallbacks
@@ -139,8 +149,11 @@ impl Gateway {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.limits.connect_timeout));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .pool_idle_timeout(config.limits.pool_idle_timeout)
             .pool_max_idle_per_host(1024)
+            .build(connector.clone());
+        let fresh = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
             .build(connector);
         let recorders = Recorders::default();
         let table =
@@ -154,6 +167,7 @@ impl Gateway {
                 routes: ArcSwap::from_pointee(table),
                 recorders,
                 client,
+                fresh,
                 capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),
                 mirror_slots: Arc::new(Semaphore::new(config.mirror.max_outstanding)),
                 counters: Counters::default(),

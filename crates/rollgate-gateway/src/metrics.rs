@@ -136,6 +136,12 @@ impl Collector for SnapshotCollector {
         )?;
         family(
             &mut enc,
+            "rollgate_upstream_retries",
+            "Requests sent again because the upstream closed a pooled connection before answering.",
+            vec![(vec![], ConstCounter::new(s.retried))],
+        )?;
+        family(
+            &mut enc,
             "rollgate_in_flight",
             "Requests in flight.",
             vec![(vec![], ConstGauge::new(s.in_flight))],

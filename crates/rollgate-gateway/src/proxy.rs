@@ -424,28 +424,46 @@ async fn forward(
     body: Bytes,
 ) -> Upstreamed {
     let uri = format!("{}{}", target.base, path_q);
-    let mut builder = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        if !hop_by_hop(k) {
-            builder = builder.header(k, v);
+    let build = || {
+        let mut builder = Request::builder().method(method.clone()).uri(&uri);
+        for (k, v) in headers {
+            if !hop_by_hop(k) && k != header::ACCEPT_ENCODING {
+                builder = builder.header(k, v);
+            }
         }
-    }
-    let Ok(request) = builder.body(Full::new(body)) else {
-        return Upstreamed::Broken;
+        // Answers are measured, so the gateway asks for them unencoded;
+        // the client gets them unencoded too (identity is always
+        // acceptable to it), and the gateway spends no CPU on compression.
+        builder
+            .header(header::ACCEPT_ENCODING, "identity")
+            .body(Full::new(body.clone()))
     };
     let started = Instant::now();
     let call = async {
-        let resp = inner
-            .client
-            .request(request)
-            .await
-            .map_err(|e| e.is_connect())?;
-        let (parts, body) = resp.into_parts();
+        // A pooled connection the upstream closed before answering (uvicorn
+        // closes one right after a 500 without saying so) fails the request
+        // before any response byte: sent again once, on another connection.
+        // The body is buffered, and nothing of the first try was answered.
+        let resp = match inner.client.request(build().map_err(|_| false)?).await {
+            Ok(r) => r,
+            Err(e) if closed_before_answer(&e) => {
+                inner.counters.retried.fetch_add(1, Ordering::Relaxed);
+                let again = build().map_err(|_| false)?;
+                inner
+                    .fresh
+                    .request(again)
+                    .await
+                    .map_err(|e| e.is_connect())?
+            }
+            Err(e) => return Err(e.is_connect()),
+        };
+        let (mut parts, body) = resp.into_parts();
         let body = Limited::new(body, inner.limits.max_response_bytes)
             .collect()
             .await
             .map_err(|_| false)?
             .to_bytes();
+        let body = decoded(&mut parts.headers, body, inner.limits.max_response_bytes);
         Ok::<_, bool>((parts, body))
     };
     match tokio::time::timeout(target.timeout, call).await {
@@ -458,6 +476,52 @@ async fn forward(
             body,
             latency_us: started.elapsed().as_micros() as u64,
         },
+    }
+}
+
+/// Whether a request failed because its pooled connection was closed by
+/// the upstream before any part of an answer arrived.
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    !e.is_connect()
+        && std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<hyper::Error>())
+            .is_some_and(|h| h.is_incomplete_message() || h.is_canceled())
+}
+
+/// The answer unencoded: an upstream that compresses despite being asked
+/// for identity (gzip or deflate) is decoded, within `limit` bytes, and the
+/// `Content-Encoding` dropped, so the answer is measured and passed on as
+/// what it is. Anything else is passed on as it came.
+fn decoded(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Bytes {
+    use std::io::Read;
+    let Some(encoding) = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+    else {
+        return body;
+    };
+    let mut out = Vec::new();
+    let cap = limit as u64 + 1;
+    let read = match encoding.as_str() {
+        "gzip" | "x-gzip" => flate2::read::MultiGzDecoder::new(&body[..])
+            .take(cap)
+            .read_to_end(&mut out),
+        "deflate" => flate2::read::ZlibDecoder::new(&body[..])
+            .take(cap)
+            .read_to_end(&mut out),
+        "identity" => {
+            headers.remove(header::CONTENT_ENCODING);
+            return body;
+        }
+        _ => return body,
+    };
+    match read {
+        Ok(n) if n <= limit => {
+            headers.remove(header::CONTENT_ENCODING);
+            Bytes::from(out)
+        }
+        _ => body,
     }
 }
 

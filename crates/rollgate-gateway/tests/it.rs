@@ -724,3 +724,151 @@ fn invalid_routes_are_rejected_with_the_field_named() {
     .expect_err("duplicate");
     assert_eq!(e.field, "models[1].name");
 }
+
+/// A bare HTTP/1.1 upstream on a raw socket, for what a hyper server would
+/// not do: `answer(request)` returns the status, body, whether to gzip it,
+/// and whether to drop the *next* request on this connection unanswered
+/// (as a server that closed the connection right after a 500 does to the
+/// client that reuses it). Records every `accept-encoding` it was sent.
+async fn raw_upstream(
+    answer: fn(&str) -> (u16, &'static str, bool, bool),
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut drop_next = false;
+                loop {
+                    // One request: headers, then a content-length body.
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + len {
+                        let mut chunk = [0u8; 4096];
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned();
+                    buf.drain(..head_end + len);
+                    if let Some(ae) = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("accept-encoding:"))
+                    {
+                        log.lock().expect("log").push(ae.trim().to_string());
+                    }
+                    if drop_next {
+                        return; // closed, no answer
+                    }
+                    let (status, text, gzip, drop_after) = answer(&body);
+                    drop_next = drop_after;
+                    let (payload, encoding) = if gzip {
+                        use std::io::Write;
+                        let mut e =
+                            flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                        e.write_all(text.as_bytes()).expect("gzip");
+                        (e.finish().expect("gzip"), "content-encoding: gzip\r\n")
+                    } else {
+                        (text.as_bytes().to_vec(), "")
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{encoding}content-length: {}\r\n\r\n",
+                        payload.len()
+                    );
+                    if stream.write_all(head.as_bytes()).await.is_err()
+                        || stream.write_all(&payload).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_compresses_anyway_is_measured_decoded() {
+    // Asked for identity, this upstream gzips every answer regardless.
+    let (url, seen) = raw_upstream(|_| (200, r#"{"predictions":[[0.1,0.9]]}"#, true, false)).await;
+    let g = start(config(vec![route(&url)])).await;
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/v1/models/m:predict", g.addr))
+        .header("content-type", "application/json")
+        .header("accept-encoding", "gzip, deflate")
+        .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+        .expect("request");
+    let resp = client().request(req).await.expect("http");
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().get("content-encoding").is_none());
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], br#"{"predictions":[[0.1,0.9]]}"#);
+    // The upstream was asked for identity, not for the client's gzip.
+    assert_eq!(seen.lock().expect("log").as_slice(), ["identity"]);
+    // Measured as a success with its prediction, not as invalid output.
+    let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == 1).await;
+    let champ = rev(&s, "champ");
+    assert_eq!(champ.failure_count(), 0, "{champ:?}");
+    assert_eq!(champ.predictions().values().sum::<u64>(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_after_a_500_never_fails_the_next_good_request() {
+    // After each 500 the upstream drops the next request on that
+    // connection unanswered, as uvicorn does after closing it silently.
+    let (url, _) = raw_upstream(|body| {
+        if body.contains("bad") {
+            (500, "Internal Server Error", false, true)
+        } else {
+            (200, ONE, false, false)
+        }
+    })
+    .await;
+    let g = start(config(vec![route(&url)])).await;
+    let c = client();
+    let (mut good, mut bad) = (0, 0);
+    for i in 0..40 {
+        let body = if i % 2 == 0 {
+            r#"{"bad":1}"#
+        } else {
+            r#"{"instances":[[1]]}"#
+        };
+        let r = call(&c, g.addr, "POST", "/v1/models/m:predict", None, body).await;
+        if i % 2 == 0 {
+            assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
+            bad += 1;
+        } else {
+            assert_eq!(r.status, StatusCode::OK, "request {i}: {}", r.body);
+            good += 1;
+        }
+    }
+    let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == good + bad).await;
+    let champ = rev(&s, "champ");
+    assert_eq!(champ.failures().upstream_5xx, bad);
+    assert_eq!(champ.failure_count(), bad, "{champ:?}");
+    assert!(s.retried > 0, "the dropped requests were sent again: {s:?}");
+}

@@ -137,6 +137,9 @@ async fn rollout(
         }
         if r.state.phase.is_terminal() {
             println!("  {}", report::phase_line(&r.state.phase));
+            if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
+                println!("  {}", report::rejection_line(reason, &r.spec.plan));
+            }
             if let Some(v) = &r.state.last_verdict {
                 println!("  evidence ({} s into the stage):", v.elapsed_ms / 1000);
                 for line in report::verdict_lines(v) {
