@@ -129,9 +129,12 @@ pub enum Evidence {
         /// Wilson bound on the candidate's own rate (for the gross rule).
         candidate_rate: Interval,
         champion_rate: Interval,
-        /// The error e-process's value (`sequential`: FAIL at `1/α`).
+        /// The failures e-process's value (`sequential`: FAIL at `2/α`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         e_value: Option<f64>,
+        /// The client-errors e-process's value (`sequential`: FAIL at `2/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_error_e_value: Option<f64>,
     },
     Latency {
         candidate_successes: u64,
@@ -401,6 +404,7 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         candidate_rate,
         champion_rate,
         e_value: None,
+        client_error_e_value: None,
     };
     let (outcome, reason) =
         if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {

@@ -125,25 +125,52 @@ impl SequentialState {
     }
 }
 
-/// One epoch's counts for the error e-process, with every request that has
+/// What an error e-process counts against a revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    /// Failures (5xx, timeouts, connect errors, unreadable output) among
+    /// requests with an outcome.
+    Failures,
+    /// Client errors (4xx) among all answered requests: a candidate that
+    /// answers 4xx where the champion answers 2xx to the same traffic is
+    /// worse; a client that sends garbage to both moves neither.
+    ClientErrors,
+}
+
+/// One epoch's counts for an error e-process, with every request that has
 /// no outcome yet (in flight, abandoned by its client, lost with a killed
-/// gateway) taken at its worst for a rejection: the champion's as failures,
-/// the candidate's as successes. This factor is at most the one the
+/// gateway) taken at its worst for a rejection: the champion's as counted
+/// against it, the candidate's as not. This factor is at most the one the
 /// epoch's final counts will give, whatever those outcomes turn out to be
-/// and whenever they arrive.
-fn pessimistic(s: &Snapshot, champion: &str, candidate: &str) -> (u64, u64, f64) {
+/// and whenever they arrive. Returns `(champion's, candidate's, candidate
+/// share)`.
+fn pessimistic(s: &Snapshot, champion: &str, candidate: &str, what: Counted) -> (u64, u64, f64) {
     let (c, h) = (s.revision(candidate), s.revision(champion));
     let (uc, uh) = (c.unresolved(), h.unresolved());
-    let (nc, nh) = (c.requests() + uc, h.requests() + uh);
+    let (kc, kh, nc, nh) = match what {
+        Counted::Failures => (
+            c.failure_count(),
+            h.failure_count(),
+            c.requests(),
+            h.requests(),
+        ),
+        Counted::ClientErrors => (
+            c.client_errors(),
+            h.client_errors(),
+            c.requests() + c.client_errors(),
+            h.requests() + h.client_errors(),
+        ),
+    };
+    let (nc, nh) = (nc + uc, nh + uh);
     let share = if nc + nh == 0 {
         0.0
     } else {
         nc as f64 / (nc + nh) as f64
     };
-    (h.failure_count() + uh, c.failure_count(), share)
+    (kh + uh, kc, share)
 }
 
-/// `ln` of the error e-process: every epoch of the rollout is one factor of
+/// `ln` of an error e-process: every epoch of the rollout is one factor of
 /// the conditional-binomial e-process (its cumulative counts, unresolved
 /// requests at their worst), mixed over start times — the origin, and each
 /// restart epoch after an outage ([`start_mixture`]).
@@ -156,12 +183,18 @@ fn pessimistic(s: &Snapshot, champion: &str, candidate: &str) -> (u64, u64, f64)
 /// at any look each factor is bounded above by its final value, so a
 /// rejection implies the final product crossed `1/α` (Ville's inequality
 /// bounds that by `α`).
-fn error_log_e(plan: &Plan, state: &SequentialState, ledger: &Ledger, ids: (&str, &str)) -> f64 {
+fn error_log_e(
+    plan: &Plan,
+    state: &SequentialState,
+    ledger: &Ledger,
+    ids: (&str, &str),
+    what: Counted,
+) -> f64 {
     let (champion, candidate) = ids;
     let factors: Vec<(Epoch, (u64, u64, f64))> = ledger
         .epochs()
         .into_iter()
-        .map(|e| (e, pessimistic(&ledger.epoch(e), champion, candidate)))
+        .map(|e| (e, pessimistic(&ledger.epoch(e), champion, candidate, what)))
         .collect();
     let component = |from: Epoch| {
         let mut cb = ConditionalBinomial::new(plan.sequential.max_error_ratio);
@@ -177,7 +210,8 @@ fn error_log_e(plan: &Plan, state: &SequentialState, ledger: &Ledger, ids: (&str
     )
 }
 
-/// Error rate: the e-process (over every epoch's increments) to fail;
+/// Error rate: two e-processes to fail, on failures and on client errors,
+/// each at `alpha / 2` (`log_e` holds both);
 /// to pass, a difference that does not pool arms across time: the
 /// candidate's pooled rate is its own exposure-weighted average over the
 /// epochs, and it is compared with the champion's rates *reweighted to the
@@ -186,7 +220,7 @@ fn error_log_e(plan: &Plan, state: &SequentialState, ledger: &Ledger, ids: (&str
 /// both sides move together; the rates and difference shown are these.
 fn error_gate(
     plan: &Plan,
-    log_e: f64,
+    log_e: (f64, f64),
     alpha: f64,
     epochs: &[(Epoch, &Snapshot)],
     ids: (&str, &str),
@@ -228,7 +262,8 @@ fn error_gate(
         margin: cfg.margin,
         candidate_rate: cand,
         champion_rate: champ,
-        e_value: Some(log_e.exp()),
+        e_value: Some(log_e.0.exp()),
+        client_error_e_value: Some(log_e.1.exp()),
     };
     let (outcome, reason) = decide(
         None,
@@ -237,7 +272,7 @@ fn error_gate(
             stage.champion.requests(),
             cfg.min_requests,
         ),
-        log_e >= (1.0 / alpha).ln(),
+        log_e.0.max(log_e.1) >= (2.0 / alpha).ln(),
         difference.upper <= cfg.margin,
         true,
     );
@@ -481,7 +516,11 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         };
     };
     let (champion_id, candidate_id) = (input.champion, input.candidate);
-    let log_e = error_log_e(plan, state, ledger, (champion_id, candidate_id));
+    let ids = (champion_id, candidate_id);
+    let log_e = (
+        error_log_e(plan, state, ledger, ids, Counted::Failures),
+        error_log_e(plan, state, ledger, ids, Counted::ClientErrors),
+    );
 
     let g = &plan.gates;
     let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);

@@ -69,6 +69,8 @@ struct Traffic {
     candidate: Arm,
     /// Probability a mirrored pair agrees.
     agreement: f64,
+    /// Probability of a 4xx answer: (champion, candidate).
+    client_errors: (f64, f64),
 }
 
 impl Traffic {
@@ -81,6 +83,7 @@ impl Traffic {
             champion,
             candidate,
             agreement: 0.99,
+            client_errors: (0.0, 0.0),
         }
     }
 
@@ -91,7 +94,15 @@ impl Traffic {
         } else {
             "ok"
         };
-        if self.rng.random_bool(arm.failure) {
+        let p4 = if rev == CA {
+            self.client_errors.1
+        } else {
+            self.client_errors.0
+        };
+        if self.rng.random_bool(p4) {
+            self.snapshot.revision_mut(rev).record_client_error();
+            None
+        } else if self.rng.random_bool(arm.failure) {
             self.snapshot
                 .revision_mut(rev)
                 .record_failure(FailureClass::Upstream5xx);
@@ -1103,4 +1114,35 @@ fn guard_rails_run_under_the_sequential_policy() {
         "{:?}",
         r.state.phase
     );
+}
+
+#[test]
+fn a_candidate_answering_4xx_where_the_champion_answers_2xx_is_rolled_back() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    // The candidate serves the model under another name: 404 to everything.
+    let mut traffic = Traffic::new(11, 100, HEALTHY, HEALTHY);
+    traffic.client_errors = (0.0, 1.0);
+    let r = run(&spec, &mut traffic, 900);
+    match &r.state.phase {
+        Phase::RolledBack {
+            reason: RollbackReason::AnytimeBreach { gates },
+        } => assert_eq!(gates, &vec![GateKind::ErrorRate]),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        r.seconds <= 5,
+        "rolled back after {} s at 100 rps",
+        r.seconds
+    );
+    // A client that sends garbage to both arms alike moves neither.
+    for seed in 0..10 {
+        let mut traffic = Traffic::new(100 + seed, 200, HEALTHY, HEALTHY);
+        traffic.client_errors = (0.3, 0.3);
+        let r = run(&spec, &mut traffic, 900);
+        assert!(
+            matches!(r.state.phase, Phase::Promoted { .. }),
+            "seed {seed}: {:?}",
+            r.state.phase
+        );
+    }
 }

@@ -41,9 +41,10 @@ pub fn gate_line(g: &GateVerdict) -> String {
             difference,
             margin,
             e_value,
+            client_error_e_value,
             ..
         } => format!(
-            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}",
+            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}{}",
             candidate.failures,
             candidate.requests,
             pct(candidate.rate),
@@ -53,7 +54,8 @@ pub fn gate_line(g: &GateVerdict) -> String {
             pct(difference.lower),
             pct(difference.upper),
             pct(*margin),
-            e_value.map_or(String::new(), |e| format!("; e-value {e:.3}"))
+            e_value.map_or(String::new(), |e| format!("; e-value {e:.3}")),
+            client_error_e_value.map_or(String::new(), |e| format!(", client errors {e:.3}"))
         ),
         Evidence::Latency { median, tail, .. } => match (median, tail) {
             (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),

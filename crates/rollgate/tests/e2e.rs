@@ -173,6 +173,8 @@ struct Model {
     /// revision's 1 s timeout in the tests that use it.
     hang_every: u64,
     posts: Arc<AtomicU64>,
+    /// POSTs answer 404 (the model served under another name).
+    not_found: bool,
 }
 
 impl Model {
@@ -182,6 +184,7 @@ impl Model {
             predictions: Arc::new(AtomicU64::new(0)),
             hang_every: 0,
             posts: Arc::new(AtomicU64::new(0)),
+            not_found: false,
         }
     }
 
@@ -218,6 +221,8 @@ async fn model_server(model: Model) -> String {
                         }
                         let (status, body) = if !post {
                             (200, r#"{"name":"m","ready":true}"#)
+                        } else if model.not_found {
+                            (404, r#"{"error":"model not found"}"#)
                         } else if model.failing.load(Ordering::SeqCst) {
                             (503, r#"{"error":"unavailable"}"#)
                         } else {
@@ -1144,6 +1149,34 @@ async fn rollgate_up_killed_mid_canary_and_restarted_reaches_the_same_outcome() 
     assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
     assert_counted_once(&c, &up, id, &cand, &candidate).await;
     assert!(chain_intact(&c, &up).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_answering_404_is_rolled_back_for_a_breach_not_a_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let wrong_name = model_server(Model {
+        not_found: true,
+        ..Model::new(false)
+    })
+    .await;
+    let (_, cand) = setup(&c, &ctl, &champion, &wrong_name).await;
+    let gw = start_gateway(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr(), Arc::clone(&stop));
+    let id = start_rollout(&c, &ctl, &cand).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(30), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "anytime_breach",
+        "{r}"
+    );
+    let (_, rev) = api(&c, &ctl, "GET", &format!("/api/v1/revisions/{cand}"), None).await;
+    assert_eq!(rev["blocked"], true, "shown worse: rejected: {rev}");
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
 }
