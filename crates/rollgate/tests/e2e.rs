@@ -931,6 +931,17 @@ async fn a_gateway_killed_mid_canary_and_restarted_loses_and_double_counts_nothi
     gw.kill(); // SIGKILL, mid-canary, after a SHADOW stage
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _gw = start_gateway_on(dir.path(), &listen);
+    // It serves only once its routes are loaded: the first request after
+    // the restart is routed, never a 404.
+    let (s, body, _) = request(
+        &c,
+        "POST",
+        &format!("http://{listen}/v1/models/m:predict"),
+        Some(json!({"instances": [[1]]})),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "first request after the restart: {body}");
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     assert!(ledger_series(&r) >= 2, "a restart is a new series: {r}");
