@@ -64,6 +64,22 @@ pub struct Recorders {
     folded: Mutex<BTreeMap<String, Snapshot>>,
 }
 
+/// Removes `model`'s recorders of `epoch`, handing each to `take`.
+fn drain_epoch<T>(
+    map: &ByRevision<T>,
+    model: &str,
+    epoch: &str,
+    mut take: impl FnMut(&str, &Sharded<T>),
+) {
+    lock(map).retain(|(m, e, id), rec| {
+        let keep = !(m == model && e == epoch);
+        if !keep {
+            take(id, rec);
+        }
+        keep
+    });
+}
+
 fn key(model: &str, epoch: &str, id: &str) -> (String, String, String) {
     (model.to_string(), epoch.to_string(), id.to_string())
 }
@@ -127,21 +143,13 @@ impl Recorders {
 
     fn fold(&self, model: &str, epoch: &str) {
         let mut out = Snapshot::default();
-        lock(&self.revisions).retain(|(m, e, rev), rec| {
-            let keep = !(m == model && e == epoch);
-            if !keep {
-                let dst = out.revision_mut(rev);
-                rec.fold(|s| dst.merge(s));
-            }
-            keep
+        drain_epoch(&self.revisions, model, epoch, |rev, rec| {
+            let dst = out.revision_mut(rev);
+            rec.fold(|s| dst.merge(s));
         });
-        lock(&self.pairs).retain(|(m, e, shadow), rec| {
-            let keep = !(m == model && e == epoch);
-            if !keep {
-                let dst = out.pairs_mut(shadow);
-                rec.fold(|p| dst.merge(p));
-            }
-            keep
+        drain_epoch(&self.pairs, model, epoch, |shadow, rec| {
+            let dst = out.pairs_mut(shadow);
+            rec.fold(|p| dst.merge(p));
         });
         lock(&self.folded)
             .entry(model.to_string())

@@ -872,3 +872,27 @@ async fn a_connection_closed_after_a_500_never_fails_the_next_good_request() {
     assert_eq!(champ.failure_count(), bad, "{champ:?}");
     assert!(s.retried > 0, "the dropped requests were sent again: {s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_in_their_epoch_and_old_epochs_fold_into_the_totals() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let g = start(config(vec![route(&champ.url)])).await;
+    let c = client();
+    for e in 1..=12 {
+        let mut r = route(&champ.url);
+        r.epoch = Some(format!("7.{e}"));
+        g.gateway.set_routes(&[r]).expect("valid routes");
+        assert_eq!(predict(&c, g.addr, Some("k")).await.status, StatusCode::OK);
+    }
+    let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == 12).await;
+    let epochs = &s.epochs["m"];
+    // The current epoch and the 8 most recently retired are reported apart,
+    // each with its own request; older ones are folded into the totals.
+    assert_eq!(epochs.len(), 9, "{:?}", epochs.keys().collect::<Vec<_>>());
+    assert!(epochs.contains_key("7.12") && !epochs.contains_key("7.3"));
+    for snap in epochs.values() {
+        assert_eq!(snap.revision("champ").requests(), 1);
+        assert_eq!(snap.revision("champ").arrived(), 1);
+    }
+    assert_eq!(rev(&s, "champ").arrived(), 12);
+}

@@ -910,6 +910,24 @@ async fn assert_counted_once(c: &HttpClient, ctl: &Proc, id: i64, cand: &str, se
     );
 }
 
+/// What a promoted rollout interrupted by kills must look like: started
+/// once, two advances, no rollback, nothing counted twice, the audit chain
+/// intact — as if nothing had been killed.
+async fn assert_as_if_uninterrupted(
+    c: &HttpClient,
+    ctl: &Proc,
+    id: i64,
+    cand: &str,
+    served: &Model,
+) {
+    let kinds = audit_kinds(c, ctl, id).await;
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+    assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
+    assert_counted_once(c, ctl, id, cand, served).await;
+    assert!(chain_intact(c, ctl).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_mid_canary_and_restarted_loses_and_double_counts_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -945,12 +963,7 @@ async fn a_gateway_killed_mid_canary_and_restarted_loses_and_double_counts_nothi
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     assert!(ledger_series(&r) >= 2, "a restart is a new series: {r}");
-    let kinds = audit_kinds(&c, &ctl, id).await;
-    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
-    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
-    assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
-    assert_counted_once(&c, &ctl, id, &cand, &candidate).await;
-    assert!(chain_intact(&c, &ctl).await);
+    assert_as_if_uninterrupted(&c, &ctl, id, &cand, &candidate).await;
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
 }
@@ -1154,12 +1167,7 @@ async fn rollgate_up_killed_mid_canary_and_restarted_reaches_the_same_outcome() 
     let up = start_up(dir.path(), &gw_addr, &api_addr);
     let r = wait_for(&c, &up, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
-    let kinds = audit_kinds(&c, &up, id).await;
-    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
-    assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
-    assert_eq!(count(&kinds, "rolled_back"), 0, "{kinds:?}");
-    assert_counted_once(&c, &up, id, &cand, &candidate).await;
-    assert!(chain_intact(&c, &up).await);
+    assert_as_if_uninterrupted(&c, &up, id, &cand, &candidate).await;
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
 }
