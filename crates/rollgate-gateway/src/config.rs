@@ -55,7 +55,8 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Larger upstream response bodies count as invalid output (502).
     pub max_response_bytes: usize,
-    /// Requests in flight beyond this get 503 at once.
+    /// Requests in flight beyond this get 503 at once. A request takes its
+    /// slot only once its body has been read.
     pub max_concurrent: usize,
     /// Default upstream timeout (504, counted as `timeout`).
     #[serde(with = "humantime_serde")]

@@ -204,28 +204,29 @@ fn sticky_key(inner: &Inner, route: &Route, headers: &HeaderMap, body: &[u8]) ->
     rand::random::<u64>().to_le_bytes().to_vec()
 }
 
-async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
-    // Capacity first: beyond the cap, answer at once rather than queue.
-    let Ok(_permit) = Arc::clone(&inner.capacity).try_acquire_owned() else {
-        inner.counters.overloaded.fetch_add(1, Ordering::Relaxed);
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "at_capacity",
-            "gateway at capacity, retry",
-        );
-    };
-    inner.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-    let response = predict_inner(&inner, &route, req).await;
-    inner.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-    response
+/// Counts a request in flight for as long as it lives: dropped (also when
+/// the client goes away and the request's future is dropped), it counts
+/// the request out, so the gauge cannot leak.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicI64);
+
+impl<'a> InFlight<'a> {
+    fn enter(gauge: &'a std::sync::atomic::AtomicI64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        InFlight(gauge)
+    }
 }
 
-async fn predict_inner(
-    inner: &Arc<Inner>,
-    route: &Arc<Route>,
-    req: Request<Incoming>,
-) -> Response<Body> {
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
+    // The body first, without a capacity slot: a client that sends its
+    // body slowly holds only its own connection, never a slot real users
+    // need.
     let body = match Limited::new(body, inner.limits.max_body_bytes)
         .collect()
         .await
@@ -249,6 +250,25 @@ async fn predict_inner(
             );
         }
     };
+    // Then capacity: beyond the cap, answer at once rather than queue.
+    let Ok(_permit) = Arc::clone(&inner.capacity).try_acquire_owned() else {
+        inner.counters.overloaded.fetch_add(1, Ordering::Relaxed);
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "at_capacity",
+            "gateway at capacity, retry",
+        );
+    };
+    let _in_flight = InFlight::enter(&inner.counters.in_flight);
+    predict_inner(&inner, &route, parts, body).await
+}
+
+async fn predict_inner(
+    inner: &Arc<Inner>,
+    route: &Arc<Route>,
+    parts: http::request::Parts,
+    body: Bytes,
+) -> Response<Body> {
     let path_q = parts
         .uri
         .path_and_query()

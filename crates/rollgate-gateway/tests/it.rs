@@ -896,3 +896,54 @@ async fn requests_are_counted_in_their_epoch_and_old_epochs_fold_into_the_totals
     }
     assert_eq!(rev(&s, "champ").arrived(), 12);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_no_capacity_and_gone_clients_leave_no_request_in_flight() {
+    use tokio::io::AsyncWriteExt;
+    let gate = Arc::new(Notify::new());
+    let champ = upstream(Behaviour::Gated(Arc::clone(&gate))).await;
+    let mut cfg = config(vec![route(&champ.url)]);
+    cfg.limits.max_concurrent = 2;
+    let gw = start(cfg).await;
+    // More slow-body clients than slots: each sends its headers and a
+    // byte of a 100-byte body, then nothing.
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut s = tokio::net::TcpStream::connect(gw.addr)
+            .await
+            .expect("connect");
+        s.write_all(
+            b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .expect("write");
+        slow.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A real user still gets a slot (the upstream answers once released).
+    let c = client();
+    let addr = gw.addr;
+    let c2 = c.clone();
+    let user = tokio::spawn(async move { predict(&c2, addr, Some("u")).await });
+    for _ in 0..500 {
+        if champ.hits.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        champ.hits.load(Ordering::SeqCst),
+        1,
+        "the user's request reached the model"
+    );
+    assert_eq!(gw.gateway.snapshot().overloaded, 0);
+    assert_eq!(gw.gateway.snapshot().in_flight, 1);
+    // The user gives up while its request is in flight: nothing leaks.
+    user.abort();
+    let _ = user.await;
+    let s = eventually(&gw.gateway, |s| s.in_flight == 0).await;
+    assert_eq!(s.in_flight, 0);
+    gate.notify_waiters();
+    drop(slow);
+    gw.shutdown().await;
+}
