@@ -565,7 +565,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         if obs.candidate_ready {
             let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
             if plan.policy == Policy::Sequential {
-                t.state.sequential = Some(SequentialState::new(&spec.plan));
+                t.state.sequential = Some(SequentialState::default());
             }
             // What was counted before the first stage is not the rollout's.
             if let Some(e) = &obs.exposure {
@@ -741,7 +741,7 @@ fn observe_sequential(
     let (started, floor_epoch) = (clock.started_at, clock.floor_epoch.unwrap_or(clock.epoch));
     let seq = state
         .sequential
-        .get_or_insert_with(|| SequentialState::new(plan));
+        .get_or_insert_with(SequentialState::default);
     let verdict = sequential::evaluate(
         plan,
         seq,

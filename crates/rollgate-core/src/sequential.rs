@@ -118,13 +118,6 @@ impl Tally {
     }
 }
 
-impl SequentialState {
-    /// A test from the rollout's origin.
-    pub fn new(_plan: &Plan) -> Self {
-        SequentialState::default()
-    }
-}
-
 /// What an error e-process counts against a revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Counted {

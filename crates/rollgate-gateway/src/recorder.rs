@@ -64,6 +64,26 @@ pub struct Recorders {
     folded: Mutex<BTreeMap<String, Snapshot>>,
 }
 
+/// Every recorder of `map`, copied out so that no lock is held while
+/// they are folded.
+type Registered<T> = Vec<((String, String, String), Arc<Sharded<T>>)>;
+
+/// The snapshot of `model`'s `epoch` in `epochs`, created empty if new.
+fn epoch_of(
+    epochs: &mut BTreeMap<String, BTreeMap<String, Snapshot>>,
+    model: String,
+    epoch: String,
+) -> &mut Snapshot {
+    epochs.entry(model).or_default().entry(epoch).or_default()
+}
+
+fn registered<T>(map: &ByRevision<T>) -> Registered<T> {
+    lock(map)
+        .iter()
+        .map(|(k, v)| (k.clone(), Arc::clone(v)))
+        .collect()
+}
+
 /// Removes `model`'s recorders of `epoch`, handing each to `take`.
 fn drain_epoch<T>(
     map: &ByRevision<T>,
@@ -161,32 +181,12 @@ impl Recorders {
     /// model (with folded epochs) and per model and epoch.
     pub fn snapshot(&self) -> Counted {
         let mut out = Counted::default();
-        let revisions: Vec<_> = lock(&self.revisions)
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
-        for ((model, epoch, rev), rec) in revisions {
-            let snap = out
-                .epochs
-                .entry(model)
-                .or_default()
-                .entry(epoch)
-                .or_default();
-            let dst = snap.revision_mut(&rev);
+        for ((model, epoch, rev), rec) in registered(&self.revisions) {
+            let dst = epoch_of(&mut out.epochs, model, epoch).revision_mut(&rev);
             rec.fold(|s| dst.merge(s));
         }
-        let pairs: Vec<_> = lock(&self.pairs)
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
-        for ((model, epoch, shadow), rec) in pairs {
-            let snap = out
-                .epochs
-                .entry(model)
-                .or_default()
-                .entry(epoch)
-                .or_default();
-            let dst = snap.pairs_mut(&shadow);
+        for ((model, epoch, shadow), rec) in registered(&self.pairs) {
+            let dst = epoch_of(&mut out.epochs, model, epoch).pairs_mut(&shadow);
             rec.fold(|p| dst.merge(p));
         }
         for (model, epochs) in &out.epochs {
