@@ -57,6 +57,10 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 json_path: spec.json_path.clone(),
                 key_field: spec.key_field.clone(),
                 salt: None,
+                assignment: m
+                    .rollout
+                    .as_ref()
+                    .map_or(Default::default(), |(_, routing, _)| routing.assignment),
                 output_pointer: spec.output_pointer.clone(),
                 confidence_threshold: spec.confidence_threshold.unwrap_or(0.9),
                 numeric_tolerance: 1e-6,

@@ -37,6 +37,12 @@ use crate::stats::Interval;
 /// `ln M(p) = ln B(k+1, n−k+1) − k ln p − (n−k) ln(1−p)` is below `1/α`.
 /// The interval contains `k/n`; with `n = 0` it is `[0, 1]`.
 pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
+    robbins_cs_tempered(k, n, 1.0, alpha)
+}
+
+/// [`robbins_cs`] on counts divided by a design effect `d ≥ 1` (see
+/// [`crate::unit`]): the sequence of `k/d` successes in `n/d` trials.
+pub fn robbins_cs_tempered(k: u64, n: u64, d: f64, alpha: f64) -> Interval {
     if n == 0 {
         return Interval {
             lower: 0.0,
@@ -44,20 +50,22 @@ pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
         };
     }
     let k = k.min(n);
+    let d = d.max(1.0);
+    let (kf, mf) = (k as f64 / d, (n - k) as f64 / d);
     let threshold = (1.0 / alpha.clamp(1e-300, 1.0)).ln();
-    let ln_b = ln_beta(k as f64 + 1.0, (n - k) as f64 + 1.0);
+    let ln_b = ln_beta(kf + 1.0, mf + 1.0);
     Interval {
         // Below k/n, in y = −ln p the ratio is the upper edge's with the
         // roles of successes and failures swapped.
         lower: if k == 0 {
             0.0
         } else {
-            (-robbins_edge(n - k, k, ln_b, threshold)).exp()
+            (-robbins_edge(mf, kf, ln_b, threshold)).exp()
         },
         upper: if k == n {
             1.0
         } else {
-            -(-robbins_edge(k, n - k, ln_b, threshold)).exp_m1()
+            -(-robbins_edge(kf, mf, ln_b, threshold)).exp_m1()
         },
     }
 }
@@ -71,8 +79,7 @@ pub fn robbins_cs(k: u64, n: u64, alpha: f64) -> Interval {
 /// the crossing therefore stays beyond it (the tangent of a convex function
 /// lies below it) and converges fast: a few steps instead of a bisection's
 /// thirty, and the edge it returns is never inside the sequence.
-fn robbins_edge(k: u64, m: u64, ln_b: f64, threshold: f64) -> f64 {
-    let (k, m) = (k as f64, m as f64);
+fn robbins_edge(k: f64, m: f64, ln_b: f64, threshold: f64) -> f64 {
     let g = |y: f64| ln_b - k * (-(-y).exp_m1()).ln() + m * y - threshold;
     let slope = |y: f64| m - k / y.exp_m1();
     // h > 0, so g(y) ≥ ln_b + m·y − threshold: this start is at or beyond
@@ -111,20 +118,36 @@ fn log_mean_exp(xs: &[f64]) -> f64 {
 /// The one-sided conditional-binomial mixture e-process for "the candidate's
 /// failure rate per request is at most `r0` times the champion's": a
 /// product of factors, one per [`update`](Self::update), mixed uniformly
-/// over a grid of alternatives.
+/// over a grid of alternatives. [`below`](Self::below) tests the other
+/// side, "at least `r0` times", to show non-inferiority.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConditionalBinomial {
-    /// The null's largest rate ratio, `1 + margin`.
+    /// The null's boundary rate ratio.
     pub r0: f64,
     /// `ln` of the likelihood ratio of each grid alternative against `r0`.
     pub log_lr: Vec<f64>,
+    /// The alternatives lie below `r0` (a test of "at least `r0`").
+    #[serde(default)]
+    pub below: bool,
 }
 
 impl ConditionalBinomial {
+    /// Null "ratio ≤ `r0`", alternatives above it.
     pub fn new(r0: f64) -> Self {
         ConditionalBinomial {
             r0: r0.max(1e-9),
             log_lr: vec![0.0; GRID],
+            below: false,
+        }
+    }
+
+    /// Null "ratio ≥ `r0`", alternatives from `r0/1.21` down to `r0/100`:
+    /// rejecting it shows the candidate's rate below `r0` times the
+    /// champion's.
+    pub fn below(r0: f64) -> Self {
+        ConditionalBinomial {
+            below: true,
+            ..Self::new(r0)
         }
     }
 
@@ -144,7 +167,7 @@ impl ConditionalBinomial {
         let theta = |r: f64| r * rho / (r * rho + 1.0 - rho);
         let t0 = theta(self.r0);
         let (a, b) = (champion_failures as f64, candidate_failures as f64);
-        let step = 100f64.powf(1.0 / GRID as f64);
+        let step = 100f64.powf(if self.below { -1.0 } else { 1.0 } / GRID as f64);
         let mut r1 = self.r0;
         for i in 0..GRID {
             // The grid's alternatives, r0 · 100^((i+1)/GRID): 1.21×r0,
@@ -157,7 +180,16 @@ impl ConditionalBinomial {
 
     /// `ln` of the mixture (uniform over the grid) e-value.
     pub fn log_e_value(&self) -> f64 {
-        log_mean_exp(&self.log_lr)
+        self.log_e_value_tempered(1.0)
+    }
+
+    /// `ln` of the mixture of the likelihood ratios raised to `eta` in
+    /// (0, 1] (a design effect `1/eta`, see [`crate::unit`]): it crosses
+    /// `1/α` only where the untempered mixture crosses `(1/α)^(1/eta)`.
+    pub fn log_e_value_tempered(&self, eta: f64) -> f64 {
+        let eta = eta.clamp(1e-6, 1.0);
+        let tempered: Vec<f64> = self.log_lr.iter().map(|l| l * eta).collect();
+        log_mean_exp(&tempered)
     }
 
     /// Whether the null is rejected at level `alpha` (Ville's inequality).
@@ -324,6 +356,50 @@ pub fn rate_exceeds(k: u64, n: u64, p0: f64, alpha: f64, n_opt: f64) -> bool {
         })
     })
     .is_some_and(|t| k >= t)
+}
+
+/// [`rate_exceeds`] on counts divided by a design effect `d ≥ 1` (see
+/// [`crate::unit`]): the mixture at `(s/d, v/d)`, which is its likelihood
+/// ratios raised to `1/d`.
+pub fn rate_exceeds_tempered(k: u64, n: u64, d: f64, p0: f64, alpha: f64, n_opt: f64) -> bool {
+    if d <= 1.0 || n == 0 || p0 <= 0.0 || p0 >= 1.0 {
+        return rate_exceeds(k, n, p0, alpha, n_opt);
+    }
+    let mixture = BetaBinomialMixture::bernoulli(p0, n_opt, alpha, true);
+    let (k, n) = (k.min(n) as f64, n as f64);
+    let (s, v) = (k - n * p0, n * p0 * (1.0 - p0));
+    mixture.log_value(s / d, v / d) >= (1.0 / alpha).ln()
+}
+
+/// [`quantile_cs_ranks`] with the count below the quantile's variance
+/// inflated by a design effect `d ≥ 1`: the ranks of the sequence at
+/// `n/d` observations, their distance from `n·p` scaled back by `d`.
+pub fn quantile_cs_ranks_tempered(
+    p: f64,
+    n: u64,
+    d: f64,
+    alpha: f64,
+    n_opt: f64,
+) -> crate::stats::RankInterval {
+    if d <= 1.0 {
+        return quantile_cs_ranks(p, n, alpha, n_opt);
+    }
+    let m = (n as f64 / d).floor() as u64;
+    let r = quantile_cs_ranks(p, m, alpha, n_opt);
+    let (centre, scaled) = (n as f64 * p, m as f64 * p);
+    let back = |rank: u64| centre + d * (rank as f64 - scaled);
+    crate::stats::RankInterval {
+        lower: r
+            .lower
+            .map(|k| back(k).floor())
+            .filter(|&k| k >= 1.0)
+            .map(|k| k as u64),
+        upper: r
+            .upper
+            .map(|k| back(k).ceil())
+            .filter(|&k| k <= n as f64)
+            .map(|k| k as u64),
+    }
 }
 
 /// Ranks bounding the `p`-quantile after `n` observations, anytime-valid at

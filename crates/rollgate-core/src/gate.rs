@@ -135,6 +135,14 @@ pub enum Evidence {
         /// The client-errors e-process's value (`sequential`: FAIL at `2/α`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         client_error_e_value: Option<f64>,
+        /// The non-inferiority e-process's value (`sequential`,
+        /// `on_evidence`: PASS at `1/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pass_e_value: Option<f64>,
+        /// The design effect the error tests were tempered by: the key,
+        /// not the request, is the unit (see `rollgate_core::unit`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        design_effect: Option<f64>,
     },
     Latency {
         candidate_successes: u64,
@@ -405,6 +413,8 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         champion_rate,
         e_value: None,
         client_error_e_value: None,
+        pass_e_value: None,
+        design_effect: None,
     };
     let (outcome, reason) =
         if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {

@@ -17,6 +17,7 @@ pub mod sequential;
 pub mod snapshot;
 pub mod stage;
 pub mod stats;
+pub mod unit;
 
 pub use exposure::{Epoch, Exposure, Ledger, SeriesReport};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
@@ -29,3 +30,4 @@ pub use rollout::{
 };
 pub use snapshot::{FailureClass, PairStats, RevisionStats, Snapshot, SnapshotError};
 pub use stage::{StageKind, StageReason, StageVerdict};
+pub use unit::{UNITS, UnitTotals, unit_of};

@@ -57,7 +57,23 @@ pub struct Plan {
     pub outage_window: Duration,
     /// Which rollbacks reject (block) the candidate.
     pub reject_on: RejectOn,
+    /// How live traffic is split: per key (sticky) or per request.
+    pub assignment: Assignment,
     pub gates: Gates,
+}
+
+/// How live traffic is split between the champion and the candidate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Assignment {
+    /// The default: by a salted hash of the request's key, so a user's
+    /// requests all go to one arm. The key is the statistical unit; the
+    /// tests account for users who differ (see `docs/statistics.md`).
+    #[default]
+    Sticky,
+    /// Each request at random, whatever its key: for models where users
+    /// need no consistency. The request is then the unit.
+    PerRequest,
 }
 
 /// Which rollbacks reject the candidate, so that it cannot be rolled out
@@ -112,6 +128,15 @@ pub struct SequentialPlan {
     /// fails only once the candidate's failure rate is shown above this
     /// many times the champion's. At least 1 (1 = no margin).
     pub max_error_ratio: f64,
+    /// `on_evidence` only: the error gate passes once the candidate's
+    /// failure rate is shown *below* this many times the champion's (a
+    /// second e-process, the non-inferiority side of `max_error_ratio`),
+    /// or below `negligible_error_rate`. Greater than 1.
+    pub non_inferiority_ratio: f64,
+    /// `on_evidence` only: a candidate whose own failure rate is shown
+    /// below this passes the error gate whatever the champion's (a ratio
+    /// cannot be shown when neither arm fails). In [0, 1).
+    pub negligible_error_rate: f64,
 }
 
 impl Default for SequentialPlan {
@@ -120,6 +145,8 @@ impl Default for SequentialPlan {
             alpha: 0.01,
             advance: Advance::OnTime,
             max_error_ratio: 1.0,
+            non_inferiority_ratio: 1.5,
+            negligible_error_rate: 0.001,
         }
     }
 }
@@ -138,6 +165,7 @@ impl Default for Plan {
             sequential: SequentialPlan::default(),
             outage_window: Duration::from_secs(5),
             reject_on: RejectOn::ShownWorse,
+            assignment: Assignment::Sticky,
             gates: Gates::default(),
         }
     }
@@ -400,6 +428,26 @@ impl Plan {
             self.sequential.max_error_ratio,
             1.0,
         )?;
+        if self.sequential.non_inferiority_ratio.is_nan()
+            || self.sequential.non_inferiority_ratio <= 1.0
+        {
+            return Err(err(
+                "sequential.non_inferiority_ratio",
+                format!(
+                    "must be greater than 1, got {}",
+                    self.sequential.non_inferiority_ratio
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.sequential.negligible_error_rate) {
+            return Err(err(
+                "sequential.negligible_error_rate",
+                format!(
+                    "must be in [0, 1), got {}",
+                    self.sequential.negligible_error_rate
+                ),
+            ));
+        }
         let g = &self.gates;
         unit("gates.error_rate.margin", g.error_rate.margin)?;
         count("gates.error_rate.min_requests", g.error_rate.min_requests)?;

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exposure::{Epoch, Exposure, Ledger};
 use crate::gate::{GateKind, Outcome};
-use crate::plan::{Plan, Policy, RejectOn};
+use crate::plan::{Assignment, Plan, Policy, RejectOn};
 use crate::sequential::{self, SequentialInput, SequentialState};
 use crate::snapshot::Snapshot;
 use crate::stage::{
@@ -167,6 +167,13 @@ pub struct Routing {
     /// count each request under the epoch in force when it arrived.
     #[serde(default)]
     pub epoch: Epoch,
+    /// Per key (sticky) or per request.
+    #[serde(default, skip_serializing_if = "is_sticky")]
+    pub assignment: Assignment,
+}
+
+fn is_sticky(a: &Assignment) -> bool {
+    *a == Assignment::Sticky
 }
 
 impl Routing {
@@ -175,6 +182,7 @@ impl Routing {
         candidate_weight_bp: 0,
         mirror_bp: 0,
         epoch: 0,
+        assignment: Assignment::Sticky,
     };
 
     /// The routing a phase implies under `plan`.
@@ -184,16 +192,19 @@ impl Routing {
                 candidate_weight_bp: 0,
                 mirror_bp: plan.shadow.mirror_percent * 100,
                 epoch: 0,
+                assignment: plan.assignment,
             },
             Phase::Canary { weight_percent, .. } => Routing {
                 candidate_weight_bp: weight_percent * 100,
                 mirror_bp: 0,
                 epoch: 0,
+                assignment: plan.assignment,
             },
             Phase::Promoted { .. } => Routing {
                 candidate_weight_bp: 10_000,
                 mirror_bp: 0,
                 epoch: 0,
+                assignment: plan.assignment,
             },
             _ => Routing::CHAMPION_ONLY,
         }

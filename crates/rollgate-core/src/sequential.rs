@@ -42,7 +42,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::anytime::{
-    ConditionalBinomial, quantile_cs_ranks, rate_exceeds, robbins_cs, start_mixture,
+    ConditionalBinomial, quantile_cs_ranks_tempered, rate_exceeds_tempered, robbins_cs,
+    robbins_cs_tempered, start_mixture,
 };
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
@@ -56,6 +57,7 @@ use crate::rollout::Timestamp;
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champion_health_of};
 use crate::stats::Interval;
+use crate::unit::{UnitTotals, count_design_effect, latency_design_effect, ratio_design_effect};
 
 /// The sequential test's state: small, serialisable, restored exactly.
 /// (The evidence itself is the rollout's [`Ledger`]; the error e-process
@@ -130,14 +132,50 @@ enum Counted {
     ClientErrors,
 }
 
+impl Counted {
+    /// A unit group's `(trials, count)`.
+    fn in_unit(self) -> fn(&UnitTotals) -> (u64, u64) {
+        match self {
+            Counted::Failures => |u| (u.requests, u.failures),
+            Counted::ClientErrors => |u| (u.requests + u.client_errors, u.client_errors),
+        }
+    }
+}
+
+/// Which side an e-process tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// Null "the candidate is no worse" (up to the margin): rejecting it
+    /// fails the gate.
+    Worse,
+    /// Null "the candidate is worse by the non-inferiority ratio":
+    /// rejecting it passes the gate.
+    NotWorse,
+}
+
+/// The design effect of comparing the arms' counts over the whole
+/// rollout: the same users stay in their arm across stages, so their
+/// correlation spans every epoch (see [`crate::unit`]).
+fn error_design_effect(ledger: &Ledger, ids: (&str, &str), what: Counted) -> f64 {
+    let (champion, candidate) = ids;
+    let all = ledger.pooled(0, Epoch::MAX);
+    ratio_design_effect(
+        all.revision(candidate).units(),
+        all.revision(champion).units(),
+        what.in_unit(),
+    )
+}
+
 /// One epoch's counts for an error e-process, with every request that has
 /// no outcome yet (in flight, abandoned by its client, lost with a killed
-/// gateway) taken at its worst for a rejection: the champion's as counted
-/// against it, the candidate's as not. This factor is at most the one the
-/// epoch's final counts will give, whatever those outcomes turn out to be
-/// and whenever they arrive. Returns `(champion's, candidate's, candidate
-/// share)`.
-fn pessimistic(s: &Snapshot, champion: &str, candidate: &str, what: Counted) -> (u64, u64, f64) {
+/// gateway) taken at its worst for a rejection: to show the candidate
+/// worse, the champion's as counted against it and the candidate's as
+/// not; to show it not worse, the other way round. This factor is at most
+/// the one the epoch's final counts will give, whatever those outcomes
+/// turn out to be and whenever they arrive. Returns `(champion's,
+/// candidate's, candidate share)`.
+fn pessimistic(s: &Snapshot, ids: (&str, &str), what: Counted, side: Side) -> (u64, u64, f64) {
+    let (champion, candidate) = ids;
     let (c, h) = (s.revision(candidate), s.revision(champion));
     let (uc, uh) = (c.unresolved(), h.unresolved());
     let (kc, kh, nc, nh) = match what {
@@ -160,7 +198,10 @@ fn pessimistic(s: &Snapshot, champion: &str, candidate: &str, what: Counted) -> 
     } else {
         nc as f64 / (nc + nh) as f64
     };
-    (kh + uh, kc, share)
+    match side {
+        Side::Worse => (kh + uh, kc, share),
+        Side::NotWorse => (kh, kc + uc, share),
+    }
 }
 
 /// `ln` of an error e-process: every epoch of the rollout is one factor of
@@ -182,19 +223,19 @@ fn error_log_e(
     ledger: &Ledger,
     ids: (&str, &str),
     what: Counted,
+    design_effect: f64,
 ) -> f64 {
-    let (champion, candidate) = ids;
     let factors: Vec<(Epoch, (u64, u64, f64))> = ledger
         .epochs()
         .into_iter()
-        .map(|e| (e, pessimistic(&ledger.epoch(e), champion, candidate, what)))
+        .map(|e| (e, pessimistic(&ledger.epoch(e), ids, what, Side::Worse)))
         .collect();
     let component = |from: Epoch| {
         let mut cb = ConditionalBinomial::new(plan.sequential.max_error_ratio);
         for &(_, (kh, kc, share)) in factors.iter().filter(|(e, _)| *e >= from) {
             cb.update(kh, kc, share);
         }
-        cb.log_e_value()
+        cb.log_e_value_tempered(1.0 / design_effect)
     };
     start_mixture(
         std::iter::once(0)
@@ -203,17 +244,41 @@ fn error_log_e(
     )
 }
 
+/// `ln` of the non-inferiority e-process: null "the candidate's failure
+/// rate is at least `non_inferiority_ratio` times the champion's", one
+/// factor per epoch (unresolved requests at their worst for a pass),
+/// tempered by the design effect like the failing side.
+fn pass_log_e(plan: &Plan, ledger: &Ledger, ids: (&str, &str), design_effect: f64) -> f64 {
+    let mut cb = ConditionalBinomial::below(plan.sequential.non_inferiority_ratio);
+    for e in ledger.epochs() {
+        let (kh, kc, share) = pessimistic(&ledger.epoch(e), ids, Counted::Failures, Side::NotWorse);
+        cb.update(kh, kc, share);
+    }
+    cb.log_e_value_tempered(1.0 / design_effect)
+}
+
+/// The error tests' `ln` e-values at one look, and the design effect they
+/// were tempered by.
+#[derive(Debug, Clone, Copy)]
+struct ErrorTests {
+    failures: f64,
+    client_errors: f64,
+    not_worse: f64,
+    design_effect: f64,
+}
+
 /// Error rate: two e-processes to fail, on failures and on client errors,
-/// each at `alpha / 2` (`log_e` holds both);
-/// to pass, a difference that does not pool arms across time: the
+/// each at `alpha / 2`. To pass (what `on_evidence` waits for): the
+/// non-inferiority e-process at `alpha`, or the candidate's own failure
+/// rate shown below `negligible_error_rate`. The rates and difference
+/// shown are for reading, and do not pool arms across time: the
 /// candidate's pooled rate is its own exposure-weighted average over the
-/// epochs, and it is compared with the champion's rates *reweighted to the
+/// epochs, compared with the champion's rates *reweighted to the
 /// candidate's exposure* (each epoch's champion sequence at
-/// `alpha / stages`, so that all epochs hold at once). Under a shared drift
-/// both sides move together; the rates and difference shown are these.
+/// `alpha / stages`, so that all epochs hold at once).
 fn error_gate(
     plan: &Plan,
-    log_e: (f64, f64),
+    tests: ErrorTests,
     alpha: f64,
     epochs: &[(Epoch, &Snapshot)],
     ids: (&str, &str),
@@ -226,10 +291,12 @@ fn error_gate(
         c_all.merge(s.revision(candidate_id));
         h_all.merge(s.revision(champion_id));
     }
-    let cand = robbins_cs(c_all.failure_count(), c_all.requests(), alpha / 2.0);
+    let d = tests.design_effect;
+    let own_d = count_design_effect(c_all.units(), Counted::Failures.in_unit());
+    let cand = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha / 2.0);
     let per_epoch = alpha / 2.0 / stage_count(plan).max(epochs.len()).max(1) as f64;
     let champ = if c_all.requests() == 0 {
-        robbins_cs(h_all.failure_count(), h_all.requests(), alpha / 2.0)
+        robbins_cs_tempered(h_all.failure_count(), h_all.requests(), d, alpha / 2.0)
     } else {
         let mut champ = Interval {
             lower: 0.0,
@@ -238,7 +305,7 @@ fn error_gate(
         for (_, s) in epochs {
             let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
             let w = c.requests() as f64 / c_all.requests() as f64;
-            let i = robbins_cs(h.failure_count(), h.requests(), per_epoch);
+            let i = robbins_cs_tempered(h.failure_count(), h.requests(), d, per_epoch);
             champ.lower += w * i.lower;
             champ.upper += w * i.upper;
         }
@@ -255,9 +322,14 @@ fn error_gate(
         margin: cfg.margin,
         candidate_rate: cand,
         champion_rate: champ,
-        e_value: Some(log_e.0.exp()),
-        client_error_e_value: Some(log_e.1.exp()),
+        e_value: Some(tests.failures.exp()),
+        client_error_e_value: Some(tests.client_errors.exp()),
+        pass_e_value: Some(tests.not_worse.exp()),
+        design_effect: Some(d),
     };
+    let negligible = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha)
+        .upper
+        < plan.sequential.negligible_error_rate;
     let (outcome, reason) = decide(
         None,
         sample_floor(
@@ -265,8 +337,8 @@ fn error_gate(
             stage.champion.requests(),
             cfg.min_requests,
         ),
-        log_e.0.max(log_e.1) >= (2.0 / alpha).ln(),
-        difference.upper <= cfg.margin,
+        tests.failures.max(tests.client_errors) >= (2.0 / alpha).ln(),
+        tests.not_worse >= (1.0 / alpha).ln() || negligible,
         true,
     );
     GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
@@ -277,17 +349,20 @@ fn error_gate(
 const DESIGN_SAMPLES: f64 = 100.0;
 
 /// One quantile of both arms with anytime-valid bounds, each arm's at
-/// level `alpha`.
+/// level `alpha`, each arm's sequence widened by its design effect.
 fn compare(
     q: f64,
-    c: &LatencyHistogram,
-    h: &LatencyHistogram,
+    c: (&LatencyHistogram, f64),
+    h: (&LatencyHistogram, f64),
     alpha: f64,
     ratio: f64,
     ms: f64,
 ) -> Option<QuantileComparison> {
-    let bounds = |x: &LatencyHistogram| {
-        x.quantile_rank_bounds(q, quantile_cs_ranks(q, x.len(), alpha, DESIGN_SAMPLES))
+    let bounds = |(x, d): (&LatencyHistogram, f64)| {
+        x.quantile_rank_bounds(
+            q,
+            quantile_cs_ranks_tempered(q, x.len(), d, alpha, DESIGN_SAMPLES),
+        )
     };
     Some(judge_quantile(q, bounds(c)?, bounds(h)?, ratio, ms))
 }
@@ -298,16 +373,19 @@ fn compare(
 /// misses, so each arm's sequence runs at `alpha / 2`.
 fn latency_gate(plan: &Plan, alpha: f64, arms: Arms) -> GateVerdict {
     let cfg = &plan.gates.latency;
-    let (c, h) = (arms.candidate.latency(), arms.champion.latency());
+    let (c, h) = (arms.candidate, arms.champion);
+    let c = (c.latency(), latency_design_effect(c.units()));
+    let h = (h.latency(), latency_design_effect(h.units()));
     let a = alpha / 2.0;
     let median = compare(0.5, c, h, a, cfg.median_ratio, cfg.median_ms);
     let tail = compare(cfg.tail_quantile, c, h, a, cfg.tail_ratio, cfg.tail_ms);
     latency_verdict(cfg, arms, median, tail, true)
 }
 
-/// Whether `k` of `n` show the rate above `p0` at level `alpha`.
-fn shown_above(k: u64, n: u64, p0: f64, alpha: f64) -> bool {
-    rate_exceeds(k, n, p0, alpha, DESIGN_SAMPLES)
+/// Whether `k` of `n` show the rate above `p0` at level `alpha`, with the
+/// design effect `d` of the rate's unit.
+fn shown_above(k: u64, n: u64, d: f64, p0: f64, alpha: f64) -> bool {
+    rate_exceeds_tempered(k, n, d, p0, alpha, DESIGN_SAMPLES)
 }
 
 /// Shadow agreement and high-confidence flips, two metrics each at
@@ -324,16 +402,19 @@ fn shadow_gate(
     let p = window.pairs_for(candidate).copied().unwrap_or_default();
     let (disagreements, confident) = (p.pairs() - p.agreements(), p.champion_confident());
     // Shown for reading; the decisions are the one-sided tests.
-    let agreement = robbins_cs(p.agreements(), p.pairs(), alpha);
-    let flip_rate = robbins_cs(p.confident_flips(), confident, alpha);
+    // The mirrored request is the unit: a batch's pairs are correlated.
+    let (dd, df) = (p.disagreement_design_effect(), p.flip_design_effect());
+    let agreement = robbins_cs_tempered(p.agreements(), p.pairs(), dd, alpha);
+    let flip_rate = robbins_cs_tempered(p.confident_flips(), confident, df, alpha);
     let flips_off = cfg.max_flip_rate >= 1.0;
-    let breached = shown_above(disagreements, p.pairs(), 1.0 - cfg.min_agreement, alpha)
-        || shown_above(p.confident_flips(), confident, cfg.max_flip_rate, alpha);
-    let within = shown_above(p.agreements(), p.pairs(), cfg.min_agreement, alpha)
+    let breached = shown_above(disagreements, p.pairs(), dd, 1.0 - cfg.min_agreement, alpha)
+        || shown_above(p.confident_flips(), confident, df, cfg.max_flip_rate, alpha);
+    let within = shown_above(p.agreements(), p.pairs(), dd, cfg.min_agreement, alpha)
         && (flips_off
             || shown_above(
                 confident - p.confident_flips(),
                 confident,
+                df,
                 1.0 - cfg.max_flip_rate,
                 alpha,
             ));
@@ -422,10 +503,17 @@ pub fn stage_alpha(plan: &Plan, stage: usize) -> f64 {
 /// bounds at the metric's `α`.
 fn guard_gate(plan: &Plan, alpha: f64, pooled: Arms) -> Option<GateVerdict> {
     let c = pooled.candidate;
-    let error_rate = robbins_cs(c.failure_count(), c.requests(), alpha);
+    let d = count_design_effect(c.units(), Counted::Failures.in_unit());
+    let error_rate = robbins_cs_tempered(c.failure_count(), c.requests(), d, alpha);
     let p95 = c.latency().quantile_rank_bounds(
         0.95,
-        quantile_cs_ranks(0.95, c.latency().len(), alpha, DESIGN_SAMPLES),
+        quantile_cs_ranks_tempered(
+            0.95,
+            c.latency().len(),
+            latency_design_effect(c.units()),
+            alpha,
+            DESIGN_SAMPLES,
+        ),
     );
     guard_rail_verdict(
         &plan.gates.guard_rails,
@@ -510,10 +598,16 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     };
     let (champion_id, candidate_id) = (input.champion, input.candidate);
     let ids = (champion_id, candidate_id);
-    let log_e = (
-        error_log_e(plan, state, ledger, ids, Counted::Failures),
-        error_log_e(plan, state, ledger, ids, Counted::ClientErrors),
+    let (df, dc) = (
+        error_design_effect(ledger, ids, Counted::Failures),
+        error_design_effect(ledger, ids, Counted::ClientErrors),
     );
+    let tests = ErrorTests {
+        failures: error_log_e(plan, state, ledger, ids, Counted::Failures, df),
+        client_errors: error_log_e(plan, state, ledger, ids, Counted::ClientErrors, dc),
+        not_worse: pass_log_e(plan, ledger, ids, df),
+        design_effect: df,
+    };
 
     let g = &plan.gates;
     let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);
@@ -557,7 +651,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         let all: Vec<(Epoch, &Snapshot)> = all.iter().map(|(e, s)| (*e, s)).collect();
         gates.push(error_gate(
             plan,
-            log_e,
+            tests,
             alpha,
             &all,
             (champion_id, candidate_id),
@@ -665,7 +759,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     } else {
         let waiting = match plan.sequential.advance {
             Advance::OnTime => starving,
-            Advance::OnEvidence => unproven,
+            Advance::OnEvidence => unproven.clone(),
         };
         if !waiting.is_empty() && deadline {
             (
@@ -682,9 +776,100 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
                 Outcome::Fail,
                 StageReason::MetricsMissing { gates: missing },
             )
+        } else if !unproven.is_empty() {
+            // Only `on_time` gets here: a pass that proves no more than
+            // the absence of a shown regression says so.
+            (
+                Outcome::Pass,
+                StageReason::NoRegressionShown { gates: unproven },
+            )
         } else {
             (Outcome::Pass, StageReason::AllGatesPass)
         }
     };
     base(outcome, reason, Some(champion), gates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exposure::Exposure;
+    use crate::snapshot::FailureClass;
+
+    /// One epoch in which the champion fails 0.5% of 64,000 requests, evenly
+    /// over its unit groups, and the candidate fails `per_group[u]` of 50
+    /// requests in group `u`.
+    fn ledger(per_group: &[u64]) -> Ledger {
+        let mut s = Snapshot::default();
+        let h = s.revision_mut("h");
+        for u in 0..64u16 {
+            h.record_latencies(std::iter::repeat_n(20_000, 995));
+            h.record_failures(FailureClass::Upstream5xx, 5);
+            h.unit_mut(u).record_latency(20_000, 995);
+            h.unit_mut(u).requests += 995;
+            h.unit_mut(u).record_failures(5);
+        }
+        let c = s.revision_mut("c");
+        for (u, &k) in per_group.iter().enumerate() {
+            c.record_latency_counts([(20_000, 50 - k)]);
+            c.record_failures(FailureClass::Upstream5xx, k);
+            let t = c.unit_mut(u as u16);
+            t.requests += 50 - k;
+            t.record_latency(20_000, 50 - k);
+            t.record_failures(k);
+        }
+        for r in ["h", "c"] {
+            let n = s.revision(r).requests();
+            s.revision_mut(r).record_arrivals(n);
+        }
+        let mut l = Ledger::default();
+        l.absorb(
+            &Exposure::default().with_epochs("gw/1", [(1, s)].into()),
+            1,
+            crate::rollout::Timestamp(0),
+        );
+        l
+    }
+
+    fn log_e(l: &Ledger) -> (f64, f64) {
+        let plan = Plan::default();
+        let state = SequentialState::default();
+        let ids = ("h", "c");
+        let d = error_design_effect(l, ids, Counted::Failures);
+        (
+            error_log_e(&plan, &state, l, ids, Counted::Failures, 1.0),
+            error_log_e(&plan, &state, l, ids, Counted::Failures, d),
+        )
+    }
+
+    /// The same 70 candidate failures (expected: 16): spread over every
+    /// key group they show a regression; from three groups of keys (a few
+    /// users) they are what users who differ produce, and the unit's
+    /// design effect keeps them from showing one.
+    #[test]
+    fn failures_from_a_few_keys_are_weak_evidence_and_from_every_key_strong() {
+        let threshold = (2.0 / metric_alpha(&Plan::default())).ln();
+        let mut few = vec![0u64; 64];
+        few[..3].fill(20);
+        few[3..13].fill(1);
+        let (raw, tempered) = log_e(&ledger(&few));
+        assert!(raw >= threshold, "requests as units: {raw} < {threshold}");
+        assert!(
+            tempered < threshold,
+            "keys as units: {tempered} >= {threshold}"
+        );
+
+        let mut spread = vec![1u64; 64];
+        spread[..6].fill(2);
+        assert_eq!(spread.iter().sum::<u64>(), 70);
+        let (raw, tempered) = log_e(&ledger(&spread));
+        assert!(
+            tempered >= threshold,
+            "{tempered} < {threshold} (raw {raw})"
+        );
+        assert!(
+            (raw - tempered).abs() < 1e-9,
+            "no design effect: {raw} vs {tempered}"
+        );
+    }
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{HistogramError, LatencyHistogram};
+use crate::unit::{RequestMoments, UnitTotals, Units};
 
 /// A snapshot broke one of its invariants, or a window went backwards.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -128,6 +129,10 @@ pub struct RevisionStats {
     client_errors: u64,
     latency: LatencyHistogram,
     predictions: BTreeMap<String, u64>,
+    /// The same outcomes by unit group of the request's key (see
+    /// [`crate::unit`]): what the tests' design effects are estimated
+    /// from. Empty from a source that does not group (then `D = 1`).
+    units: Units,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -144,6 +149,8 @@ struct RevisionStatsWire {
     latency: LatencyHistogram,
     #[serde(default)]
     predictions: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    units: Units,
 }
 
 impl TryFrom<RevisionStatsWire> for RevisionStats {
@@ -157,6 +164,7 @@ impl TryFrom<RevisionStatsWire> for RevisionStats {
             w.predictions,
         )?;
         s.arrived = w.arrived;
+        s.units = w.units;
         Ok(s)
     }
 }
@@ -170,6 +178,7 @@ impl From<RevisionStats> for RevisionStatsWire {
             client_errors: s.client_errors,
             latency: s.latency,
             predictions: s.predictions,
+            units: s.units,
         }
     }
 }
@@ -191,6 +200,7 @@ impl RevisionStats {
             client_errors,
             latency,
             predictions,
+            units: Units::new(),
         };
         s.check(&"revision")?;
         Ok(s)
@@ -274,6 +284,17 @@ impl RevisionStats {
         }
     }
 
+    /// The totals of unit group `unit`, for recording beside the
+    /// revision's own (see [`crate::unit`]).
+    pub fn unit_mut(&mut self, unit: u16) -> &mut UnitTotals {
+        self.units.entry(unit).or_default()
+    }
+
+    /// Totals by unit group.
+    pub fn units(&self) -> &Units {
+        &self.units
+    }
+
     /// A request the client got wrong (4xx): not counted in `requests`.
     pub fn record_client_error(&mut self) {
         self.client_errors += 1;
@@ -347,6 +368,9 @@ impl RevisionStats {
         for (class, n) in &other.predictions {
             *self.predictions.entry(class.clone()).or_default() += n;
         }
+        for (u, t) in &other.units {
+            self.units.entry(*u).or_default().merge(t);
+        }
     }
 
     /// What was recorded after `earlier`. Errors if any counter went backwards.
@@ -397,7 +421,26 @@ impl RevisionStats {
                 what: what.to_string(),
                 source,
             })?;
+        let mut units = Units::new();
+        for (u, t) in &self.units {
+            let d = t
+                .since(earlier.units.get(u).unwrap_or(&UnitTotals::default()))
+                .ok_or_else(|| SnapshotError::CounterReset {
+                    what: what.to_string(),
+                    field: "units",
+                })?;
+            if !d.is_empty() {
+                units.insert(*u, d);
+            }
+        }
+        if earlier.units.keys().any(|u| !self.units.contains_key(u)) {
+            return Err(SnapshotError::CounterReset {
+                what: what.to_string(),
+                field: "units",
+            });
+        }
         let out = RevisionStats {
+            units,
             requests: sub(self.requests, earlier.requests, "requests")?,
             arrived: sub(self.arrived, earlier.arrived, "arrived")?,
             failures,
@@ -419,6 +462,11 @@ pub struct PairStats {
     champion_confident: u64,
     confident_flips: u64,
     mirror_dropped: u64,
+    /// Per-request moments of disagreements over pairs, and of flips over
+    /// confident pairs: a request's instances are one unit (see
+    /// [`crate::unit`]).
+    disagreement_moments: RequestMoments,
+    flip_moments: RequestMoments,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -430,6 +478,14 @@ struct PairStatsWire {
     confident_flips: u64,
     #[serde(default)]
     mirror_dropped: u64,
+    #[serde(default, skip_serializing_if = "is_default")]
+    disagreement_moments: RequestMoments,
+    #[serde(default, skip_serializing_if = "is_default")]
+    flip_moments: RequestMoments,
+}
+
+fn is_default<T: Default + PartialEq>(t: &T) -> bool {
+    *t == T::default()
 }
 
 impl TryFrom<PairStatsWire> for PairStats {
@@ -441,6 +497,8 @@ impl TryFrom<PairStatsWire> for PairStats {
             champion_confident: w.champion_confident,
             confident_flips: w.confident_flips,
             mirror_dropped: w.mirror_dropped,
+            disagreement_moments: w.disagreement_moments,
+            flip_moments: w.flip_moments,
         };
         p.check(&"pairs")?;
         Ok(p)
@@ -455,6 +513,8 @@ impl From<PairStats> for PairStatsWire {
             champion_confident: p.champion_confident,
             confident_flips: p.confident_flips,
             mirror_dropped: p.mirror_dropped,
+            disagreement_moments: p.disagreement_moments,
+            flip_moments: p.flip_moments,
         }
     }
 }
@@ -519,6 +579,57 @@ impl PairStats {
         self.confident_flips += if champion_confident && !agreed { n } else { 0 };
     }
 
+    /// The pairs of one mirrored request, `(agreed, champion confident)`
+    /// per instance: counted per instance, and as one request for the
+    /// tests' design effect.
+    pub fn record_request(&mut self, instances: &[(bool, bool)]) {
+        let (mut x, mut c, mut y) = (0, 0, 0);
+        for &(agreed, confident) in instances {
+            self.record_pair(agreed, confident);
+            x += u64::from(!agreed);
+            c += u64::from(confident);
+            y += u64::from(confident && !agreed);
+        }
+        let m = instances.len() as u64;
+        self.disagreement_moments.record(m, x, 1);
+        self.flip_moments.record(c, y, 1);
+    }
+
+    /// `n` mirrored requests alike, each of `instances` pairs of which
+    /// `disagreements` disagree, `confident` have a confident champion and
+    /// `flips` of those disagree (aggregated recording, e.g. by the
+    /// simulator). Counts beyond their whole are clamped.
+    pub fn record_requests(
+        &mut self,
+        n: u64,
+        instances: u64,
+        disagreements: u64,
+        confident: u64,
+        flips: u64,
+    ) {
+        let c = confident.min(instances);
+        let y = flips.min(c).min(disagreements);
+        let unsure = (disagreements - y).min(instances - c);
+        self.record_pairs(n * y, false, true);
+        self.record_pairs(n * (c - y), true, true);
+        self.record_pairs(n * unsure, false, false);
+        self.record_pairs(n * (instances - c - unsure), true, false);
+        self.disagreement_moments.record(instances, y + unsure, n);
+        self.flip_moments.record(c, y, n);
+    }
+
+    /// The design effect of the disagreement rate, the request as the unit.
+    pub fn disagreement_design_effect(&self) -> f64 {
+        self.disagreement_moments
+            .design_effect(self.pairs - self.agreements, self.pairs)
+    }
+
+    /// The design effect of the flip rate, the request as the unit.
+    pub fn flip_design_effect(&self) -> f64 {
+        self.flip_moments
+            .design_effect(self.confident_flips, self.champion_confident)
+    }
+
     /// A mirror request dropped because the mirror queue was full.
     pub fn record_drop(&mut self) {
         self.mirror_dropped += 1;
@@ -546,6 +657,8 @@ impl PairStats {
         self.champion_confident += o.champion_confident;
         self.confident_flips += o.confident_flips;
         self.mirror_dropped += o.mirror_dropped;
+        self.disagreement_moments.merge(&o.disagreement_moments);
+        self.flip_moments.merge(&o.flip_moments);
     }
 
     pub fn window_since(
@@ -569,6 +682,19 @@ impl PairStats {
             )?,
             confident_flips: sub(self.confident_flips, e.confident_flips, "confident_flips")?,
             mirror_dropped: sub(self.mirror_dropped, e.mirror_dropped, "mirror_dropped")?,
+            disagreement_moments: self
+                .disagreement_moments
+                .since(&e.disagreement_moments)
+                .ok_or_else(|| SnapshotError::CounterReset {
+                    what: what.to_string(),
+                    field: "disagreement_moments",
+                })?,
+            flip_moments: self.flip_moments.since(&e.flip_moments).ok_or_else(|| {
+                SnapshotError::CounterReset {
+                    what: what.to_string(),
+                    field: "flip_moments",
+                }
+            })?,
         };
         out.check(what)?;
         Ok(out)
@@ -752,6 +878,13 @@ mod tests {
         Drop {
             shadow: u8,
         },
+        /// A mirrored request's pairs, as `(agreed, confident)` bits.
+        Request {
+            shadow: u8,
+            agreed: u8,
+            confident: u8,
+            instances: u8,
+        },
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -771,6 +904,14 @@ mod tests {
                 }
             }),
             (0u8..2).prop_map(|shadow| Event::Drop { shadow }),
+            (0u8..2, any::<u8>(), any::<u8>(), 1u8..8).prop_map(
+                |(shadow, agreed, confident, instances)| Event::Request {
+                    shadow,
+                    agreed,
+                    confident,
+                    instances
+                }
+            ),
         ]
     }
 
@@ -782,14 +923,31 @@ mod tests {
                     rev,
                     latency_us,
                     class,
-                } => s
-                    .revision_mut(&format!("r{rev}"))
-                    .record_success(latency_us, [format!("c{class}").as_str()]),
-                Event::Failure { rev, class } => s
-                    .revision_mut(&format!("r{rev}"))
-                    .record_failure(FailureClass::ALL[class as usize]),
+                } => {
+                    let r = s.revision_mut(&format!("r{rev}"));
+                    r.record_success(latency_us, [format!("c{class}").as_str()]);
+                    r.unit_mut(u16::from(class) * 7).record_success(latency_us);
+                }
+                Event::Failure { rev, class } => {
+                    let r = s.revision_mut(&format!("r{rev}"));
+                    r.record_failure(FailureClass::ALL[class as usize]);
+                    r.unit_mut(u16::from(class)).record_failures(1);
+                }
                 Event::ClientError { rev } => {
-                    s.revision_mut(&format!("r{rev}")).record_client_error()
+                    let r = s.revision_mut(&format!("r{rev}"));
+                    r.record_client_error();
+                    r.unit_mut(u16::from(rev)).record_client_error();
+                }
+                Event::Request {
+                    shadow,
+                    agreed,
+                    confident,
+                    instances,
+                } => {
+                    let pairs: Vec<(bool, bool)> = (0..instances)
+                        .map(|i| (agreed >> i & 1 == 1, confident >> i & 1 == 1))
+                        .collect();
+                    s.pairs_mut(&format!("s{shadow}")).record_request(&pairs);
                 }
                 Event::Pair {
                     shadow,

@@ -44,12 +44,29 @@ pub enum StageKind {
 pub enum StageReason {
     StatsUnavailable,
     SharedOutage,
-    Breach { gates: Vec<GateKind> },
-    MinDuration { remaining_ms: u64 },
-    AwaitingEvidence { gates: Vec<GateKind> },
-    EvidenceTimeout { gates: Vec<GateKind> },
-    MetricsMissing { gates: Vec<GateKind> },
+    Breach {
+        gates: Vec<GateKind>,
+    },
+    MinDuration {
+        remaining_ms: u64,
+    },
+    AwaitingEvidence {
+        gates: Vec<GateKind>,
+    },
+    EvidenceTimeout {
+        gates: Vec<GateKind>,
+    },
+    MetricsMissing {
+        gates: Vec<GateKind>,
+    },
+    /// Every gate showed the candidate within budget.
     AllGatesPass,
+    /// The stage passed on time (`advance = "on_time"`): no gate showed a
+    /// regression, but these gates did not show the candidate within
+    /// budget either. Not a proof of non-inferiority.
+    NoRegressionShown {
+        gates: Vec<GateKind>,
+    },
 }
 
 impl StageReason {
@@ -64,6 +81,7 @@ impl StageReason {
             StageReason::EvidenceTimeout { .. } => "evidence_timeout",
             StageReason::MetricsMissing { .. } => "metrics_missing",
             StageReason::AllGatesPass => "all_gates_pass",
+            StageReason::NoRegressionShown { .. } => "no_regression_shown",
         }
     }
 }

@@ -228,6 +228,7 @@ fn ready_candidate_enters_shadow_with_full_mirroring_and_no_live_exposure() {
                 candidate_weight_bp: 0,
                 mirror_bp: 10_000,
                 epoch: 1,
+                assignment: Default::default(),
             }
         }
     );
@@ -536,6 +537,7 @@ fn a_gateway_restart_neither_invents_nor_loses_evidence() {
         candidate_weight_bp: 0,
         mirror_bp: 10_000,
         epoch: 1,
+        assignment: Default::default(),
     };
     traffic.tick();
     state = observe(&spec, &state, true, Some(traffic.snapshot.clone()), 1).state;
@@ -788,7 +790,15 @@ fn sequential_identical_candidates_are_promoted_and_never_rolled_back_for_a_brea
                 other => panic!("{advance:?} seed {seed}: unfinished {other:?}"),
             }
         }
-        assert!(promoted >= 55, "{advance:?}: only {promoted}/60 promoted");
+        // `on_evidence` must show the failure rate below 1.5× the
+        // champion's (or below 0.1%): at 0.5–1% that takes some hundred
+        // failures, more than a 120 s stage always sees; such stages fail
+        // safe by evidence timeout.
+        let need = match advance {
+            Advance::OnTime => 55,
+            Advance::OnEvidence => 45,
+        };
+        assert!(promoted >= need, "{advance:?}: only {promoted}/60 promoted");
     }
 }
 
@@ -1030,7 +1040,8 @@ proptest! {
                 prop_assert!(!manual);
                 prop_assert!(saw_stats);
                 let v = t.state.last_verdict.as_ref().expect("verdict");
-                prop_assert_eq!(&v.reason, &StageReason::AllGatesPass);
+                prop_assert!(matches!(v.reason, StageReason::AllGatesPass | StageReason::NoRegressionShown { .. }), "{:?}", v.reason);
+                prop_assert!(v.gates.iter().all(|g| g.outcome != rollgate_core::Outcome::Fail));
             }
             let r = rank(&t.state.phase);
             prop_assert!(r >= order);

@@ -139,6 +139,9 @@ pub struct ModelRoute {
     /// Hash salt; defaults to the model name.
     #[serde(default)]
     pub salt: Option<String>,
+    /// `per_request` splits each request at random, ignoring its key.
+    #[serde(default)]
+    pub assignment: rollgate_core::plan::Assignment,
     /// JSON pointer to the predictions in a response.
     #[serde(default)]
     pub output_pointer: Option<String>,

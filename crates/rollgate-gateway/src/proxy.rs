@@ -274,8 +274,15 @@ async fn predict_inner(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let key = sticky_key(inner, route, &parts.headers, &body);
+    let key = if route.per_request {
+        rand::random::<u64>().to_le_bytes().to_vec()
+    } else {
+        sticky_key(inner, route, &parts.headers, &body)
+    };
     let bucket = crate::assign::bucket(&route.salt, &key);
+    // The key's unit group: outcomes are also counted per group, since the
+    // key, not the request, is what the split randomised.
+    let unit = rollgate_core::unit_of(bucket);
 
     let chosen = match &route.candidate {
         Some((target, weight)) if crate::assign::to_candidate(bucket, *weight) => Some(target),
@@ -293,7 +300,7 @@ async fn predict_inner(
         )
         .await;
         let unreachable = matches!(outcome, Upstreamed::Connect);
-        record(route, candidate, &outcome);
+        record(route, candidate, unit, &outcome);
         if !(unreachable && route.fallback_to_champion) {
             return finish(outcome, &candidate.revision);
         }
@@ -310,7 +317,7 @@ async fn predict_inner(
         body.clone(),
     )
     .await;
-    let preds = record(route, champion, &outcome);
+    let preds = record(route, champion, unit, &outcome);
     if chosen.is_none()
         && let Some((_, mirror_bp, pairs)) = &route.shadow
         && rand::random_range(0..10_000u32) < *mirror_bp
@@ -323,7 +330,7 @@ async fn predict_inner(
             path_q,
             parts.headers,
             body,
-            preds,
+            (unit, preds),
         );
     }
     finish(outcome, &champion.revision)
@@ -334,9 +341,17 @@ async fn predict_inner(
 /// request was counted as arrived before it was sent: one whose outcome
 /// never comes (its client went away) stays unresolved, which the
 /// controller's error test takes at its worst for a rejection.
-fn record(route: &Route, target: &Target, outcome: &Upstreamed) -> Option<Vec<Prediction>> {
+fn record(
+    route: &Route,
+    target: &Target,
+    unit: u16,
+    outcome: &Upstreamed,
+) -> Option<Vec<Prediction>> {
     let failure = |class| {
-        target.stats.with(|s| s.record_failure(class));
+        target.stats.with(|s| {
+            s.record_failure(class);
+            s.unit_mut(unit).record_failures(1);
+        });
         None
     };
     match outcome {
@@ -353,7 +368,10 @@ fn record(route: &Route, target: &Target, outcome: &Upstreamed) -> Option<Vec<Pr
                 return failure(FailureClass::Upstream5xx);
             }
             if status.is_client_error() {
-                target.stats.with(|s| s.record_client_error());
+                target.stats.with(|s| {
+                    s.record_client_error();
+                    s.unit_mut(unit).record_client_error();
+                });
                 return None;
             }
             let preds = if route.read_predictions {
@@ -365,7 +383,8 @@ fn record(route: &Route, target: &Target, outcome: &Upstreamed) -> Option<Vec<Pr
                 Vec::new()
             };
             target.stats.with(|s| {
-                s.record_success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()))
+                s.record_success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()));
+                s.unit_mut(unit).record_success(*latency_us);
             });
             Some(preds)
         }
@@ -556,7 +575,7 @@ fn mirror(
     path_q: String,
     headers: HeaderMap,
     body: Bytes,
-    champion: Option<Vec<Prediction>>,
+    (unit, champion): (u16, Option<Vec<Prediction>>),
 ) {
     let Ok(slot) = Arc::clone(&inner.mirror_slots).try_acquire_owned() else {
         pairs.with(|p| p.record_drop());
@@ -572,7 +591,7 @@ fn mirror(
         };
         shadow.stats.with(|s| s.record_arrivals(1));
         let outcome = forward(&inner, shadow, method, &path_q, &headers, body).await;
-        let answer = record(&route, shadow, &outcome);
+        let answer = record(&route, shadow, unit, &outcome);
         if let (Some(champion), Some(answer)) = (champion, answer)
             && route.read_predictions
         {
@@ -581,22 +600,26 @@ fn mirror(
     });
 }
 
-/// Counts agreement per instance; a missing counterpart is a disagreement.
+/// Counts agreement per instance, and the request as one unit of the
+/// shadow tests; a missing counterpart is a disagreement.
 fn pair(
     route: &Route,
     pairs: &crate::recorder::Sharded<rollgate_core::PairStats>,
     champion: &[Prediction],
     shadow: &[Prediction],
 ) {
-    pairs.with(|p| {
-        for (i, c) in champion.iter().enumerate() {
+    let instances: Vec<(bool, bool)> = champion
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
             let agreed = shadow
                 .get(i)
                 .is_some_and(|s| agree(c, s, route.numeric_tolerance));
             let confident = c
                 .confidence
                 .is_some_and(|x| x >= route.confidence_threshold);
-            p.record_pair(agreed, confident);
-        }
-    });
+            (agreed, confident)
+        })
+        .collect();
+    pairs.with(|p| p.record_request(&instances));
 }

@@ -45,6 +45,8 @@ pub struct Route {
     pub protocol: Protocol,
     pub salt: String,
     pub key_field: Option<String>,
+    /// Split per request at random, not by key.
+    pub per_request: bool,
     /// `None` for a generic JSON model with no pointer: predictions are not read.
     pub output_pointer: Option<String>,
     pub read_predictions: bool,
@@ -79,6 +81,7 @@ impl RoutingTable {
                 protocol: m.protocol,
                 salt: m.salt.clone().unwrap_or_else(|| m.name.clone()),
                 key_field: m.key_field.clone(),
+                per_request: m.assignment == rollgate_core::plan::Assignment::PerRequest,
                 output_pointer: m.output_pointer.clone(),
                 read_predictions: m.protocol != Protocol::Json || m.output_pointer.is_some(),
                 confidence_threshold: m.confidence_threshold,

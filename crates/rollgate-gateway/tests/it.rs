@@ -115,6 +115,7 @@ fn route(champion: &str) -> ModelRoute {
         json_path: None,
         key_field: None,
         salt: None,
+        assignment: Default::default(),
         output_pointer: None,
         confidence_threshold: 0.9,
         numeric_tolerance: 1e-6,
@@ -945,5 +946,50 @@ async fn slow_bodies_hold_no_capacity_and_gone_clients_leave_no_request_in_fligh
     assert_eq!(s.in_flight, 0);
     gate.notify_waiters();
     drop(slow);
+    gw.shutdown().await;
+}
+
+/// The key, not the request, is the statistical unit: outcomes are also
+/// counted per unit group of the key's bucket. Per-request assignment
+/// ignores the key: one user's requests reach both arms, in many groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_are_counted_per_unit_group_and_per_request_assignment_ignores_the_key() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let sticky = with_candidate(route(&champ.url), &cand.url, 5000);
+    let gw = start(config(vec![sticky.clone()])).await;
+    let c = client();
+    for _ in 0..20 {
+        predict(&c, gw.addr, Some("user-7")).await;
+    }
+    let arm = if bucket("m", b"user-7") < 5000 {
+        "cand"
+    } else {
+        "champ"
+    };
+    let s = gw.gateway.snapshot();
+    let units = rev(&s, arm).units().clone();
+    let unit = rollgate_core::unit_of(bucket("m", b"user-7"));
+    assert_eq!(units.keys().copied().collect::<Vec<_>>(), vec![unit]);
+    assert_eq!((units[&unit].requests, units[&unit].latencies), (20, 20));
+    gw.shutdown().await;
+
+    let per_request = ModelRoute {
+        assignment: rollgate_core::plan::Assignment::PerRequest,
+        ..sticky
+    };
+    let gw = start(config(vec![per_request])).await;
+    for _ in 0..200 {
+        let r = predict(&c, gw.addr, Some("user-7")).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let s = gw.gateway.snapshot();
+    for arm in ["cand", "champ"] {
+        let r = rev(&s, arm);
+        assert!(r.requests() >= 50, "{arm}: {}", r.requests());
+        assert!(r.units().len() >= 20, "{arm}: {} groups", r.units().len());
+        let total: u64 = r.units().values().map(|u| u.requests).sum();
+        assert_eq!(total, r.requests());
+    }
     gw.shutdown().await;
 }

@@ -76,6 +76,7 @@ impl Baseline {
             candidate_weight_bp: self.steps[self.step] * 100,
             mirror_bp: 0,
             epoch: 0,
+            assignment: Default::default(),
         }
     }
 

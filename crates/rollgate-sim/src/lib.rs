@@ -29,6 +29,10 @@ type Rng = Xoshiro256PlusPlus;
 
 pub mod baseline;
 pub mod matrix;
+mod users;
+
+pub use users::{Assignment, Users};
+use users::{Crowd, UnitAcc, User, any_unit, uniform};
 
 pub const CHAMPION: &str = "champion";
 pub const CANDIDATE: &str = "candidate";
@@ -142,6 +146,19 @@ pub struct Scenario {
     pub candidate_changes_at: Option<u64>,
     /// Canary steps for this scenario (default: the plan's).
     pub steps: Option<Vec<u32>>,
+    /// The plan's minimum stage duration for this scenario.
+    #[serde(with = "humantime_serde")]
+    pub min_stage_duration: Option<Duration>,
+    /// Users who differ (default: all alike, each arm's own `failure`).
+    /// With users, a request fails with its user's propensity *and* its
+    /// arm's `failure`.
+    pub users: Option<Users>,
+    /// Per key (sticky, the default) or per request.
+    pub assignment: Assignment,
+    /// Instances per request (shadow pairs per mirrored request).
+    pub batch: u32,
+    /// Intra-request correlation of the pairs' disagreements (beta-binomial).
+    pub batch_correlation: f64,
     /// Controller evaluation interval.
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
@@ -159,6 +176,10 @@ impl Scenario {
         }
         if let Some(steps) = &self.steps {
             p.steps = steps.clone();
+        }
+        if let Some(d) = self.min_stage_duration {
+            p.min_stage_duration = d;
+            p.evidence_timeout = p.evidence_timeout.max(d);
         }
         p
     }
@@ -188,6 +209,11 @@ impl Scenario {
             shared_slowdown: None,
             candidate_changes_at: None,
             steps: None,
+            min_stage_duration: None,
+            users: None,
+            assignment: Assignment::Sticky,
+            batch: 1,
+            batch_correlation: 0.0,
             tick: Duration::from_secs(1),
             max_duration: Duration::from_secs(3600),
         }
@@ -274,6 +300,8 @@ impl Arm {
 struct LatencyModel {
     /// The lowest latency of each bucket with any probability.
     values: Vec<u64>,
+    /// Each value as it enters a unit group's log-latency sums.
+    logs: Vec<u64>,
     alias: AliasTable,
 }
 
@@ -311,22 +339,53 @@ impl LatencyModel {
             lo = hi + 1;
         }
         LatencyModel {
+            logs: values
+                .iter()
+                .map(|&v| rollgate_core::unit::log_latency(v))
+                .collect(),
             values,
             alias: AliasTable::new(&weights),
         }
     }
 
-    /// Records `n` successes' latencies into `stats`: one by one when
-    /// fewer than half the buckets, else counted per bucket first and
-    /// recorded a bucket at a time.
-    fn record(&self, rng: &mut Rng, stats: &mut RevisionStats, n: u64) {
-        if 2 * n < self.values.len() as u64 {
-            stats.record_latencies((0..n).map(|_| self.values[self.alias.sample(rng)]));
+    /// Records `n` successes' latencies, scaled by `factor`, into `stats`
+    /// and their unit groups (drawn uniformly) into `units`: one by one
+    /// when fewer than half the buckets or scaled, else counted per bucket
+    /// first and recorded a bucket at a time.
+    fn record(
+        &self,
+        rng: &mut Rng,
+        stats: &mut RevisionStats,
+        n: u64,
+        factor: f64,
+        units: &mut UnitAcc,
+    ) {
+        if factor != 1.0 || 2 * n < self.values.len() as u64 {
+            let latencies: Vec<u64> = (0..n)
+                .map(|_| {
+                    let b = self.alias.sample(rng);
+                    let v = if factor == 1.0 {
+                        self.values[b]
+                    } else {
+                        (self.values[b] as f64 * factor) as u64
+                    };
+                    let l = if factor == 1.0 {
+                        self.logs[b]
+                    } else {
+                        rollgate_core::unit::log_latency(v)
+                    };
+                    units.success(any_unit(rng), l);
+                    v
+                })
+                .collect();
+            stats.record_latencies(latencies);
             return;
         }
         let mut per_bucket = vec![0u64; self.values.len()];
         for _ in 0..n {
-            per_bucket[self.alias.sample(rng)] += 1;
+            let b = self.alias.sample(rng);
+            per_bucket[b] += 1;
+            units.success(any_unit(rng), self.logs[b]);
         }
         stats.record_latency_counts(self.values.iter().copied().zip(per_bucket));
     }
@@ -340,7 +399,7 @@ impl LatencyModel {
 /// which draws two numbers (one by rejection) per sample: the latency draw
 /// is the simulator's innermost loop.
 #[derive(Debug)]
-struct AliasTable {
+pub(crate) struct AliasTable {
     /// Probability (scaled to 2^32) of keeping each column.
     keep: Vec<u64>,
     alias: Vec<u32>,
@@ -348,7 +407,7 @@ struct AliasTable {
 
 impl AliasTable {
     /// `weights` non-negative with a positive sum.
-    fn new(weights: &[f64]) -> Self {
+    pub(crate) fn new(weights: &[f64]) -> Self {
         let k = weights.len().max(1);
         let total: f64 = weights.iter().sum();
         let mut scaled: Vec<f64> = weights.iter().map(|w| w * k as f64 / total).collect();
@@ -370,7 +429,7 @@ impl AliasTable {
         AliasTable { keep, alias }
     }
 
-    fn sample(&self, rng: &mut Rng) -> usize {
+    pub(crate) fn sample(&self, rng: &mut Rng) -> usize {
         let u = rng.next_u64();
         let column = (((u >> 32) * self.keep.len() as u64) >> 32) as usize;
         if (u & 0xffff_ffff) < self.keep[column] {
@@ -472,7 +531,7 @@ impl Decider for CoreDecider {
 }
 
 /// Draws from Binomial(n, p), exactly; trivial cases without a sampler.
-fn binomial(rng: &mut Rng, n: u64, p: f64) -> u64 {
+pub(crate) fn binomial(rng: &mut Rng, n: u64, p: f64) -> u64 {
     if n == 0 || p <= 0.0 {
         return 0;
     }
@@ -599,6 +658,19 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
     let tick_s = scenario.tick.as_secs_f64();
     let arrivals = Poisson::new((scenario.rps * tick_s).max(1e-9)).ok();
     let mut keys = StickyKeys::new(scenario.keys, seed);
+    let per_request = scenario.assignment == Assignment::PerRequest;
+    let users: Vec<User> = scenario.users.as_ref().map_or_else(Vec::new, |u| {
+        u.draw(scenario.keys, seed, |k| bucket(k, seed))
+    });
+    // The users each arm serves at the current weight.
+    let crowds = |weight_bp: u32| {
+        let to_candidate = |u: &User| !per_request && u.bucket < weight_bp;
+        (
+            Crowd::of(&users, |u| per_request || to_candidate(u), per_request),
+            Crowd::of(&users, |u| per_request || !to_candidate(u), per_request),
+        )
+    };
+    let (mut candidate_crowd, mut champion_crowd) = crowds(0);
     let gateways = scenario.gateways.max(1) as usize;
     let mut gws: Vec<SimGateway> = (0..gateways).map(|_| SimGateway::default()).collect();
     let mut pending: VecDeque<Pending> = VecDeque::new();
@@ -641,6 +713,10 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
         } else {
             arrivals.as_ref().map_or(0, |p| p.sample(&mut rng) as u64)
         };
+        let (to_cand, to_champ) = (
+            Senders::of(candidate_crowd.as_ref(), &users),
+            Senders::of(champion_crowd.as_ref(), &users),
+        );
         for (g, gw) in gws.iter_mut().enumerate() {
             let here = binomial(&mut rng, n, 1.0 / (gateways - g) as f64);
             n -= here;
@@ -669,6 +745,7 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
                 candidate,
                 to_candidate,
                 outage,
+                to_cand,
             );
             serve(
                 &mut rng,
@@ -677,10 +754,15 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
                 champion,
                 to_champion - mirror,
                 outage,
+                to_champ,
             );
             // Mirrored requests: the shadow's failures are independent of
-            // the champion's; a pair needs both answers.
-            let champion_ok = serve(&mut rng, &mut sinks, CHAMPION, champion, mirror, outage);
+            // the champion's; a pair needs both answers. (With users who
+            // differ, the shadow's requests come from the same crowd, not
+            // the same users: their propensities are the crowd's.)
+            let champion_ok = serve(
+                &mut rng, &mut sinks, CHAMPION, champion, mirror, outage, to_champ,
+            );
             let pairs = serve(
                 &mut rng,
                 &mut sinks,
@@ -688,6 +770,7 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
                 candidate,
                 champion_ok,
                 outage,
+                to_champ,
             );
             serve(
                 &mut rng,
@@ -696,6 +779,7 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
                 candidate,
                 mirror - champion_ok,
                 outage,
+                to_champ,
             );
             let pair_sink = sinks.later.as_deref_mut().unwrap_or(sinks.now);
             record_pairs(&mut rng, pair_sink, scenario, pairs);
@@ -740,8 +824,16 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
 
         let (r, p, events) = decider.observe(&exposure, now);
         if let Some(r) = r {
-            if r.candidate_weight_bp != routing.candidate_weight_bp {
-                share = keys.share(r.candidate_weight_bp);
+            let w = r.candidate_weight_bp;
+            if w != routing.candidate_weight_bp {
+                share = if per_request {
+                    f64::from(w) / 10_000.0
+                } else if users.is_empty() {
+                    keys.share(w)
+                } else {
+                    users::volume_share(&users, |u| u.bucket < w)
+                };
+                (candidate_crowd, champion_crowd) = crowds(w);
             }
             routing = r;
         }
@@ -763,44 +855,104 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
     }
 }
 
+/// Who a serve call's requests come from.
+#[derive(Clone, Copy)]
+enum Senders<'a> {
+    /// Users all alike: outcomes drawn in aggregate, unit groups uniform.
+    Alike,
+    /// Users who differ: each request from a user drawn by volume.
+    Crowd(&'a Crowd, &'a [User]),
+}
+
+impl<'a> Senders<'a> {
+    fn of(crowd: Option<&'a Crowd>, users: &'a [User]) -> Self {
+        crowd.map_or(Senders::Alike, |c| Senders::Crowd(c, users))
+    }
+}
+
 /// Serves `count` requests on `arm`, recording them; returns how many
 /// succeeded.
-fn serve(rng: &mut Rng, sinks: &mut Sinks, rev: &str, arm: &Arm, count: u64, outage: bool) -> u64 {
+fn serve(
+    rng: &mut Rng,
+    sinks: &mut Sinks,
+    rev: &str,
+    arm: &Arm,
+    count: u64,
+    outage: bool,
+    senders: Senders,
+) -> u64 {
     if count == 0 {
         return 0;
     }
     sinks.now.revision_mut(rev).record_arrivals(count);
     let p_hang = 1.0 - (1.0 - sinks.timeout_rate) * (1.0 - arm.model.hang);
-    let hung = binomial(rng, count, p_hang);
-    let count = count - hung;
-    if hung > 0 {
-        let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
-        sink.revision_mut(rev)
-            .record_failures(FailureClass::Timeout, hung);
-    }
-    let failures = if outage {
-        count
-    } else {
-        binomial(rng, count, arm.model.failure)
+    let mut units = UnitAcc::new();
+    let successes = match senders {
+        Senders::Alike => {
+            let hung = binomial(rng, count, p_hang);
+            let count = count - hung;
+            let failures = if outage {
+                count
+            } else {
+                binomial(rng, count, arm.model.failure)
+            };
+            record_failures(rng, sinks, rev, (hung, failures), &mut units);
+            count - failures
+        }
+        Senders::Crowd(crowd, users) => {
+            // One request at a time: its user, then its outcome.
+            let (mut hung, mut failed) = (UnitAcc::new(), UnitAcc::new());
+            let (mut n_hung, mut n_failed) = (0, 0);
+            let mut latencies = Vec::new();
+            let f = sinks.slowdown;
+            let f_log = (rollgate_core::unit::LOG_SCALE * f.ln()).round() as i64;
+            for _ in 0..count {
+                let (user, unit) = crowd.draw(rng, users);
+                if p_hang > 0.0 && uniform(rng) < p_hang {
+                    n_hung += 1;
+                    hung.failures(unit, 1);
+                } else if outage
+                    || uniform(rng) < 1.0 - (1.0 - user.failure) * (1.0 - arm.model.failure)
+                {
+                    n_failed += 1;
+                    failed.failures(unit, 1);
+                } else {
+                    let b = arm.latency.alias.sample(rng);
+                    let v = (arm.latency.values[b] as f64 * user.latency * f) as u64;
+                    let l = arm.latency.logs[b] as i64 + user.latency_log + f_log;
+                    latencies.push(v.max(1));
+                    units.success(unit, l.max(0) as u64);
+                }
+            }
+            if n_hung > 0 {
+                let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
+                let stats = sink.revision_mut(rev);
+                stats.record_failures(FailureClass::Timeout, n_hung);
+                hung.flush(stats);
+            }
+            let stats = sinks.now.revision_mut(rev);
+            stats.record_failures(FailureClass::Upstream5xx, n_failed);
+            failed.flush(stats);
+            let n = latencies.len() as u64;
+            let stats = sinks
+                .later
+                .as_deref_mut()
+                .unwrap_or(sinks.now)
+                .revision_mut(rev);
+            stats.record_latencies(latencies);
+            units.flush(stats);
+            n
+        }
     };
-    sinks
-        .now
-        .revision_mut(rev)
-        .record_failures(FailureClass::Upstream5xx, failures);
-    let successes = count - failures;
     let stats = sinks
         .later
         .as_deref_mut()
         .unwrap_or(sinks.now)
         .revision_mut(rev);
-    if sinks.slowdown == 1.0 {
-        arm.latency.record(rng, stats, successes);
-    } else {
-        let f = sinks.slowdown;
-        stats.record_latencies(
-            (0..successes)
-                .map(|_| (arm.latency.values[arm.latency.alias.sample(rng)] as f64 * f) as u64),
-        );
+    if matches!(senders, Senders::Alike) {
+        arm.latency
+            .record(rng, stats, successes, sinks.slowdown, &mut units);
+        units.flush(stats);
     }
     let fraud = binomial(rng, successes, 0.3);
     stats.record_predictions("fraud", fraud);
@@ -808,22 +960,57 @@ fn serve(rng: &mut Rng, sinks: &mut Sinks, rev: &str, arm: &Arm, count: u64, out
     successes
 }
 
-/// Compares `pairs` answered pairs: the champion is confident on a share of
-/// them; the candidate flips some confident answers and disagrees on some
-/// of the rest.
-fn record_pairs(rng: &mut Rng, snapshot: &mut Snapshot, scenario: &Scenario, pairs: u64) {
-    if pairs == 0 {
+/// Records `hung` timeouts and `failures` 5xx of users all alike, each in
+/// a unit group drawn uniformly.
+fn record_failures(
+    rng: &mut Rng,
+    sinks: &mut Sinks,
+    rev: &str,
+    (hung, failures): (u64, u64),
+    units: &mut UnitAcc,
+) {
+    if hung > 0 {
+        let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
+        let stats = sink.revision_mut(rev);
+        stats.record_failures(FailureClass::Timeout, hung);
+        (0..hung).for_each(|_| units.failures(any_unit(rng), 1));
+        units.flush(stats);
+    }
+    let stats = sinks.now.revision_mut(rev);
+    stats.record_failures(FailureClass::Upstream5xx, failures);
+    (0..failures).for_each(|_| units.failures(any_unit(rng), 1));
+    units.flush(stats);
+}
+
+/// Compares the pairs of `requests` mirrored requests answered by both,
+/// `scenario.batch` instances each: the champion is confident on a share
+/// of them; the candidate flips some confident answers and disagrees on
+/// some of the rest, correlated within a request by
+/// `batch_correlation`.
+fn record_pairs(rng: &mut Rng, snapshot: &mut Snapshot, scenario: &Scenario, requests: u64) {
+    if requests == 0 {
         return;
     }
-    let confident = binomial(rng, pairs, scenario.confident_share);
-    let flips = binomial(rng, confident, scenario.flip_rate);
-    let unsure = pairs - confident;
-    let disagree = binomial(rng, unsure, scenario.unconfident_disagreement);
     let p = snapshot.pairs_mut(CANDIDATE);
-    p.record_pairs(confident - flips, true, true);
-    p.record_pairs(flips, false, true);
-    p.record_pairs(unsure - disagree, true, false);
-    p.record_pairs(disagree, false, false);
+    let (m, rho) = (u64::from(scenario.batch.max(1)), scenario.batch_correlation);
+    if m == 1 {
+        // One instance per request: aggregate draws, exactly.
+        let confident = binomial(rng, requests, scenario.confident_share);
+        let flips = binomial(rng, confident, scenario.flip_rate);
+        let unsure = requests - confident;
+        let disagree = binomial(rng, unsure, scenario.unconfident_disagreement);
+        p.record_requests(flips, 1, 1, 1, 1);
+        p.record_requests(confident - flips, 1, 0, 1, 0);
+        p.record_requests(disagree, 1, 1, 0, 0);
+        p.record_requests(unsure - disagree, 1, 0, 0, 0);
+        return;
+    }
+    for _ in 0..requests {
+        let c = binomial(rng, m, scenario.confident_share);
+        let y = users::beta_binomial(rng, c, scenario.flip_rate, rho);
+        let x = users::beta_binomial(rng, m - c, scenario.unconfident_disagreement, rho);
+        p.record_requests(1, m, y + x, c, y);
+    }
 }
 
 #[cfg(test)]
@@ -880,10 +1067,10 @@ mod tests {
         let mut rng = Rng::seed_from_u64(5);
         let mut few = RevisionStats::default();
         for _ in 0..2_000 {
-            t.record(&mut rng, &mut few, 10);
+            t.record(&mut rng, &mut few, 10, 1.0, &mut UnitAcc::new());
         }
         let mut many = RevisionStats::default();
-        t.record(&mut rng, &mut many, 200_000);
+        t.record(&mut rng, &mut many, 200_000, 1.0, &mut UnitAcc::new());
         for (stats, n) in [(few, 20_000), (many, 200_000)] {
             assert_eq!(stats.requests(), n);
             for (p, z) in [(0.05, -1.6449), (0.5, 0.0), (0.95, 1.6449), (0.99, 2.3263)] {
@@ -894,7 +1081,13 @@ mod tests {
             }
         }
         let mut point = RevisionStats::default();
-        LatencyModel::lognormal(20_000.0, 0.0).record(&mut rng, &mut point, 100);
+        LatencyModel::lognormal(20_000.0, 0.0).record(
+            &mut rng,
+            &mut point,
+            100,
+            1.0,
+            &mut UnitAcc::new(),
+        );
         let range = LatencyHistogram::equivalent_range(20_000);
         assert_eq!(point.latency().buckets(), vec![(*range.end(), 100)]);
     }

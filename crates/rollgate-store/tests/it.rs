@@ -520,6 +520,7 @@ fn routes_follow_rollouts_and_gateways_heartbeat() {
             candidate_weight_bp: 0,
             mirror_bp: 10_000,
             epoch: 1,
+            assignment: Default::default(),
         };
         store
             .apply(TransitionWrite {
@@ -608,6 +609,7 @@ fn child_writer() {
                 candidate_weight_bp: (i % 10_000) as u32,
                 mirror_bp: 0,
                 epoch: 1,
+                assignment: Default::default(),
             },
         }];
         let rec = store

@@ -385,6 +385,9 @@ fn rollout_view(r: &RolloutRecord) -> String {
             report::rejection_line(reason, &r.spec.plan)
         ));
     }
+    if r.state.phase == (rollgate_core::Phase::Promoted { manual: false }) {
+        out.push_str(&format!("  {}\n", report::promotion_line(&r.spec.plan)));
+    }
     if let Some(v) = &r.state.last_verdict {
         out.push_str(&format!(
             "  last evaluation: {:?} ({}), {:.0}s into the stage\n",

@@ -140,6 +140,9 @@ async fn rollout(
             if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
                 println!("  {}", report::rejection_line(reason, &r.spec.plan));
             }
+            if r.state.phase == (rollgate_core::Phase::Promoted { manual: false }) {
+                println!("  {}", report::promotion_line(&r.spec.plan));
+            }
             if let Some(v) = &r.state.last_verdict {
                 println!("  evidence ({} s into the stage):", v.elapsed_ms / 1000);
                 for line in report::verdict_lines(v) {

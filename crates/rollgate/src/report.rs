@@ -42,9 +42,11 @@ pub fn gate_line(g: &GateVerdict) -> String {
             margin,
             e_value,
             client_error_e_value,
+            pass_e_value,
+            design_effect,
             ..
         } => format!(
-            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}{}",
+            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}{}{}{}",
             candidate.failures,
             candidate.requests,
             pct(candidate.rate),
@@ -55,7 +57,9 @@ pub fn gate_line(g: &GateVerdict) -> String {
             pct(difference.upper),
             pct(*margin),
             e_value.map_or(String::new(), |e| format!("; e-value {e:.3}")),
-            client_error_e_value.map_or(String::new(), |e| format!(", client errors {e:.3}"))
+            client_error_e_value.map_or(String::new(), |e| format!(", client errors {e:.3}")),
+            pass_e_value.map_or(String::new(), |e| format!(", not worse {e:.3}")),
+            design_effect.map_or(String::new(), |d| format!("; design effect {d:.2}"))
         ),
         Evidence::Latency { median, tail, .. } => match (median, tail) {
             (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
@@ -139,11 +143,34 @@ fn serde_reason(g: &GateVerdict) -> String {
 /// The final phase in words.
 pub fn phase_line(p: &Phase) -> String {
     match p {
-        Phase::Promoted { manual: false } => "PROMOTED: every stage passed every gate".into(),
+        Phase::Promoted { manual: false } => "PROMOTED: every stage passed".into(),
         Phase::Promoted { manual: true } => "PROMOTED by an operator".into(),
         Phase::RolledBack { reason } => format!("ROLLED BACK: {}", rollback_words(reason)),
         Phase::Aborted => "ABORTED by an operator".into(),
         other => format!("unfinished, still {}", other.name()),
+    }
+}
+
+/// What an automatic promotion under `plan` guarantees, in words.
+pub fn promotion_line(plan: &rollgate_core::Plan) -> String {
+    use rollgate_core::{Advance, Policy};
+    match (plan.policy, plan.sequential.advance) {
+        (Policy::Sequential, Advance::OnTime) => format!(
+            "guarantee: no regression was shown (advance = on_time); a regression too small \
+             for the stages' traffic to show may remain. The chance that a candidate no worse \
+             was ever rolled back stays below alpha = {}",
+            plan.sequential.alpha
+        ),
+        (Policy::Sequential, Advance::OnEvidence) => format!(
+            "guarantee: every gate showed the candidate within its margin (advance = \
+             on_evidence; failure rate below {}x the champion's), anytime-valid at alpha = {}",
+            plan.sequential.non_inferiority_ratio, plan.sequential.alpha
+        ),
+        (Policy::Windowed, _) => format!(
+            "guarantee: every gate passed its fixed-window bound in every stage (alpha = {} \
+             per bound, not corrected for repeated looks)",
+            plan.alpha
+        ),
     }
 }
 
@@ -218,5 +245,15 @@ mod tests {
             ..Plan::default()
         };
         assert!(rejection_line(&starved, &strict).starts_with("candidate REJECTED"));
+    }
+
+    #[test]
+    fn a_promotion_says_what_it_guarantees_under_each_advance_mode() {
+        let mut plan = Plan::default();
+        assert!(promotion_line(&plan).contains("no regression was shown"));
+        plan.sequential.advance = rollgate_core::Advance::OnEvidence;
+        assert!(promotion_line(&plan).contains("within its margin"));
+        plan.policy = rollgate_core::Policy::Windowed;
+        assert!(promotion_line(&plan).contains("fixed-window"));
     }
 }

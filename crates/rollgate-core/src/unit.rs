@@ -1,0 +1,406 @@
+//! The statistical unit: what was randomised, and what that costs a test.
+//!
+//! Traffic is split per *key* (a sticky user), not per request, so the
+//! candidate serves a fixed set of users with their own failure rates,
+//! volumes and latencies. Requests of one user are correlated; a test
+//! that counts requests as independent learns the two user sets'
+//! difference at a rate linear in traffic and, when users differ, rolls
+//! back an identical candidate. Likewise a request with 32 instances gives
+//! 32 correlated shadow pairs.
+//!
+//! The remedy here is a **design effect**: the gateway keeps each
+//! revision's totals per *unit group* (keys whose assignment bucket is
+//! `u mod UNITS`; disjoint sets of independently hashed keys, so the groups'
+//! totals are independent), and shadow pairs' per-request moments. From
+//! them, a cluster-robust (linearisation, "sandwich") variance of a rate or
+//! a mean, divided by the variance the test assumes for independent
+//! requests, is the design effect `D ≥ 1`. Each test then *tempers* its
+//! likelihood ratios by `η = 1/D` (equivalently: counts divided by `D`).
+//!
+//! Why tempering is safe: for `η ≤ 1`, a mixture of likelihood ratios
+//! raised to `η` is at most the untempered mixture raised to `η` (the power
+//! mean is concave), so the tempered e-value crosses `1/α` only where the
+//! untempered one crosses `(1/α)^(1/η) ≥ 1/α`. With independent requests
+//! the guarantee is therefore exactly the untempered test's, *whatever*
+//! `D` is estimated. With correlated requests the log-likelihood ratio's
+//! variance is inflated by `D`, and dividing by `D` restores the scale the
+//! mixture boundary assumes (the cluster-robust asymptotic argument of
+//! Waudby-Smith, Arbour, Sinha, Kennedy & Ramdas, "Time-uniform central
+//! limit theory and asymptotic confidence sequences", Ann. Statist. 2024).
+//! As traffic grows with a fixed set of users, `D` grows with it, so the
+//! tempered evidence saturates at what the users can show, instead of
+//! growing without bound.
+//!
+//! Memory stays bounded and snapshots stay mergeable: `UNITS` groups per
+//! revision (sums add across gateways), and six integer sums per pair
+//! stats.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Unit groups per revision. Enough groups for the variance estimate to
+/// have 60+ degrees of freedom; few enough that every group holds several
+/// users of the smallest canary (5% of 10,000 buckets: ~8 buckets each).
+pub const UNITS: u32 = 64;
+
+/// Fewer groups with data than this and no variance is estimated (`D = 1`):
+/// the estimate would be noise.
+pub const MIN_UNITS: usize = 8;
+
+/// The unit group of an assignment bucket.
+pub fn unit_of(bucket: u32) -> u16 {
+    (bucket % UNITS) as u16
+}
+
+/// Fixed-point scale of `ln(latency)`: integer sums stay exact under merge
+/// and subtraction. 1/256 in `ln` is 0.4%, far below latency's spread.
+pub const LOG_SCALE: f64 = 256.0;
+
+/// One unit group's totals for one revision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UnitTotals {
+    /// Requests with an outcome (successes and failures).
+    pub requests: u64,
+    pub failures: u64,
+    pub client_errors: u64,
+    /// Successes with a latency.
+    pub latencies: u64,
+    /// Σ round(256 · ln latency_µs).
+    pub log_latency: u64,
+    /// Σ of its squares.
+    pub log_latency_sq: u64,
+}
+
+/// A latency as it enters [`UnitTotals::log_latency`].
+pub fn log_latency(latency_us: u64) -> u64 {
+    (LOG_SCALE * (latency_us.max(1) as f64).ln()).round() as u64
+}
+
+impl UnitTotals {
+    pub fn record_success(&mut self, latency_us: u64) {
+        self.requests += 1;
+        self.record_latency(latency_us, 1);
+    }
+
+    /// `n` successes with the same latency (already counted in `requests`).
+    pub fn record_latency(&mut self, latency_us: u64, n: u64) {
+        self.record_log_latency(log_latency(latency_us), n);
+    }
+
+    /// `n` latencies given as [`log_latency`] values.
+    pub fn record_log_latency(&mut self, l: u64, n: u64) {
+        self.latencies += n;
+        self.log_latency = self.log_latency.saturating_add(n.saturating_mul(l));
+        self.log_latency_sq = self
+            .log_latency_sq
+            .saturating_add(n.saturating_mul(l.saturating_mul(l)));
+    }
+
+    pub fn record_failures(&mut self, n: u64) {
+        self.requests += n;
+        self.failures += n;
+    }
+
+    pub fn record_client_error(&mut self) {
+        self.client_errors += 1;
+    }
+
+    pub fn merge(&mut self, o: &UnitTotals) {
+        self.requests += o.requests;
+        self.failures += o.failures;
+        self.client_errors += o.client_errors;
+        self.latencies += o.latencies;
+        self.log_latency = self.log_latency.saturating_add(o.log_latency);
+        self.log_latency_sq = self.log_latency_sq.saturating_add(o.log_latency_sq);
+    }
+
+    /// `self − earlier`, or `None` if any counter went backwards.
+    pub fn since(&self, e: &UnitTotals) -> Option<UnitTotals> {
+        Some(UnitTotals {
+            requests: self.requests.checked_sub(e.requests)?,
+            failures: self.failures.checked_sub(e.failures)?,
+            client_errors: self.client_errors.checked_sub(e.client_errors)?,
+            latencies: self.latencies.checked_sub(e.latencies)?,
+            log_latency: self.log_latency.checked_sub(e.log_latency)?,
+            log_latency_sq: self.log_latency_sq.checked_sub(e.log_latency_sq)?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == UnitTotals::default()
+    }
+}
+
+/// A revision's totals by unit group.
+pub type Units = BTreeMap<u16, UnitTotals>;
+
+/// The sandwich sum `G/(G−1) · Σ_u (k_u − r·n_u)²` of a ratio `r = Σk/Σn`
+/// over groups `(n_u, k_u)`, with `G` the groups holding data; `None` with
+/// fewer than [`MIN_UNITS`] of them.
+fn sandwich(groups: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64, f64)> {
+    let groups: Vec<(f64, f64)> = groups.filter(|&(n, _)| n > 0.0).collect();
+    if groups.len() < MIN_UNITS {
+        return None;
+    }
+    let (n, k) = groups
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &(n, k)| (a + n, b + k));
+    let r = k / n;
+    let g = groups.len() as f64;
+    let ss: f64 = groups.iter().map(|&(nu, ku)| (ku - r * nu).powi(2)).sum();
+    Some((ss * g / (g - 1.0), n, k))
+}
+
+/// One arm's count on the Poisson scale: the sandwich variance of the
+/// count `K` given the arm's traffic, over `K` (what a test of independent
+/// requests takes it to be). Returns `(D, K)`; `D = 1` without enough
+/// groups.
+fn count_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> (f64, f64) {
+    let groups = units.values().map(|u| {
+        let (n, k) = pick(u);
+        (n as f64, k as f64)
+    });
+    match sandwich(groups) {
+        Some((var, _, k)) if k > 0.0 => (var / k, k),
+        Some((_, _, k)) => (1.0, k),
+        None => (1.0, units.values().map(|u| pick(u).1 as f64).sum()),
+    }
+}
+
+/// The design effect of one arm's count (e.g. its own failure rate), at
+/// least 1.
+pub fn count_design_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> f64 {
+    count_effect(units, pick).0.max(1.0)
+}
+
+/// The design effect of comparing two arms' counts (failures, or client
+/// errors): the log rate ratio's sandwich variance `D_c/K_c + D_h/K_h`
+/// over the independent-request one `1/K_c + 1/K_h`, at least 1.
+/// `pick` gives a group's `(trials, count)`.
+pub fn ratio_design_effect(
+    candidate: &Units,
+    champion: &Units,
+    pick: fn(&UnitTotals) -> (u64, u64),
+) -> f64 {
+    let (dc, kc) = count_effect(candidate, pick);
+    let (dh, kh) = count_effect(champion, pick);
+    let (kc, kh) = (kc.max(1.0), kh.max(1.0));
+    ((dc / kc + dh / kh) / (1.0 / kc + 1.0 / kh)).max(1.0)
+}
+
+/// The design effect of one arm's mean log latency: its sandwich variance
+/// over `σ²/n`, at least 1 (applied to the arm's quantile sequences).
+pub fn latency_design_effect(units: &Units) -> f64 {
+    let s = |x: u64| x as f64 / LOG_SCALE;
+    let (mut n, mut sum, mut sq) = (0.0, 0.0, 0.0);
+    for u in units.values() {
+        n += u.latencies as f64;
+        sum += s(u.log_latency);
+        sq += s(u.log_latency_sq) / LOG_SCALE;
+    }
+    if n < 2.0 {
+        return 1.0;
+    }
+    let variance = sq / n - (sum / n).powi(2);
+    let groups = units
+        .values()
+        .map(|u| (u.latencies as f64, s(u.log_latency)));
+    match sandwich(groups) {
+        Some((var, _, _)) if variance > 1e-12 => (var / (variance * n)).max(1.0),
+        _ => 1.0,
+    }
+}
+
+/// Per-request moments of a count over instances (shadow pairs): with
+/// request `r` holding `m_r` instances of which `x_r` count, the sums
+/// `Σm`, `Σx`, `Σx²`, `Σx·m`, `Σm²` and the number of requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestMoments {
+    pub requests: u64,
+    pub x_sq: u64,
+    pub x_m: u64,
+    pub m_sq: u64,
+}
+
+impl RequestMoments {
+    /// `n` requests of `m` instances, `x` of which count.
+    pub fn record(&mut self, m: u64, x: u64, n: u64) {
+        if m == 0 {
+            return;
+        }
+        self.requests += n;
+        self.x_sq += n * x * x;
+        self.x_m += n * x * m;
+        self.m_sq += n * m * m;
+    }
+
+    pub fn merge(&mut self, o: &RequestMoments) {
+        self.requests += o.requests;
+        self.x_sq += o.x_sq;
+        self.x_m += o.x_m;
+        self.m_sq += o.m_sq;
+    }
+
+    pub fn since(&self, e: &RequestMoments) -> Option<RequestMoments> {
+        Some(RequestMoments {
+            requests: self.requests.checked_sub(e.requests)?,
+            x_sq: self.x_sq.checked_sub(e.x_sq)?,
+            x_m: self.x_m.checked_sub(e.x_m)?,
+            m_sq: self.m_sq.checked_sub(e.m_sq)?,
+        })
+    }
+
+    /// The design effect of the rate `k/n` (`k = Σx`, `n = Σm`) with the
+    /// request as the unit: `R/(R−1) · Σ(x_r − p·m_r)² / (n·p(1−p))`, at
+    /// least 1; 1 when no request moments were recorded (older gateways)
+    /// or the rate is 0 or 1.
+    pub fn design_effect(&self, k: u64, n: u64) -> f64 {
+        if self.requests < 2 || n == 0 || k == 0 || k >= n {
+            return 1.0;
+        }
+        let (kf, nf, r) = (k as f64, n as f64, self.requests as f64);
+        let p = kf / nf;
+        let ss = self.x_sq as f64 - 2.0 * p * self.x_m as f64 + p * p * self.m_sq as f64;
+        (ss.max(0.0) * r / (r - 1.0) / (nf * p * (1.0 - p))).max(1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    fn units_of(groups: &[(u64, u64)]) -> Units {
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, &(n, k))| {
+                (
+                    i as u16,
+                    UnitTotals {
+                        requests: n,
+                        failures: k,
+                        ..UnitTotals::default()
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Independent requests: the design effect is about 1.
+    #[test]
+    fn independent_requests_have_no_design_effect() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let groups: Vec<(u64, u64)> = (0..64)
+            .map(|_| {
+                let n = 500;
+                (n, (0..n).filter(|_| rng.random_bool(0.02)).count() as u64)
+            })
+            .collect();
+        let (d, _) = count_effect(&units_of(&groups), |u| (u.requests, u.failures));
+        assert!((0.6..1.5).contains(&d), "{d}");
+    }
+
+    /// Users who differ: a few fail often. The count's variance is far
+    /// above Poisson, and grows with the traffic per user.
+    #[test]
+    fn heterogeneous_users_inflate_the_variance_with_traffic() {
+        let effect = |per_user: u64, seed: u64| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let groups: Vec<(u64, u64)> = (0..64)
+                .map(|_| {
+                    (0..8).fold((0, 0), |(n, k), _| {
+                        let p = if rng.random_bool(0.05) { 0.3 } else { 0.005 };
+                        let f = (0..per_user).filter(|_| rng.random_bool(p)).count() as u64;
+                        (n + per_user, k + f)
+                    })
+                })
+                .collect();
+            count_effect(&units_of(&groups), |u| (u.requests, u.failures)).0
+        };
+        let (few, many) = (effect(20, 1), effect(400, 1));
+        assert!(few > 1.5, "{few}");
+        assert!(many > 5.0 * few, "{many} vs {few}");
+    }
+
+    #[test]
+    fn too_few_groups_or_no_counts_give_one() {
+        let two = units_of(&[(100, 50), (100, 0)]);
+        assert_eq!(
+            ratio_design_effect(&two, &two, |u| (u.requests, u.failures)),
+            1.0
+        );
+        let none = units_of(&[(100, 0); 10]);
+        assert_eq!(
+            ratio_design_effect(&none, &none, |u| (u.requests, u.failures)),
+            1.0
+        );
+        assert_eq!(
+            ratio_design_effect(&Units::new(), &Units::new(), |u| (u.requests, u.failures)),
+            1.0
+        );
+    }
+
+    #[test]
+    fn a_batch_that_moves_together_counts_as_one() {
+        // 100 requests of 32 instances; each request's instances all agree
+        // or all disagree: 32 pairs carry one request's information.
+        let mut m = RequestMoments::default();
+        m.record(32, 32, 10);
+        m.record(32, 0, 90);
+        let d = m.design_effect(320, 3200);
+        assert!((d - 32.0 * 100.0 / 99.0).abs() < 1e-6, "{d}");
+        // Independent instances within requests: no effect.
+        let mut ind = RequestMoments::default();
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut k = 0;
+        for _ in 0..2000 {
+            let x = (0..32).filter(|_| rng.random_bool(0.1)).count() as u64;
+            k += x;
+            ind.record(32, x, 1);
+        }
+        let d = ind.design_effect(k, 64_000);
+        assert!((0.85..1.2).contains(&d), "{d}");
+    }
+
+    #[test]
+    fn latency_effect_sees_users_with_their_own_latency() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let build = |rng: &mut StdRng, user_sd: f64| -> Units {
+            (0..64u16)
+                .map(|g| {
+                    let mut t = UnitTotals::default();
+                    for _ in 0..8 {
+                        let shift: f64 = user_sd * (rng.random::<f64>() - 0.5) * 3.46;
+                        for _ in 0..200 {
+                            let noise: f64 = 0.25 * (rng.random::<f64>() - 0.5) * 3.46;
+                            t.record_success((20_000.0 * (shift + noise).exp()) as u64);
+                        }
+                    }
+                    (g, t)
+                })
+                .collect()
+        };
+        let flat = latency_design_effect(&build(&mut rng, 0.0));
+        let varied = latency_design_effect(&build(&mut rng, 0.5));
+        assert!(flat < 1.5, "{flat}");
+        assert!(varied > 20.0, "{varied}");
+    }
+
+    #[test]
+    fn since_is_the_inverse_of_merge() {
+        let mut a = UnitTotals::default();
+        a.record_success(1000);
+        a.record_failures(2);
+        let mut b = a;
+        let mut more = UnitTotals::default();
+        more.record_success(5000);
+        more.record_client_error();
+        b.merge(&more);
+        assert_eq!(b.since(&a), Some(more));
+        assert_eq!(a.since(&b), None);
+    }
+}
