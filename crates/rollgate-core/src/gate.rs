@@ -306,7 +306,7 @@ pub(crate) fn shift_verdict(
     cfg: &ShiftGate,
     arms: Arms,
     anytime: bool,
-    bound: impl Fn(u64, u64, u64, u64, usize) -> Interval,
+    bound: impl Fn(&str, u64, u64, u64, u64, usize) -> Interval,
 ) -> GateVerdict {
     let (c, h) = (arms.candidate, arms.champion);
     let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
@@ -325,7 +325,7 @@ pub(crate) fn shift_verdict(
                 class: k.clone(),
                 candidate_rate: rate(kc, nc),
                 champion_rate: rate(kh, nh),
-                difference: bound(kc, nc, kh, nh, classes.len()),
+                difference: bound(k, kc, nc, kh, nh, classes.len()),
             }
         })
         .collect();
@@ -502,7 +502,7 @@ pub fn latency_gate(cfg: &LatencyGate, arms: Arms, alpha: f64) -> GateVerdict {
 /// interval at `alpha / classes` (Bonferroni). Fail iff some class is
 /// confidently beyond ±margin; pass iff every class is confidently within.
 pub fn prediction_shift_gate(cfg: &ShiftGate, arms: Arms, alpha: f64) -> GateVerdict {
-    shift_verdict(cfg, arms, false, |kc, nc, kh, nh, classes| {
+    shift_verdict(cfg, arms, false, |_, kc, nc, kh, nh, classes| {
         newcombe(kc, nc, kh, nh, z_two_sided(alpha / classes.max(1) as f64))
     })
 }

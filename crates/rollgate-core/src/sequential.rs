@@ -76,6 +76,52 @@ pub struct SequentialState {
     /// floors start.
     #[serde(default)]
     pub new_epoch_due: bool,
+    /// Predicted classes in the order they were first seen: the `k`-th
+    /// gets its share of the prediction-shift `α` when it appears, fixed
+    /// from then on ([`class_alpha`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
+}
+
+/// Classes beyond this many are not tracked (their share of `α` would be
+/// below `α / 10⁶` anyway): they are judged at the last share.
+pub const MAX_CLASSES: usize = 1000;
+
+/// The prediction-shift `α` of the `k`-th class to appear (from 1):
+/// `α · 6/(π² k²)`, which sums to `α` over all `k`. Fixed when the class
+/// appears, so it never changes as more classes are seen (an even split
+/// over the classes seen so far would spend more than `α` over time).
+pub fn class_alpha(alpha: f64, k: usize) -> f64 {
+    let k = k.max(1) as f64;
+    alpha * 6.0 / (std::f64::consts::PI * std::f64::consts::PI * k * k)
+}
+
+impl SequentialState {
+    /// Notes classes not seen before, in name order among those new at
+    /// this look.
+    fn note_classes(&mut self, snapshot: &Snapshot) {
+        let mut new: Vec<&String> = snapshot
+            .revisions()
+            .values()
+            .flat_map(|r| r.predictions().keys())
+            .filter(|c| !self.classes.contains(c))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        for c in new {
+            if self.classes.len() < MAX_CLASSES {
+                self.classes.push(c.clone());
+            }
+        }
+    }
+
+    /// The 1-based order in which `class` appeared.
+    fn class_rank(&self, class: &str) -> usize {
+        self.classes
+            .iter()
+            .position(|c| c == class)
+            .map_or(self.classes.len() + 1, |i| i + 1)
+    }
 }
 
 /// Restarts beyond this many are not taken (their weight is left unused,
@@ -428,15 +474,15 @@ fn shadow_gate(
     )
 }
 
-/// Class rates: Robbins sequences per class and arm, Bonferroni over the
-/// classes (two sequences each).
-fn shift_gate(plan: &Plan, alpha: f64, arms: Arms) -> GateVerdict {
+/// Class rates: Robbins sequences per class and arm, the `k`-th class to
+/// appear at [`class_alpha`] (two sequences each).
+fn shift_gate(plan: &Plan, alpha: f64, state: &SequentialState, arms: Arms) -> GateVerdict {
     shift_verdict(
         &plan.gates.prediction_shift,
         arms,
         true,
-        |kc, nc, kh, nh, classes| {
-            let a = alpha / (2.0 * classes.max(1) as f64);
+        |class, kc, nc, kh, nh, _| {
+            let a = class_alpha(alpha, state.class_rank(class)) / 2.0;
             let (ic, ih) = (robbins_cs(kc, nc, a), robbins_cs(kh, nh, a));
             Interval {
                 lower: ic.lower - ih.upper,
@@ -610,6 +656,9 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     };
 
     let g = &plan.gates;
+    if g.prediction_shift.enabled {
+        state.note_classes(&ledger.pooled(0, Epoch::MAX));
+    }
     let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);
     let stage_snap = ledger.pooled(stage_epoch, input.epoch);
     let arms_of = |s: &'_ Snapshot| -> (RevisionStats, RevisionStats) {
@@ -682,6 +731,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
                     shift_gate(
                         plan,
                         stage_alpha(plan, i),
+                        state,
                         Arms {
                             champion: &h,
                             candidate: &c,
@@ -871,5 +921,20 @@ mod tests {
             (raw - tempered).abs() < 1e-9,
             "no design effect: {raw} vs {tempered}"
         );
+    }
+
+    #[test]
+    fn each_class_keeps_its_alpha_as_more_classes_appear_and_the_shares_sum_below_alpha() {
+        let total: f64 = (1..100_000).map(|k| class_alpha(0.01, k)).sum();
+        assert!(total <= 0.01 && total > 0.0099, "{total}");
+        let mut state = SequentialState::default();
+        let mut s = Snapshot::default();
+        s.revision_mut("h").record_success(1, ["b", "a"]);
+        state.note_classes(&s);
+        let before = class_alpha(0.01, state.class_rank("b"));
+        s.revision_mut("c").record_success(1, ["z", "c", "a"]);
+        state.note_classes(&s);
+        assert_eq!(state.classes, ["a", "b", "c", "z"]);
+        assert_eq!(class_alpha(0.01, state.class_rank("b")), before);
     }
 }
