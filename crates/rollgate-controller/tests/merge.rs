@@ -74,6 +74,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
             .collect(),
         overloaded: 0,
         retried: 0,
+        slow_clients: 0,
         fallbacks: Default::default(),
         in_flight: 0,
     }

@@ -71,6 +71,15 @@ pub struct Limits {
     /// gateway never reuses a connection the server is about to close.
     #[serde(with = "humantime_serde")]
     pub pool_idle_timeout: Duration,
+    /// A client must send a request's headers within this long of
+    /// connecting or of its previous answer, or its connection is closed:
+    /// slowloris clients and idle keep-alive connections go away.
+    #[serde(with = "humantime_serde")]
+    pub client_header_timeout: Duration,
+    /// A client must send a request's whole body within this long of its
+    /// headers, or gets 408 (it never holds a capacity slot meanwhile).
+    #[serde(with = "humantime_serde")]
+    pub client_body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -83,6 +92,8 @@ impl Default for Limits {
             connect_timeout: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             pool_idle_timeout: Duration::from_secs(4),
+            client_header_timeout: Duration::from_secs(10),
+            client_body_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -49,6 +49,8 @@ struct Counters {
     /// Requests sent again because the upstream closed a pooled connection
     /// before answering.
     retried: AtomicU64,
+    /// Requests whose body did not arrive within the body timeout (408).
+    slow_clients: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
 }
 
@@ -95,6 +97,9 @@ pub struct GatewaySnapshot {
     /// closed a pooled one before answering.
     #[serde(default)]
     pub retried: u64,
+    /// Requests whose body did not arrive in time (408).
+    #[serde(default)]
+    pub slow_clients: u64,
     /// Per model: candidate requests retried on the champion.
     pub fallbacks: BTreeMap<String, u64>,
     pub in_flight: i64,
@@ -110,6 +115,7 @@ impl Inner {
             epochs: counted.epochs,
             overloaded: self.counters.overloaded.load(Ordering::Relaxed),
             retried: self.counters.retried.load(Ordering::Relaxed),
+            slow_clients: self.counters.slow_clients.load(Ordering::Relaxed),
             fallbacks: self
                 .counters
                 .fallbacks

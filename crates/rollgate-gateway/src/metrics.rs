@@ -142,6 +142,12 @@ impl Collector for SnapshotCollector {
         )?;
         family(
             &mut enc,
+            "rollgate_slow_clients",
+            "Requests whose body did not arrive within the body timeout (408).",
+            vec![(vec![], ConstCounter::new(s.slow_clients))],
+        )?;
+        family(
+            &mut enc,
             "rollgate_in_flight",
             "Requests in flight.",
             vec![(vec![], ConstGauge::new(s.in_flight))],

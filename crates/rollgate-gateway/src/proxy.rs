@@ -227,10 +227,19 @@ async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -
     // The body first, without a capacity slot: a client that sends its
     // body slowly holds only its own connection, never a slot real users
     // need.
-    let body = match Limited::new(body, inner.limits.max_body_bytes)
-        .collect()
-        .await
-    {
+    let read = Limited::new(body, inner.limits.max_body_bytes).collect();
+    let Ok(read) = tokio::time::timeout(inner.limits.client_body_timeout, read).await else {
+        inner.counters.slow_clients.fetch_add(1, Ordering::Relaxed);
+        return json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            &format!(
+                "request body not received within {:?}",
+                inner.limits.client_body_timeout
+            ),
+        );
+    };
+    let body = match read {
         Ok(b) => b.to_bytes(),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()

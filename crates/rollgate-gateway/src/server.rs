@@ -4,7 +4,7 @@ use std::future::Future;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
@@ -34,7 +34,13 @@ pub async fn serve(
                     let inner = std::sync::Arc::clone(&inner);
                     async move { Ok::<_, std::convert::Infallible>(crate::proxy::handle(inner, req).await) }
                 });
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                // The header timeout runs from the connection's start and
+                // again whenever it waits for a next request: a client that
+                // dribbles headers or idles holds nothing for long.
+                let conn = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(gateway.inner.limits.client_header_timeout)
+                    .serve_connection(TokioIo::new(stream), service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {

@@ -993,3 +993,69 @@ async fn outcomes_are_counted_per_unit_group_and_per_request_assignment_ignores_
     }
     gw.shutdown().await;
 }
+
+/// Reads from `s` until the gateway closes it or `within` passes; returns
+/// what was read and whether it was closed.
+async fn read_until_closed(s: &mut tokio::net::TcpStream, within: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+/// Slowloris clients (headers dribbled), idle keep-alive connections and
+/// slow bodies are cut off by the client timeouts, while a real user is
+/// served beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_cut_off_by_the_client_timeouts() {
+    use tokio::io::AsyncWriteExt;
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let mut cfg = config(vec![route(&champ.url)]);
+    cfg.limits.client_header_timeout = Duration::from_millis(300);
+    cfg.limits.client_body_timeout = Duration::from_millis(300);
+    let gw = start(cfg).await;
+    let connect = || tokio::net::TcpStream::connect(gw.addr);
+
+    // Headers never finished: the connection is closed.
+    let mut loris = connect().await.expect("connect");
+    loris
+        .write_all(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("write");
+    // An idle keep-alive connection after one answered request.
+    let mut idle = connect().await.expect("connect");
+    idle.write_all(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .expect("write");
+    // A body that never completes: 408.
+    let mut slow_body = connect().await.expect("connect");
+    slow_body
+        .write_all(b"POST /v1/models/m:predict HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .expect("write");
+
+    let r = predict(&client(), gw.addr, Some("u")).await;
+    assert_eq!(r.status, StatusCode::OK, "a real user is served meanwhile");
+
+    let (_, closed) = read_until_closed(&mut loris, Duration::from_secs(10)).await;
+    assert!(closed, "a slowloris connection is closed");
+    let (answer, closed) = read_until_closed(&mut idle, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed, "an idle keep-alive connection is closed");
+    let (answer, _) = read_until_closed(&mut slow_body, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert_eq!(gw.gateway.snapshot().slow_clients, 1);
+    assert_eq!(gw.gateway.snapshot().in_flight, 0);
+    gw.shutdown().await;
+}
