@@ -233,6 +233,42 @@ async fn create_model(
     Ok((StatusCode::CREATED, Json(m)))
 }
 
+/// Replaces a model's spec (validated like a new one; 409 while a rollout
+/// is active).
+async fn update_model(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    JsonBody(spec): JsonBody<ModelSpec>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    let m = blocking(&s.ctx.store, move |st| st.update_model(&name, &spec, &who)).await?;
+    resync(&s.ctx).await;
+    Ok(Json(m))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeleteModel {
+    reason: String,
+}
+
+/// Deletes a model with no active rollout (`?reason=` required).
+async fn delete_model(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    Query(q): Query<DeleteModel>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&headers);
+    blocking(&s.ctx.store, move |st| {
+        st.delete_model(&name, &who, &q.reason)
+    })
+    .await?;
+    resync(&s.ctx).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn list_models(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
     Ok(Json(blocking(&s.ctx.store, |st| st.models()).await?))
 }
@@ -488,7 +524,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/models", get(list_models).post(create_model))
-        .route("/api/v1/models/{name}", get(show_model))
+        .route(
+            "/api/v1/models/{name}",
+            get(show_model).put(update_model).delete(delete_model),
+        )
         .route(
             "/api/v1/models/{name}/revisions",
             get(list_revisions).post(add_revision),

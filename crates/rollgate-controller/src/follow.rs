@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollgate_core::Protocol;
 use rollgate_gateway::{Gateway, MirroredUpstream, ModelRoute, Upstream, WeightedUpstream};
 use rollgate_store::{ModelRoutes, Revision, Store};
 
@@ -74,7 +73,6 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                     .map(|(_, routing, id)| epoch_label(*id, routing.epoch)),
             })
         })
-        .filter(|r| r.protocol != Protocol::Json || r.json_path.is_some())
         .collect()
 }
 
@@ -83,14 +81,14 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
 pub enum FollowError {
     #[error(transparent)]
     Store(#[from] rollgate_store::StoreError),
-    #[error(transparent)]
-    Routes(#[from] rollgate_gateway::ConfigError),
 }
 
-/// Loads the store's routing into `gateway` once.
+/// Loads the store's routing into `gateway` once. A model the gateway
+/// cannot route is isolated (answered 404 with its reason, logged once),
+/// never blocking the others.
 pub fn sync_once(store: &dyn Store, gateway: &Gateway) -> Result<(), FollowError> {
     let routes = store.routes()?;
-    gateway.set_routes(&gateway_routes(&routes))?;
+    gateway.set_routes(&gateway_routes(&routes));
     Ok(())
 }
 

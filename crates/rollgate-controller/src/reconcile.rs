@@ -165,7 +165,7 @@ async fn pre_route_to_champion(
             for m in routes.iter_mut().filter(|m| m.model.name == model) {
                 m.rollout = None;
             }
-            let _ = gateway.set_routes(&crate::follow::gateway_routes(&routes));
+            gateway.set_routes(&crate::follow::gateway_routes(&routes));
         }
     })
     .await;

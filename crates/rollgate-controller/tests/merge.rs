@@ -77,6 +77,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
         slow_clients: 0,
         fallbacks: Default::default(),
         in_flight: 0,
+        unroutable: Default::default(),
     }
 }
 

@@ -15,6 +15,7 @@ pub mod protocol;
 pub mod rollout;
 pub mod sequential;
 pub mod snapshot;
+pub mod spec;
 pub mod stage;
 pub mod stats;
 pub mod unit;

@@ -208,46 +208,24 @@ fn check_upstream(field: &str, u: &Upstream) -> Result<(), ConfigError> {
     if u.revision.trim().is_empty() {
         return Err(err(format!("{field}.revision"), "must not be empty"));
     }
-    let uri: http::Uri = u
-        .url
-        .parse()
-        .map_err(|e| err(format!("{field}.url"), format!("not a URL: {e}")))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-        return Err(err(format!("{field}.url"), "must be http://host:port"));
-    }
-    Ok(())
+    rollgate_core::spec::check_upstream_url(&format!("{field}.url"), &u.url)
+        .map_err(|e| err(e.field, e.message))
 }
 
 impl ModelRoute {
+    /// The shared spec validator (`rollgate_core::spec`), then what only
+    /// a route has (tolerance, weights).
     pub fn validate(&self, i: usize) -> Result<(), ConfigError> {
         let f = |s: &str| format!("models[{i}].{s}");
-        if self.name.is_empty() || self.name.contains('/') || self.name.contains(':') {
-            return Err(err(f("name"), "must be non-empty, without '/' or ':'"));
-        }
-        if self.protocol == Protocol::Json {
-            match &self.json_path {
-                Some(p) if p.starts_with('/') => {}
-                _ => {
-                    return Err(err(
-                        f("json_path"),
-                        "a json model needs a path starting with '/'",
-                    ));
-                }
-            }
-        }
-        for (name, p) in [
-            ("key_field", &self.key_field),
-            ("output_pointer", &self.output_pointer),
-        ] {
-            if let Some(p) = p
-                && !p.starts_with('/')
-            {
-                return Err(err(f(name), "a JSON pointer starts with '/'"));
-            }
-        }
-        if !(0.0..=1.0).contains(&self.confidence_threshold) {
-            return Err(err(f("confidence_threshold"), "must be in [0, 1]"));
-        }
+        rollgate_core::spec::check_model_name(&self.name).map_err(|e| err(f("name"), e.message))?;
+        rollgate_core::spec::check_model(&rollgate_core::spec::ModelShape {
+            protocol: self.protocol,
+            json_path: self.json_path.as_deref(),
+            key_field: self.key_field.as_deref(),
+            output_pointer: self.output_pointer.as_deref(),
+            confidence_threshold: Some(self.confidence_threshold),
+        })
+        .map_err(|e| err(f(&e.field), e.message))?;
         if self.numeric_tolerance.is_nan() || self.numeric_tolerance < 0.0 {
             return Err(err(f("numeric_tolerance"), "must be >= 0"));
         }
@@ -302,4 +280,50 @@ pub fn validate_routes(models: &[ModelRoute]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// A model the gateway cannot route, and why. Its requests get 404 with
+/// the reason; every other model keeps routing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unroutable {
+    pub model: String,
+    pub json_path: Option<String>,
+    pub reason: String,
+}
+
+/// Splits routes into those that can be routed and those that cannot,
+/// each judged on its own (a duplicate name or path loses to the first).
+pub fn partition_routes(models: &[ModelRoute]) -> (Vec<ModelRoute>, Vec<Unroutable>) {
+    let mut names = std::collections::HashSet::new();
+    let mut paths = std::collections::HashSet::new();
+    let (mut ok, mut bad) = (Vec::new(), Vec::new());
+    for (i, m) in models.iter().enumerate() {
+        let duplicate = if names.contains(&m.name) {
+            Some(format!("duplicate model {:?}", m.name))
+        } else {
+            m.json_path
+                .as_ref()
+                .filter(|p| paths.contains(*p))
+                .map(|p| format!("path {p:?} is already served by another model"))
+        };
+        match m
+            .validate(i)
+            .map_err(|e| e.to_string())
+            .and(duplicate.map_or(Ok(()), Err))
+        {
+            Ok(()) => {
+                names.insert(m.name.clone());
+                if let Some(p) = &m.json_path {
+                    paths.insert(p.clone());
+                }
+                ok.push(m.clone());
+            }
+            Err(reason) => bad.push(Unroutable {
+                model: m.name.clone(),
+                json_path: m.json_path.clone(),
+                reason,
+            }),
+        }
+    }
+    (ok, bad)
 }

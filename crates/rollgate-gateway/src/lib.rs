@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 pub use config::{
-    ConfigError, GatewayConfig, Limits, MirrorConfig, MirroredUpstream, ModelRoute, Upstream,
-    WeightedUpstream,
+    ConfigError, GatewayConfig, Limits, MirrorConfig, MirroredUpstream, ModelRoute, Unroutable,
+    Upstream, WeightedUpstream,
 };
 pub use proxy::REVISION_HEADER;
 pub use server::serve;
@@ -52,6 +52,8 @@ struct Counters {
     /// Requests whose body did not arrive within the body timeout (408).
     slow_clients: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
+    /// Models that cannot be routed now, and why (logged once per reason).
+    unroutable: Mutex<BTreeMap<String, String>>,
 }
 
 impl Counters {
@@ -102,10 +104,32 @@ pub struct GatewaySnapshot {
     pub slow_clients: u64,
     /// Per model: candidate requests retried on the champion.
     pub fallbacks: BTreeMap<String, u64>,
+    /// Models that cannot be routed, and why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unroutable: BTreeMap<String, String>,
     pub in_flight: i64,
 }
 
 impl Inner {
+    /// Records the models that cannot be routed; logs each new reason once.
+    fn note_unroutable(&self, now: &[Unroutable]) {
+        let mut known = self
+            .counters
+            .unroutable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let next: BTreeMap<String, String> = now
+            .iter()
+            .map(|u| (u.model.clone(), u.reason.clone()))
+            .collect();
+        for (model, reason) in &next {
+            if known.get(model) != Some(reason) {
+                tracing::warn!(%model, %reason, "model cannot be routed; every other model keeps routing");
+            }
+        }
+        *known = next;
+    }
+
     fn snapshot(&self) -> GatewaySnapshot {
         let counted = self.recorders.snapshot();
         GatewaySnapshot {
@@ -125,6 +149,12 @@ impl Inner {
                 .map(|(k, v)| (k.clone(), *v))
                 .collect(),
             in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+            unroutable: self
+                .counters
+                .unroutable
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 }
@@ -162,8 +192,12 @@ impl Gateway {
             .pool_max_idle_per_host(0)
             .build(connector);
         let recorders = Recorders::default();
-        let table =
-            RoutingTable::compile(&config.models, config.limits.upstream_timeout, &recorders);
+        let table = RoutingTable::compile(
+            &config.models,
+            &[],
+            config.limits.upstream_timeout,
+            &recorders,
+        );
         Ok(Gateway {
             inner: Arc::new(Inner {
                 id: config.id.clone(),
@@ -183,15 +217,17 @@ impl Gateway {
 
     /// Replaces every route at once. Requests in flight finish on the table
     /// they started with; new requests see the new one.
-    pub fn set_routes(&self, models: &[ModelRoute]) -> Result<(), ConfigError> {
-        config::validate_routes(models)?;
+    pub fn set_routes(&self, models: &[ModelRoute]) -> Vec<Unroutable> {
+        let (valid, unroutable) = config::partition_routes(models);
         let table = RoutingTable::compile(
-            models,
+            &valid,
+            &unroutable,
             self.inner.limits.upstream_timeout,
             &self.inner.recorders,
         );
         self.inner.routes.store(Arc::new(table));
-        Ok(())
+        self.inner.note_unroutable(&unroutable);
+        unroutable
     }
 
     /// Cumulative measurements, as served at `GET /rollgate/stats`.

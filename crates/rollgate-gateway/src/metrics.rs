@@ -146,6 +146,17 @@ impl Collector for SnapshotCollector {
             "Requests whose body did not arrive within the body timeout (408).",
             vec![(vec![], ConstCounter::new(s.slow_clients))],
         )?;
+        let unroutable = s
+            .unroutable
+            .keys()
+            .map(|m| (vec![("model", m.clone())], ConstGauge::new(1i64)))
+            .collect();
+        family(
+            &mut enc,
+            "rollgate_model_unroutable",
+            "Models the gateway cannot route (1 while so; see the log or /rollgate/stats for why).",
+            unroutable,
+        )?;
         family(
             &mut enc,
             "rollgate_in_flight",

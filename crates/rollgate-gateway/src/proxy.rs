@@ -126,27 +126,45 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
             }
         }
         Endpoint::Predict(model) => {
-            let route = inner.routes.load().model(model).cloned();
-            match route {
+            let table = inner.routes.load();
+            match table.model(model).cloned() {
                 Some(route) => predict(inner, route, req).await,
-                None => json_error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_model",
-                    &format!("no model {model:?}"),
-                ),
+                None => match table.unroutable(model) {
+                    Some(reason) => unroutable(model, reason),
+                    None => json_error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_model",
+                        &format!("no model {model:?}"),
+                    ),
+                },
             }
         }
         Endpoint::JsonRoute => {
-            let route = inner.routes.load().json_path(&path).cloned();
-            match route {
+            let table = inner.routes.load();
+            match table.json_path(&path).cloned() {
                 Some(route) => predict(inner, route, req).await,
-                None => json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path"),
+                None => match table.unroutable_path(&path) {
+                    Some(reason) => unroutable(&path, reason),
+                    None => {
+                        json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
+                    }
+                },
             }
         }
         Endpoint::NotFound => {
             json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
         }
     }
+}
+
+/// A model the gateway cannot route: 404 with the reason (its spec is the
+/// operator's to fix; other models are unaffected).
+fn unroutable(what: &str, reason: &str) -> Response<Body> {
+    json_error(
+        StatusCode::NOT_FOUND,
+        "unroutable_model",
+        &format!("{what:?} cannot be routed: {reason}"),
+    )
 }
 
 /// Metadata and readiness are the champion's; passed through unmeasured.

@@ -62,16 +62,30 @@ pub struct Route {
 pub struct RoutingTable {
     by_name: HashMap<String, Arc<Route>>,
     by_path: HashMap<String, Arc<Route>>,
+    /// Models that could not be routed, by name and by path: why.
+    unroutable: HashMap<String, String>,
+    unroutable_paths: HashMap<String, String>,
 }
 
 impl RoutingTable {
-    /// Compiles validated routes.
+    /// Compiles validated routes; `unroutable` are answered with their reason.
     pub fn compile(
         models: &[ModelRoute],
+        unroutable: &[crate::config::Unroutable],
         default_timeout: Duration,
         rec: &Recorders,
     ) -> RoutingTable {
         let mut t = RoutingTable::default();
+        for u in unroutable {
+            t.unroutable
+                .entry(u.model.clone())
+                .or_insert_with(|| u.reason.clone());
+            if let Some(p) = &u.json_path {
+                t.unroutable_paths
+                    .entry(p.clone())
+                    .or_insert_with(|| u.reason.clone());
+            }
+        }
         let mut live = std::collections::BTreeSet::new();
         for m in models {
             let epoch = m.epoch.as_deref().unwrap_or("");
@@ -117,5 +131,15 @@ impl RoutingTable {
 
     pub fn json_path(&self, path: &str) -> Option<&Arc<Route>> {
         self.by_path.get(path)
+    }
+
+    /// Why the model `name` (not routed) cannot be routed.
+    pub fn unroutable(&self, name: &str) -> Option<&str> {
+        self.unroutable.get(name).map(String::as_str)
+    }
+
+    /// Why the model on `path` (not routed) cannot be routed.
+    pub fn unroutable_path(&self, path: &str) -> Option<&str> {
+        self.unroutable_paths.get(path).map(String::as_str)
     }
 }

@@ -325,9 +325,10 @@ async fn ramping_up_only_moves_keys_to_the_candidate() {
     let c = client();
     let mut was_candidate: HashMap<String, bool> = HashMap::new();
     for weight in [500u32, 2500, 5000] {
-        gw.gateway
-            .set_routes(&[with_candidate(route(&champ.url), &cand.url, weight)])
-            .expect("routes");
+        let bad = gw
+            .gateway
+            .set_routes(&[with_candidate(route(&champ.url), &cand.url, weight)]);
+        assert_eq!(bad, vec![]);
         for i in 0..300 {
             let key = format!("k{i}");
             let now = predict(&c, gw.addr, Some(&key)).await.revision.as_deref() == Some("cand");
@@ -618,7 +619,7 @@ async fn a_routing_change_does_not_disturb_requests_in_flight() {
     }
     let mut next = route(&new.url);
     next.champion.revision = "champ-2".into();
-    gw.gateway.set_routes(&[next]).expect("routes");
+    assert_eq!(gw.gateway.set_routes(&[next]), vec![]);
     let after = predict(&c, gw.addr, Some("b")).await;
     assert_eq!(after.revision.as_deref(), Some("champ-2"));
     let before = in_flight.await.expect("join");
@@ -882,7 +883,7 @@ async fn requests_are_counted_in_their_epoch_and_old_epochs_fold_into_the_totals
     for e in 1..=12 {
         let mut r = route(&champ.url);
         r.epoch = Some(format!("7.{e}"));
-        g.gateway.set_routes(&[r]).expect("valid routes");
+        assert_eq!(g.gateway.set_routes(&[r]), vec![]);
         assert_eq!(predict(&c, g.addr, Some("k")).await.status, StatusCode::OK);
     }
     let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == 12).await;
@@ -1057,5 +1058,82 @@ async fn slow_and_idle_clients_are_cut_off_by_the_client_timeouts() {
     assert!(answer.contains("body_timeout"), "{answer}");
     assert_eq!(gw.gateway.snapshot().slow_clients, 1);
     assert_eq!(gw.gateway.snapshot().in_flight, 0);
+    gw.shutdown().await;
+}
+
+/// One bad model spec never blocks the others: it is answered 404 with its
+/// reason, reported in the snapshot and /metrics, and the good models keep
+/// routing (also a json path claimed twice: the first keeps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let gw = start(config(vec![route(&champ.url)])).await;
+    let bad_pointer = ModelRoute {
+        name: "bad".into(),
+        key_field: Some("user_id".into()),
+        ..route(&champ.url)
+    };
+    let json = |name: &str| ModelRoute {
+        name: name.into(),
+        protocol: Protocol::Json,
+        json_path: Some("/score".into()),
+        ..route(&champ.url)
+    };
+    let https = ModelRoute {
+        name: "tls".into(),
+        champion: up("champ", "https://127.0.0.1:1"),
+        ..route(&champ.url)
+    };
+    let isolated = gw.gateway.set_routes(&[
+        bad_pointer,
+        route(&champ.url),
+        json("first"),
+        json("second"),
+        https,
+    ]);
+    let names: Vec<&str> = isolated.iter().map(|u| u.model.as_str()).collect();
+    assert_eq!(names, ["bad", "second", "tls"]);
+    assert!(
+        isolated[0].reason.contains("key_field"),
+        "{:?}",
+        isolated[0]
+    );
+    assert!(isolated[2].reason.contains("https"), "{:?}", isolated[2]);
+
+    let c = client();
+    assert_eq!(predict(&c, gw.addr, Some("u")).await.status, StatusCode::OK);
+    let r = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/v1/models/bad:predict",
+        None,
+        r#"{"instances":[1]}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(
+        r.body.contains("unroutable_model") && r.body.contains("key_field"),
+        "{}",
+        r.body
+    );
+    let r = call(&c, gw.addr, "POST", "/score", None, "{}").await;
+    assert_eq!(r.status, StatusCode::OK, "the first model keeps its path");
+    let r = call(&c, gw.addr, "POST", "/v1/models/nope:predict", None, "{}").await;
+    assert!(r.body.contains("unknown_model"), "{}", r.body);
+
+    let s = gw.gateway.snapshot();
+    assert_eq!(
+        s.unroutable.keys().collect::<Vec<_>>(),
+        ["bad", "second", "tls"]
+    );
+    let metrics = gw.gateway.metrics_text();
+    assert!(
+        metrics.contains(r#"rollgate_model_unroutable{model="bad"} 1"#),
+        "{metrics}"
+    );
+    // Fixed: the model routes again and is no longer reported.
+    assert_eq!(gw.gateway.set_routes(&[route(&champ.url)]), vec![]);
+    assert!(gw.gateway.snapshot().unroutable.is_empty());
     gw.shutdown().await;
 }

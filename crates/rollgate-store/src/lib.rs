@@ -105,6 +105,13 @@ pub trait Store: Send + Sync {
     // --- registry -------------------------------------------------------
     /// Creates a model; the same spec again is a no-op, a different one a conflict.
     fn create_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model>;
+    /// Changes a model's spec (validated like a new one). Refused while a
+    /// rollout is active on the model.
+    fn update_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model>;
+    /// Deletes a model with no active rollout: it stops being routed and
+    /// listed; its revisions stay (a model created again under the name
+    /// remembers which were rejected), and the audit log keeps its history.
+    fn delete_model(&self, name: &str, actor: &str, reason: &str) -> Result<()>;
     fn model(&self, name: &str) -> Result<Model>;
     fn models(&self) -> Result<Vec<Model>>;
     /// Registers an immutable revision. Its id is the hash of its normalised

@@ -28,6 +28,21 @@ pub struct ModelSpec {
     pub confidence_threshold: Option<f64>,
 }
 
+impl ModelSpec {
+    /// The shared spec validator (`rollgate_core::spec`): the same rules
+    /// the gateway applies to a route.
+    pub fn validate(&self) -> Result<()> {
+        rollgate_core::spec::check_model(&rollgate_core::spec::ModelShape {
+            protocol: self.protocol,
+            json_path: self.json_path.as_deref(),
+            key_field: self.key_field.as_deref(),
+            output_pointer: self.output_pointer.as_deref(),
+            confidence_threshold: self.confidence_threshold,
+        })
+        .map_err(|e| StoreError::Invalid(format!("model.{e}")))
+    }
+}
+
 /// A registered model and its current champion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Model {
@@ -76,12 +91,8 @@ impl RevisionSpec {
     /// The canonical form: trimmed, empty and default values removed.
     pub fn normalised(&self) -> Result<RevisionSpec> {
         let upstream = self.upstream.trim().trim_end_matches('/').to_string();
-        if !(upstream.starts_with("http://") || upstream.starts_with("https://")) {
-            return Err(StoreError::Invalid(format!(
-                "revision.upstream must be an http:// or https:// URL, got {:?}",
-                self.upstream
-            )));
-        }
+        rollgate_core::spec::check_upstream_url("revision.upstream", &upstream)
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
         let readiness_path = blank_to_none(&self.readiness_path);
         if let Some(p) = &readiness_path
             && !p.starts_with('/')

@@ -76,6 +76,10 @@ CREATE TABLE gateways (
     last_seen INTEGER NOT NULL
 );
 "#,
+    // Deleted models are kept (their revisions remember rejections), hidden.
+    r#"
+ALTER TABLE models ADD COLUMN deleted_at INTEGER;
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {
@@ -289,7 +293,7 @@ fn audit_row(r: &Row) -> rusqlite::Result<AuditRecord> {
 
 fn get_model(c: &Connection, name: &str) -> Result<Model> {
     c.query_row(
-        &format!("SELECT {MODEL_COLS} FROM models WHERE name = ?1"),
+        &format!("SELECT {MODEL_COLS} FROM models WHERE name = ?1 AND deleted_at IS NULL"),
         [name],
         model_row,
     )
@@ -493,45 +497,64 @@ fn apply_in(tx: &Transaction, now: Timestamp, w: &TransitionWrite) -> Result<Rol
     })
 }
 
-fn valid_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "model name must be 1-128 characters of [A-Za-z0-9._-], got {name:?}"
-        )))
+/// A json model's path must not be another model's.
+fn path_is_free(c: &Connection, name: &str, spec: &ModelSpec) -> Result<()> {
+    let Some(path) = &spec.json_path else {
+        return Ok(());
+    };
+    let mut st =
+        c.prepare("SELECT name, spec FROM models WHERE deleted_at IS NULL AND name != ?1")?;
+    let rows = st.query_map([name], |r| {
+        Ok((r.get::<_, String>(0)?, json_col::<ModelSpec>(r, 1)?))
+    })?;
+    for row in rows {
+        let (other, spec) = row?;
+        if spec.json_path.as_deref() == Some(path.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "model.json_path: {path:?} is already the path of model {other:?}"
+            )));
+        }
     }
+    Ok(())
+}
+
+fn valid_name(name: &str) -> Result<()> {
+    rollgate_core::spec::check_model_name(name)
+        .map_err(|e| StoreError::Invalid(format!("model {}", e.message)))
 }
 
 impl Store for SqliteStore {
     fn create_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model> {
         valid_name(name)?;
-        if let Some(t) = spec.confidence_threshold
-            && !(0.0..=1.0).contains(&t)
-        {
-            return Err(StoreError::Invalid(format!(
-                "model.confidence_threshold must be in [0, 1], got {t}"
-            )));
-        }
+        spec.validate()?;
         self.write(|tx, now| {
             if let Ok(existing) = get_model(tx, name) {
                 return if existing.spec == *spec {
                     Ok(existing)
                 } else {
                     Err(StoreError::Conflict(format!(
-                        "model {name:?} exists with a different spec"
+                        "model {name:?} exists with a different spec (change it with PUT /api/v1/models/{name})"
                     )))
                 };
             }
-            tx.execute(
-                "INSERT INTO models (name, spec, champion, created_at) VALUES (?1, ?2, NULL, ?3)",
-                params![name, serde_json::to_string(spec)?, now.0],
-            )?;
+            path_is_free(tx, name, spec)?;
+            let deleted: bool = tx
+                .query_row("SELECT 1 FROM models WHERE name = ?1", [name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if deleted {
+                // A deleted model created again: its revisions (and their
+                // rejections) are still there; it starts without a champion.
+                tx.execute(
+                    "UPDATE models SET spec = ?2, champion = NULL, deleted_at = NULL WHERE name = ?1",
+                    params![name, serde_json::to_string(spec)?],
+                )?;
+            } else {
+                tx.execute(
+                    "INSERT INTO models (name, spec, champion, created_at) VALUES (?1, ?2, NULL, ?3)",
+                    params![name, serde_json::to_string(spec)?, now.0],
+                )?;
+            }
             append_audit(
                 tx,
                 now,
@@ -545,13 +568,75 @@ impl Store for SqliteStore {
         })
     }
 
+    fn update_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model> {
+        spec.validate()?;
+        self.write(|tx, now| {
+            let before = get_model(tx, name)?;
+            if before.spec == *spec {
+                return Ok(before);
+            }
+            if let Some(id) = active_rollout(tx, name)? {
+                return Err(StoreError::Conflict(format!(
+                    "model {name:?} has an active rollout ({id}); its spec changes once the rollout ends"
+                )));
+            }
+            path_is_free(tx, name, spec)?;
+            tx.execute(
+                "UPDATE models SET spec = ?2 WHERE name = ?1",
+                params![name, serde_json::to_string(spec)?],
+            )?;
+            append_audit(
+                tx,
+                now,
+                actor,
+                name,
+                None,
+                "model_updated",
+                serde_json::json!({ "from": before.spec, "to": spec }),
+            )?;
+            get_model(tx, name)
+        })
+    }
+
+    fn delete_model(&self, name: &str, actor: &str, reason: &str) -> Result<()> {
+        let reason = require_reason(reason, "deleting a model")?;
+        self.write(|tx, now| {
+            let model = get_model(tx, name)?;
+            if let Some(id) = active_rollout(tx, name)? {
+                return Err(StoreError::Conflict(format!(
+                    "model {name:?} has an active rollout ({id}); abort it first"
+                )));
+            }
+            tx.execute(
+                "UPDATE models SET champion = NULL, deleted_at = ?2 WHERE name = ?1",
+                params![name, now.0],
+            )?;
+            tx.execute(
+                "UPDATE revisions SET state = 'archived' WHERE model = ?1 AND state = 'champion'",
+                [name],
+            )?;
+            append_audit(
+                tx,
+                now,
+                actor,
+                name,
+                None,
+                "model_deleted",
+                serde_json::json!({ "reason": reason, "spec": model.spec, "champion": model.champion }),
+            )?;
+            Ok(())
+        })
+    }
+
     fn model(&self, name: &str) -> Result<Model> {
         self.read(|c| get_model(c, name))
     }
 
     fn models(&self) -> Result<Vec<Model>> {
         self.read(|c| {
-            let mut st = c.prepare(&format!("SELECT {MODEL_COLS} FROM models ORDER BY name"))?;
+            let mut st = c.prepare(&format!(
+                "SELECT {MODEL_COLS} FROM models WHERE deleted_at IS NULL ORDER BY name"
+            ))?;
             let rows = st.query_map([], model_row)?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
@@ -789,7 +874,9 @@ impl Store for SqliteStore {
             .map_err(|_| StoreError::Conflict("store lock poisoned by an earlier panic".into()))?;
         let tx = conn.transaction()?;
         let models: Vec<Model> = {
-            let mut st = tx.prepare(&format!("SELECT {MODEL_COLS} FROM models ORDER BY name"))?;
+            let mut st = tx.prepare(&format!(
+                "SELECT {MODEL_COLS} FROM models WHERE deleted_at IS NULL ORDER BY name"
+            ))?;
             let rows = st.query_map([], model_row)?;
             rows.collect::<rusqlite::Result<Vec<_>>>()?
         };

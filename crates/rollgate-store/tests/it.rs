@@ -584,7 +584,7 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
     let v: i64 = c
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
-    assert_eq!(v, 2);
+    assert_eq!(v, 3);
 }
 
 /// Not a test on its own: the child process of the SIGKILL test. It writes
@@ -684,4 +684,87 @@ fn killed_mid_write_store_is_consistent_and_loses_no_commit() {
     );
     assert!(store.verify_audit().expect("verify").is_intact());
     assert_eq!(champions(store.as_ref()).len(), 1);
+}
+
+#[test]
+fn a_model_changes_or_goes_only_without_an_active_rollout_and_a_deleted_one_remembers_rejections() {
+    for_each_store(|store, _| {
+        let ids = model_with_champion(store, 1);
+        let id = store
+            .create_rollout("risk", &ids[1], &Plan::default(), "alice")
+            .expect("rollout")
+            .id;
+        let json = ModelSpec {
+            protocol: rollgate_core::Protocol::Json,
+            json_path: Some("/risk".into()),
+            ..ModelSpec::default()
+        };
+        for refused in [
+            store.update_model("risk", &json, "bob").map(|_| ()),
+            store.delete_model("risk", "bob", "gone"),
+        ] {
+            assert!(
+                matches!(refused, Err(StoreError::Conflict(_))),
+                "{refused:?}"
+            );
+        }
+        roll_back(store, id);
+        // The spec is validated like a new one, and a json path is one model's.
+        let bad = ModelSpec {
+            key_field: Some("user".into()),
+            ..ModelSpec::default()
+        };
+        assert!(
+            matches!(store.update_model("risk", &bad, "bob"), Err(StoreError::Invalid(m)) if m.contains("key_field"))
+        );
+        store.create_model("other", &json, "bob").expect("other");
+        assert!(
+            matches!(store.update_model("risk", &json, "bob"), Err(StoreError::Invalid(m)) if m.contains("json_path"))
+        );
+        let updated = store
+            .update_model("risk", &ModelSpec::default(), "bob")
+            .expect("unchanged spec");
+        assert_eq!(updated.spec, ModelSpec::default());
+        assert!(matches!(
+            store.delete_model("risk", "bob", " "),
+            Err(StoreError::Invalid(_))
+        ));
+        store
+            .delete_model("risk", "bob", "retired")
+            .expect("delete");
+        assert!(matches!(
+            store.model("risk"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(
+            store
+                .models()
+                .expect("models")
+                .iter()
+                .map(|m| m.name.as_str())
+                .collect::<Vec<_>>(),
+            ["other"]
+        );
+        assert!(
+            store
+                .routes()
+                .expect("routes")
+                .iter()
+                .all(|r| r.model.name != "risk")
+        );
+        // Created again: no champion, and the rolled-back candidate is still rejected.
+        let again = store
+            .create_model("risk", &ModelSpec::default(), "carol")
+            .expect("again");
+        assert_eq!(again.champion, None);
+        assert!(store.revision(&ids[1]).expect("kept").blocked);
+        let kinds: Vec<String> = store
+            .audit(&AuditFilter::default())
+            .expect("audit")
+            .into_iter()
+            .map(|r| r.kind)
+            .collect();
+        assert!(kinds.contains(&"model_deleted".to_string()), "{kinds:?}");
+        assert_eq!(store.verify_audit().expect("verify").first_break, None);
+    });
 }

@@ -40,22 +40,65 @@ pub enum ModelCmd {
     /// Register a model.
     Add {
         name: String,
-        #[arg(long, value_enum, default_value_t = ProtocolArg::KserveV1)]
-        protocol: ProtocolArg,
-        /// JSON pointer to predictions in responses.
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Replace a model's spec (refused while a rollout is active on it).
+    Update {
+        name: String,
+        #[command(flatten)]
+        spec: SpecArgs,
+    },
+    /// Delete a model with no active rollout (its revisions and audit
+    /// history are kept).
+    Delete {
+        name: String,
         #[arg(long)]
-        output_pointer: Option<String>,
-        /// For JSON models: the gateway path.
-        #[arg(long)]
-        json_path: Option<String>,
-        /// High-confidence threshold for shadow flips.
-        #[arg(long)]
-        confidence_threshold: Option<f64>,
+        reason: String,
     },
     List,
     Show {
         name: String,
     },
+}
+
+/// A model's spec on the command line.
+#[derive(clap::Args, Debug)]
+pub struct SpecArgs {
+    #[arg(long, value_enum, default_value_t = ProtocolArg::KserveV1)]
+    protocol: ProtocolArg,
+    /// JSON pointer to predictions in responses.
+    #[arg(long)]
+    output_pointer: Option<String>,
+    /// For JSON models: the gateway path.
+    #[arg(long)]
+    json_path: Option<String>,
+    /// JSON pointer to a sticky key in request bodies (when no key header).
+    #[arg(long)]
+    key_field: Option<String>,
+    /// High-confidence threshold for shadow flips.
+    #[arg(long)]
+    confidence_threshold: Option<f64>,
+}
+
+impl SpecArgs {
+    /// The spec as the API takes it (unset fields left out).
+    fn json(&self) -> Value {
+        let spec = json!({
+            "protocol": Protocol::from(self.protocol),
+            "output_pointer": self.output_pointer, "json_path": self.json_path,
+            "key_field": self.key_field,
+            "confidence_threshold": self.confidence_threshold,
+        });
+        Value::Object(
+            spec.as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -223,34 +266,33 @@ fn s(v: &Value, k: &str) -> String {
 pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
     let a = api(g)?;
     Ok(finish((|| match cmd {
-        ModelCmd::Add {
-            name,
-            protocol,
-            output_pointer,
-            json_path,
-            confidence_threshold,
-        } => {
-            let spec = json!({
-                "protocol": Protocol::from(*protocol),
-                "output_pointer": output_pointer, "json_path": json_path,
-                "confidence_threshold": confidence_threshold,
-            });
-            let spec: serde_json::Map<String, Value> = spec
-                .as_object()
-                .map(|o| {
-                    o.iter()
-                        .filter(|(_, v)| !v.is_null())
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect()
-                })
-                .unwrap_or_default();
+        ModelCmd::Add { name, spec } => {
             let m = a.call(
                 "POST",
                 "/api/v1/models",
-                Some(&json!({ "name": name, "spec": spec })),
+                Some(&json!({ "name": name, "spec": spec.json() })),
             )?;
             print(g, &m, |m| {
                 println!("model {} ({})", s(m, "name"), m["spec"]["protocol"])
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCmd::Update { name, spec } => {
+            let m = a.call("PUT", &format!("/api/v1/models/{name}"), Some(&spec.json()))?;
+            print(g, &m, |m| {
+                println!("model {} updated: {}", s(m, "name"), m["spec"])
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        ModelCmd::Delete { name, reason } => {
+            let reason: String = form_urlencoded::byte_serialize(reason.as_bytes()).collect();
+            a.call(
+                "DELETE",
+                &format!("/api/v1/models/{name}?reason={reason}"),
+                None,
+            )?;
+            print(g, &json!({ "deleted": name }), |_| {
+                println!("model {name} deleted")
             });
             Ok(ExitCode::SUCCESS)
         }

@@ -881,6 +881,12 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     assert_eq!(code, 0);
     let status: Value = serde_json::from_str(&out).expect("status json");
     assert_eq!(status["state"]["phase"]["phase"], "promoted");
+    let (code, out, _) = cli(&api, &["rollout", "status", "1"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("guarantee: no regression was shown"),
+        "an on_time promotion says what it guarantees: {out}"
+    );
     let (code, out, _) = cli(&api, &["audit", "--rollout", "1"]);
     assert_eq!(code, 0);
     assert!(
@@ -895,6 +901,34 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     );
     let (code, _, _) = cli(&api, &["model", "show", "nope"]);
     assert_eq!(code, 2);
+    // A spec the gateway could not route is refused, naming the field;
+    // a model's spec changes, and a model is deleted, through the API.
+    let (code, _, err) = cli(&api, &["model", "add", "x", "--key-field", "user"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("key_field"), "{err}");
+    let json_model = ["--protocol", "json", "--json-path", "/x"];
+    assert_eq!(
+        cli(&api, &[&["model", "add", "x"][..], &json_model].concat()).0,
+        0
+    );
+    let (code, out, err) = cli(
+        &api,
+        &[
+            &["model", "update", "x"][..],
+            &json_model,
+            &["--key-field", "/user"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("/user"), "{out}");
+    assert_eq!(
+        cli(&api, &["model", "delete", "x", "--reason", "a test model"]).0,
+        0
+    );
+    assert_eq!(cli(&api, &["model", "show", "x"]).0, 2);
+    let (code, _, err) = cli(&api, &["model", "delete", "m", "--reason", "x"]);
+    assert_eq!(code, 0, "m has no active rollout once promoted: {err}");
 }
 
 /// The candidate's requests in the ledger never exceed what its model

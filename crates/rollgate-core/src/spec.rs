@@ -1,0 +1,220 @@
+//! One validator for what a model and its upstreams may be: used by the
+//! admin API (422 naming the field), the store (before anything is
+//! written) and the gateway (before a route is compiled), so nothing the
+//! API accepts is refused by a gateway later.
+
+use crate::protocol::Protocol;
+
+/// A spec field that is not acceptable, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: &str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// A model name: 1–128 characters of `[A-Za-z0-9._-]` (it is a path
+/// segment of every protocol's URLs).
+pub fn check_model_name(name: &str) -> Result<(), SpecError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(
+            "name",
+            format!("must be 1-128 characters of [A-Za-z0-9._-], got {name:?}"),
+        ))
+    }
+}
+
+/// How a model is routed and read.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelShape<'a> {
+    pub protocol: Protocol,
+    pub json_path: Option<&'a str>,
+    pub key_field: Option<&'a str>,
+    pub output_pointer: Option<&'a str>,
+    pub confidence_threshold: Option<f64>,
+}
+
+/// A JSON pointer (RFC 6901) is empty or starts with `/`.
+fn check_pointer(field: &str, p: Option<&str>) -> Result<(), SpecError> {
+    match p {
+        Some(p) if !p.starts_with('/') => Err(bad(
+            field,
+            format!("a JSON pointer starts with '/', got {p:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The fields of a model's spec, each on its own.
+pub fn check_model(m: &ModelShape) -> Result<(), SpecError> {
+    match (m.protocol, m.json_path) {
+        (Protocol::Json, Some(p)) if p.starts_with('/') && !p.contains(char::is_whitespace) => {}
+        (Protocol::Json, p) => {
+            return Err(bad(
+                "json_path",
+                format!("a json model needs a path starting with '/', got {p:?}"),
+            ));
+        }
+        (_, Some(_)) => {
+            return Err(bad("json_path", "only json models are served on a path"));
+        }
+        (_, None) => {}
+    }
+    check_pointer("key_field", m.key_field)?;
+    check_pointer("output_pointer", m.output_pointer)?;
+    if let Some(t) = m.confidence_threshold
+        && !(0.0..=1.0).contains(&t)
+    {
+        return Err(bad(
+            "confidence_threshold",
+            format!("must be in [0, 1], got {t}"),
+        ));
+    }
+    Ok(())
+}
+
+/// An upstream base URL: `http://host:port` with an optional path. HTTPS
+/// upstreams are refused here rather than accepted and failed later: the
+/// gateway speaks plain HTTP to model servers (terminate TLS beside them,
+/// e.g. a sidecar, or reach them over a private network).
+pub fn check_upstream_url(field: &str, url: &str) -> Result<(), SpecError> {
+    let url = url.trim();
+    if url.starts_with("https://") {
+        return Err(bad(
+            field,
+            format!(
+                "https upstreams are not supported (the gateway speaks plain HTTP to model servers), got {url:?}"
+            ),
+        ));
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(bad(field, format!("must be an http:// URL, got {url:?}")));
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    let valid =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']' | '_');
+    if authority.is_empty() || !authority.chars().all(valid) || url.contains(char::is_whitespace) {
+        return Err(bad(
+            field,
+            format!("must be http://host[:port][/path], got {url:?}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(protocol: Protocol) -> ModelShape<'static> {
+        ModelShape {
+            protocol,
+            json_path: None,
+            key_field: None,
+            output_pointer: None,
+            confidence_threshold: None,
+        }
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let field = |m: ModelShape| check_model(&m).err().map(|e| e.field);
+        assert_eq!(field(shape(Protocol::KserveV1)), None);
+        assert_eq!(field(shape(Protocol::Json)).as_deref(), Some("json_path"));
+        let json = ModelShape {
+            json_path: Some("/score"),
+            ..shape(Protocol::Json)
+        };
+        assert_eq!(field(json), None);
+        assert_eq!(
+            field(ModelShape {
+                json_path: Some("score"),
+                ..json
+            })
+            .as_deref(),
+            Some("json_path")
+        );
+        assert_eq!(
+            field(ModelShape {
+                key_field: Some("user"),
+                ..json
+            })
+            .as_deref(),
+            Some("key_field")
+        );
+        assert_eq!(
+            field(ModelShape {
+                output_pointer: Some("outputs/0"),
+                ..shape(Protocol::OipV2)
+            })
+            .as_deref(),
+            Some("output_pointer")
+        );
+        assert_eq!(
+            field(ModelShape {
+                confidence_threshold: Some(1.5),
+                ..json
+            })
+            .as_deref(),
+            Some("confidence_threshold")
+        );
+        assert_eq!(
+            field(ModelShape {
+                json_path: Some("/x"),
+                ..shape(Protocol::KserveV1)
+            })
+            .as_deref(),
+            Some("json_path")
+        );
+    }
+
+    #[test]
+    fn upstreams_are_plain_http_with_a_host() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://models.internal/v1",
+            "http://[::1]:9",
+        ] {
+            assert_eq!(check_upstream_url("upstream", ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "https://m:443",
+            "ftp://m",
+            "http://",
+            "http:// m",
+            "127.0.0.1:80",
+            "",
+        ] {
+            let e = check_upstream_url("upstream", bad).expect_err(bad);
+            assert_eq!(e.field, "upstream");
+        }
+        assert!(
+            check_upstream_url("u", "https://m")
+                .expect_err("https")
+                .message
+                .contains("https")
+        );
+    }
+
+    #[test]
+    fn names_are_path_segments() {
+        assert!(check_model_name("fraud-v2.1_x").is_ok());
+        for bad in ["", "a/b", "a:b", "a b", &"x".repeat(129)] {
+            assert!(check_model_name(bad).is_err(), "{bad}");
+        }
+    }
+}
