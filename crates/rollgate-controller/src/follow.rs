@@ -13,6 +13,8 @@ fn upstream(r: &Revision) -> Upstream {
         revision: r.id.clone(),
         url: r.spec.upstream.clone(),
         timeout: r.spec.timeout_ms.map(Duration::from_millis),
+        served_name: r.spec.served_name.clone(),
+        headers: r.spec.headers.clone(),
     }
 }
 
@@ -61,9 +63,13 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                     .as_ref()
                     .map_or(Default::default(), |(_, routing, _)| routing.assignment),
                 output_pointer: spec.output_pointer.clone(),
+                output: spec.output.clone(),
                 confidence_threshold: spec.confidence_threshold.unwrap_or(0.9),
                 numeric_tolerance: 1e-6,
-                fallback_to_champion: false,
+                fallback_to_champion: m
+                    .rollout
+                    .as_ref()
+                    .is_some_and(|(_, routing, _)| routing.fallback_to_champion),
                 champion: upstream(champion),
                 candidate,
                 shadow,
@@ -127,5 +133,78 @@ pub async fn follow(
             () = tokio::time::sleep(every) => {}
             () = &mut shutdown => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rollgate_core::{Plan, Routing, Timestamp};
+    use rollgate_store::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
+
+    fn revision(id: &str, spec: RevisionSpec) -> Revision {
+        Revision {
+            id: id.into(),
+            model: "m".into(),
+            spec,
+            state: RevisionState::Available,
+            rejections: 0,
+            blocked: false,
+            created_at: Timestamp(0),
+        }
+    }
+
+    /// What a revision and a rollout's plan say reaches the gateway's route:
+    /// served name, headers, output, assignment, fallback and epoch.
+    #[test]
+    fn a_route_carries_the_revision_and_plan_settings() {
+        let plan = Plan {
+            fallback_to_champion: true,
+            assignment: rollgate_core::plan::Assignment::PerRequest,
+            ..Plan::default()
+        };
+        let phase = rollgate_core::Phase::Canary {
+            step: 0,
+            weight_percent: 5,
+        };
+        let routing = Routing {
+            epoch: 3,
+            ..Routing::for_phase(&plan, &phase)
+        };
+        let mut cand = RevisionSpec {
+            upstream: "http://127.0.0.1:2".into(),
+            served_name: Some("fraud-v2".into()),
+            ..RevisionSpec::default()
+        };
+        cand.headers.insert("host".into(), "fraud.models".into());
+        let routes = [ModelRoutes {
+            model: Model {
+                name: "m".into(),
+                spec: ModelSpec {
+                    protocol: rollgate_core::Protocol::OipV2,
+                    output: Some("predict_proba".into()),
+                    ..ModelSpec::default()
+                },
+                champion: Some("r1".into()),
+                created_at: Timestamp(0),
+            },
+            champion: Some(revision(
+                "r1",
+                RevisionSpec {
+                    upstream: "http://127.0.0.1:1".into(),
+                    ..RevisionSpec::default()
+                },
+            )),
+            rollout: Some((revision("r2", cand), routing, 7)),
+        }];
+        let r = &gateway_routes(&routes)[0];
+        assert!(r.fallback_to_champion);
+        assert_eq!(r.assignment, rollgate_core::plan::Assignment::PerRequest);
+        assert_eq!(r.output.as_deref(), Some("predict_proba"));
+        assert_eq!(r.epoch.as_deref(), Some("7.3"));
+        let c = r.candidate.as_ref().expect("candidate");
+        assert_eq!(c.weight_bp, 500);
+        assert_eq!(c.upstream.served_name.as_deref(), Some("fraud-v2"));
+        assert_eq!(c.upstream.headers["host"], "fraud.models");
     }
 }

@@ -59,6 +59,10 @@ pub struct Plan {
     pub reject_on: RejectOn,
     /// How live traffic is split: per key (sticky) or per request.
     pub assignment: Assignment,
+    /// A candidate request that cannot reach the candidate (connection
+    /// refused) is sent to the champion instead; the candidate's failure
+    /// is still counted, and so is the fallback.
+    pub fallback_to_champion: bool,
     pub gates: Gates,
 }
 
@@ -166,6 +170,7 @@ impl Default for Plan {
             outage_window: Duration::from_secs(5),
             reject_on: RejectOn::ShownWorse,
             assignment: Assignment::Sticky,
+            fallback_to_champion: false,
             gates: Gates::default(),
         }
     }

@@ -170,6 +170,9 @@ pub struct Routing {
     /// Per key (sticky) or per request.
     #[serde(default, skip_serializing_if = "is_sticky")]
     pub assignment: Assignment,
+    /// Candidate requests that cannot reach it go to the champion.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fallback_to_champion: bool,
 }
 
 fn is_sticky(a: &Assignment) -> bool {
@@ -183,6 +186,7 @@ impl Routing {
         mirror_bp: 0,
         epoch: 0,
         assignment: Assignment::Sticky,
+        fallback_to_champion: false,
     };
 
     /// The routing a phase implies under `plan`.
@@ -193,18 +197,21 @@ impl Routing {
                 mirror_bp: plan.shadow.mirror_percent * 100,
                 epoch: 0,
                 assignment: plan.assignment,
+                fallback_to_champion: plan.fallback_to_champion,
             },
             Phase::Canary { weight_percent, .. } => Routing {
                 candidate_weight_bp: weight_percent * 100,
                 mirror_bp: 0,
                 epoch: 0,
                 assignment: plan.assignment,
+                fallback_to_champion: plan.fallback_to_champion,
             },
             Phase::Promoted { .. } => Routing {
                 candidate_weight_bp: 10_000,
                 mirror_bp: 0,
                 epoch: 0,
                 assignment: plan.assignment,
+                fallback_to_champion: plan.fallback_to_champion,
             },
             _ => Routing::CHAMPION_ONLY,
         }

@@ -46,6 +46,8 @@ pub struct ModelShape<'a> {
     pub key_field: Option<&'a str>,
     pub output_pointer: Option<&'a str>,
     pub confidence_threshold: Option<f64>,
+    /// OIP V2: the output tensor's name.
+    pub output: Option<&'a str>,
 }
 
 /// A JSON pointer (RFC 6901) is empty or starts with `/`.
@@ -74,6 +76,18 @@ pub fn check_model(m: &ModelShape) -> Result<(), SpecError> {
         }
         (_, None) => {}
     }
+    match (m.protocol, m.output) {
+        (Protocol::OipV2, Some(o)) if o.trim().is_empty() => {
+            return Err(bad("output", "must name an output tensor"));
+        }
+        (Protocol::OipV2, _) | (_, None) => {}
+        (_, Some(_)) => {
+            return Err(bad("output", "only oip_v2 models name an output tensor"));
+        }
+    }
+    if m.output.is_some() && m.output_pointer.is_some() {
+        return Err(bad("output", "give output or output_pointer, not both"));
+    }
     check_pointer("key_field", m.key_field)?;
     check_pointer("output_pointer", m.output_pointer)?;
     if let Some(t) = m.confidence_threshold
@@ -83,6 +97,32 @@ pub fn check_model(m: &ModelShape) -> Result<(), SpecError> {
             "confidence_threshold",
             format!("must be in [0, 1], got {t}"),
         ));
+    }
+    Ok(())
+}
+
+/// A header the gateway sends upstream: a valid HTTP header name and value
+/// (no line breaks), and not one the gateway owns (hop-by-hop, length).
+pub fn check_header(name: &str, value: &str) -> Result<(), SpecError> {
+    let field = format!("headers.{name}");
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(bad(&field, "not a valid header name"));
+    }
+    if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
+        return Err(bad(&field, "a header value cannot contain line breaks"));
+    }
+    let owned = [
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "upgrade",
+        "content-length",
+        "accept-encoding",
+    ];
+    if owned.iter().any(|o| o.eq_ignore_ascii_case(name)) {
+        return Err(bad(&field, "set by the gateway itself"));
     }
     Ok(())
 }
@@ -127,6 +167,7 @@ mod tests {
             key_field: None,
             output_pointer: None,
             confidence_threshold: None,
+            output: None,
         }
     }
 

@@ -229,6 +229,7 @@ fn ready_candidate_enters_shadow_with_full_mirroring_and_no_live_exposure() {
                 mirror_bp: 10_000,
                 epoch: 1,
                 assignment: Default::default(),
+                fallback_to_champion: false,
             }
         }
     );
@@ -538,6 +539,7 @@ fn a_gateway_restart_neither_invents_nor_loses_evidence() {
         mirror_bp: 10_000,
         epoch: 1,
         assignment: Default::default(),
+        fallback_to_champion: false,
     };
     traffic.tick();
     state = observe(&spec, &state, true, Some(traffic.snapshot.clone()), 1).state;

@@ -130,6 +130,13 @@ pub struct Upstream {
         skip_serializing_if = "Option::is_none"
     )]
     pub timeout: Option<Duration>,
+    /// The name the upstream serves the model under, if not the model's:
+    /// `/v1/models/{model}` and `/v2/models/{model}` are rewritten to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
+    /// Headers sent upstream with every request, over the client's.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// How one model is routed. A model has one champion and at most one
@@ -156,6 +163,9 @@ pub struct ModelRoute {
     /// JSON pointer to the predictions in a response.
     #[serde(default)]
     pub output_pointer: Option<String>,
+    /// OIP V2: the output tensor holding predictions, by name.
+    #[serde(default)]
+    pub output: Option<String>,
     /// A champion answer with at least this confidence is high-confidence.
     #[serde(default = "default_confidence")]
     pub confidence_threshold: f64,
@@ -209,7 +219,21 @@ fn check_upstream(field: &str, u: &Upstream) -> Result<(), ConfigError> {
         return Err(err(format!("{field}.revision"), "must not be empty"));
     }
     rollgate_core::spec::check_upstream_url(&format!("{field}.url"), &u.url)
-        .map_err(|e| err(e.field, e.message))
+        .map_err(|e| err(e.field, e.message))?;
+    if let Some(n) = &u.served_name {
+        rollgate_core::spec::check_model_name(n)
+            .map_err(|e| err(format!("{field}.served_name"), e.message))?;
+    }
+    for (name, value) in &u.headers {
+        rollgate_core::spec::check_header(name, value)
+            .map_err(|e| err(format!("{field}.{}", e.field), e.message))?;
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || http::HeaderValue::from_str(value).is_err()
+        {
+            return Err(err(format!("{field}.headers.{name}"), "not a valid header"));
+        }
+    }
+    Ok(())
 }
 
 impl ModelRoute {
@@ -224,6 +248,7 @@ impl ModelRoute {
             key_field: self.key_field.as_deref(),
             output_pointer: self.output_pointer.as_deref(),
             confidence_threshold: Some(self.confidence_threshold),
+            output: self.output.as_deref(),
         })
         .map_err(|e| err(f(&e.field), e.message))?;
         if self.numeric_tolerance.is_nan() || self.numeric_tolerance < 0.0 {

@@ -50,12 +50,32 @@ pub fn extract(
     }
 }
 
+/// OIP V2: the output tensor named `name` (e.g. `predict_proba`), read
+/// with its shape, wherever it is among the outputs.
+pub fn extract_v2_output(name: &str, body: &[u8]) -> Result<Vec<Prediction>, ExtractError> {
+    let doc: Value = serde_json::from_slice(body).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let out = doc
+        .get("outputs")
+        .and_then(Value::as_array)
+        .and_then(|outs| {
+            outs.iter()
+                .find(|o| o.get("name").and_then(Value::as_str) == Some(name))
+        })
+        .ok_or_else(|| bad(format!("no output named {name:?}")))?;
+    read_tensor(out)
+}
+
 /// OIP V2: `outputs[0]` with `data` and `shape`; a `[n, k]` shape with
 /// `k > 1` is `n` rows of class scores.
 fn extract_v2(doc: &Value) -> Result<Vec<Prediction>, ExtractError> {
     let out = doc
         .pointer("/outputs/0")
         .ok_or_else(|| bad("no outputs[0]"))?;
+    read_tensor(out)
+}
+
+/// One V2 output tensor: `data` in the layout of `shape`.
+fn read_tensor(out: &Value) -> Result<Vec<Prediction>, ExtractError> {
     let data = out
         .get("data")
         .and_then(Value::as_array)
@@ -169,6 +189,19 @@ mod tests {
 
     fn classes(p: &[Prediction]) -> Vec<Option<&str>> {
         p.iter().map(|p| p.class.as_deref()).collect()
+    }
+
+    #[test]
+    fn a_v2_output_is_chosen_by_name_and_keeps_its_shape() {
+        let body = br#"{"outputs":[
+            {"name":"predict","shape":[2],"datatype":"INT64","data":[1,0]},
+            {"name":"predict_proba","shape":[2,2],"datatype":"FP64","data":[0.1,0.9,0.8,0.2]}]}"#;
+        let p = extract_v2_output("predict_proba", body).expect("valid");
+        assert_eq!(classes(&p), [Some("1"), Some("0")]);
+        assert_eq!(p[0].confidence, Some(0.9));
+        let predict = extract_v2_output("predict", body).expect("valid");
+        assert_eq!(classes(&predict), [Some("1"), Some("0")]);
+        assert!(extract_v2_output("nope", body).is_err());
     }
 
     #[test]

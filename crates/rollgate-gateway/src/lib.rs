@@ -51,6 +51,8 @@ struct Counters {
     retried: AtomicU64,
     /// Requests whose body did not arrive within the body timeout (408).
     slow_clients: AtomicU64,
+    /// Requests in another protocol than their model's (400, not forwarded).
+    wrong_protocol: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
     /// Models that cannot be routed now, and why (logged once per reason).
     unroutable: Mutex<BTreeMap<String, String>>,
@@ -102,6 +104,9 @@ pub struct GatewaySnapshot {
     /// Requests whose body did not arrive in time (408).
     #[serde(default)]
     pub slow_clients: u64,
+    /// Requests in another protocol than their model's (400).
+    #[serde(default)]
+    pub wrong_protocol: u64,
     /// Per model: candidate requests retried on the champion.
     pub fallbacks: BTreeMap<String, u64>,
     /// Models that cannot be routed, and why.
@@ -140,6 +145,7 @@ impl Inner {
             overloaded: self.counters.overloaded.load(Ordering::Relaxed),
             retried: self.counters.retried.load(Ordering::Relaxed),
             slow_clients: self.counters.slow_clients.load(Ordering::Relaxed),
+            wrong_protocol: self.counters.wrong_protocol.load(Ordering::Relaxed),
             fallbacks: self
                 .counters
                 .fallbacks

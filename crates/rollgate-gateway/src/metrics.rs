@@ -146,6 +146,12 @@ impl Collector for SnapshotCollector {
             "Requests whose body did not arrive within the body timeout (408).",
             vec![(vec![], ConstCounter::new(s.slow_clients))],
         )?;
+        family(
+            &mut enc,
+            "rollgate_wrong_protocol",
+            "Requests in another protocol than their model's (400, never forwarded).",
+            vec![(vec![], ConstCounter::new(s.wrong_protocol))],
+        )?;
         let unroutable = s
             .unroutable
             .keys()

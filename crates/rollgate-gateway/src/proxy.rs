@@ -15,7 +15,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use rollgate_core::FailureClass;
+use rollgate_core::{FailureClass, Protocol};
 
 use crate::Inner;
 use crate::extract::{Prediction, agree, extract};
@@ -61,7 +61,8 @@ fn json_ok(body: String) -> Response<Body> {
 
 /// What a path asks for.
 enum Endpoint<'a> {
-    Predict(&'a str),
+    /// A model's inference path, and the protocol its path belongs to.
+    Predict(&'a str, Protocol),
     JsonRoute,
     Metadata(&'a str),
     Health,
@@ -75,16 +76,15 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
         && let Some(model) = rest.strip_suffix(":predict")
         && method == Method::POST
     {
-        return Endpoint::Predict(model);
+        return Endpoint::Predict(model, Protocol::KserveV1);
     }
     if let Some(rest) = path.strip_prefix("/v2/models/") {
-        if let Some(model) = rest.strip_suffix("/infer")
-            && method == Method::POST
-        {
-            return Endpoint::Predict(model.split('/').next().unwrap_or(model));
+        // `{model}[/versions/{v}]/infer`, `…/ready`, or the metadata itself.
+        let model = rest.split('/').next().unwrap_or(rest);
+        if rest.ends_with("/infer") && method == Method::POST {
+            return Endpoint::Predict(model, Protocol::OipV2);
         }
         if method == Method::GET {
-            let model = rest.strip_suffix("/ready").unwrap_or(rest);
             return Endpoint::Metadata(model);
         }
     }
@@ -125,9 +125,25 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
                 ),
             }
         }
-        Endpoint::Predict(model) => {
+        Endpoint::Predict(model, protocol) => {
             let table = inner.routes.load();
             match table.model(model).cloned() {
+                Some(route) if route.protocol != protocol => {
+                    // Never forwarded, so never held against a revision.
+                    inner
+                        .counters
+                        .wrong_protocol
+                        .fetch_add(1, Ordering::Relaxed);
+                    json_error(
+                        StatusCode::BAD_REQUEST,
+                        "wrong_protocol",
+                        &format!(
+                            "model {model:?} speaks {}, not {}",
+                            protocol_name(route.protocol),
+                            protocol_name(protocol)
+                        ),
+                    )
+                }
                 Some(route) => predict(inner, route, req).await,
                 None => match table.unroutable(model) {
                     Some(reason) => unroutable(model, reason),
@@ -154,6 +170,14 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Endpoint::NotFound => {
             json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
         }
+    }
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::KserveV1 => "kserve_v1 (POST /v1/models/{name}:predict)",
+        Protocol::OipV2 => "oip_v2 (POST /v2/models/{name}/infer)",
+        Protocol::Json => "json (its own path)",
     }
 }
 
@@ -402,7 +426,11 @@ fn record(
                 return None;
             }
             let preds = if route.read_predictions {
-                match extract(route.protocol, route.output_pointer.as_deref(), body) {
+                let read = match &route.output {
+                    Some(name) => crate::extract::extract_v2_output(name, body),
+                    None => extract(route.protocol, route.output_pointer.as_deref(), body),
+                };
+                match read {
                     Ok(p) => p,
                     Err(_) => return failure(FailureClass::InvalidOutput),
                 }
@@ -489,13 +517,18 @@ async fn forward(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Upstreamed {
-    let uri = format!("{}{}", target.base, path_q);
+    let uri = format!("{}{}", target.base, target.upstream_path(path_q));
     let build = || {
         let mut builder = Request::builder().method(method.clone()).uri(&uri);
         for (k, v) in headers {
-            if !hop_by_hop(k) && k != header::ACCEPT_ENCODING {
+            let overridden = target.headers.iter().any(|(name, _)| name == k);
+            if !hop_by_hop(k) && k != header::ACCEPT_ENCODING && !overridden {
                 builder = builder.header(k, v);
             }
+        }
+        // The revision's own headers (a `Host`, an auth token).
+        for (k, v) in &target.headers {
+            builder = builder.header(k, v);
         }
         // Answers are measured, so the gateway asks for them unencoded;
         // the client gets them unencoded too (identity is always

@@ -19,6 +19,11 @@ pub struct Target {
     pub base: String,
     pub timeout: Duration,
     pub stats: Arc<Sharded<RevisionStats>>,
+    /// `(model, served name)` when the upstream serves the model under
+    /// another name.
+    pub rename: Option<(String, String)>,
+    /// Sent upstream with every request, over the client's.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl Target {
@@ -34,7 +39,40 @@ impl Target {
             base: u.url.trim_end_matches('/').to_string(),
             timeout: u.timeout.unwrap_or(default_timeout),
             stats: rec.revision(model, epoch, &u.revision),
+            rename: u
+                .served_name
+                .as_ref()
+                .filter(|n| n.as_str() != model)
+                .map(|n| (model.to_string(), n.clone())),
+            // Validated with the route: invalid ones cannot get here.
+            headers: u
+                .headers
+                .iter()
+                .filter_map(|(k, v)| {
+                    Some((
+                        http::HeaderName::from_bytes(k.as_bytes()).ok()?,
+                        http::HeaderValue::from_str(v).ok()?,
+                    ))
+                })
+                .collect(),
         }
+    }
+
+    /// The upstream path of a request for `path_q`: the model's name
+    /// replaced by the served name in `/v1/models/…` and `/v2/models/…`.
+    pub fn upstream_path(&self, path_q: &str) -> String {
+        let Some((model, served)) = &self.rename else {
+            return path_q.to_string();
+        };
+        for family in ["/v1/models/", "/v2/models/"] {
+            if let Some(rest) = path_q.strip_prefix(family)
+                && let Some(after) = rest.strip_prefix(model.as_str())
+                && (after.is_empty() || after.starts_with([':', '/', '?']))
+            {
+                return format!("{family}{served}{after}");
+            }
+        }
+        path_q.to_string()
     }
 }
 
@@ -49,6 +87,8 @@ pub struct Route {
     pub per_request: bool,
     /// `None` for a generic JSON model with no pointer: predictions are not read.
     pub output_pointer: Option<String>,
+    /// OIP V2: the output tensor read, by name.
+    pub output: Option<String>,
     pub read_predictions: bool,
     pub confidence_threshold: f64,
     pub numeric_tolerance: f64,
@@ -97,6 +137,7 @@ impl RoutingTable {
                 key_field: m.key_field.clone(),
                 per_request: m.assignment == rollgate_core::plan::Assignment::PerRequest,
                 output_pointer: m.output_pointer.clone(),
+                output: m.output.clone(),
                 read_predictions: m.protocol != Protocol::Json || m.output_pointer.is_some(),
                 confidence_threshold: m.confidence_threshold,
                 numeric_tolerance: m.numeric_tolerance,

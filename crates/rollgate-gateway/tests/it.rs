@@ -35,6 +35,16 @@ enum Behaviour {
     Stall,
     /// Waits until notified, then answers 200.
     Gated(Arc<Notify>),
+    /// Answers 200 and records each request's path and chosen headers.
+    Record(Arc<std::sync::Mutex<Vec<Seen>>>),
+}
+
+/// What a recording upstream saw of one request.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    path: String,
+    authorization: Option<String>,
+    host: Option<String>,
 }
 
 struct TestUpstream {
@@ -59,6 +69,17 @@ async fn upstream(behaviour: Behaviour) -> TestUpstream {
                     let behaviour = behaviour.clone();
                     let counter = Arc::clone(&counter);
                     async move {
+                        let header = |n: &str| {
+                            req.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_string)
+                        };
+                        let seen = Seen {
+                            path: req.uri().path().to_string(),
+                            authorization: header("authorization"),
+                            host: header("host"),
+                        };
                         let _ = req.into_body().collect().await;
                         counter.fetch_add(1, Ordering::SeqCst);
                         let (status, body) = match behaviour {
@@ -70,6 +91,10 @@ async fn upstream(behaviour: Behaviour) -> TestUpstream {
                             Behaviour::Stall => std::future::pending().await,
                             Behaviour::Gated(n) => {
                                 n.notified().await;
+                                (200, r#"{"predictions":[1]}"#)
+                            }
+                            Behaviour::Record(log) => {
+                                log.lock().expect("log").push(seen);
                                 (200, r#"{"predictions":[1]}"#)
                             }
                         };
@@ -105,6 +130,8 @@ fn up(revision: &str, url: &str) -> Upstream {
         revision: revision.into(),
         url: url.into(),
         timeout: None,
+        served_name: None,
+        headers: Default::default(),
     }
 }
 
@@ -117,6 +144,7 @@ fn route(champion: &str) -> ModelRoute {
         salt: None,
         assignment: Default::default(),
         output_pointer: None,
+        output: None,
         confidence_threshold: 0.9,
         numeric_tolerance: 1e-6,
         fallback_to_champion: false,
@@ -1135,5 +1163,75 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
     // Fixed: the model routes again and is no longer reported.
     assert_eq!(gw.gateway.set_routes(&[route(&champ.url)]), vec![]);
     assert!(gw.gateway.snapshot().unroutable.is_empty());
+    gw.shutdown().await;
+}
+
+/// A revision served under another name gets its paths rewritten and its
+/// own headers (over the client's); a request in the wrong protocol is
+/// refused before any model sees it; version-pinned V2 paths route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_refused() {
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let champ = upstream(Behaviour::Record(Arc::clone(&log))).await;
+    let mut up = up("champ", &champ.url);
+    up.served_name = Some("served".into());
+    up.headers = [
+        ("authorization".to_string(), "Bearer revision".to_string()),
+        ("host".to_string(), "models.internal".to_string()),
+    ]
+    .into();
+    let gw = start(config(vec![ModelRoute {
+        champion: up,
+        ..route(&champ.url)
+    }]))
+    .await;
+    let c = client();
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/v1/models/m:predict", gw.addr))
+        .header("authorization", "Bearer client")
+        .body(Full::new(Bytes::from_static(br#"{"instances":[1]}"#)))
+        .expect("request");
+    let r = c.request(req).await.expect("answer");
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = log.lock().expect("log").clone();
+    assert_eq!(
+        seen,
+        [Seen {
+            path: "/v1/models/served:predict".into(),
+            authorization: Some("Bearer revision".into()),
+            host: Some("models.internal".into()),
+        }]
+    );
+
+    let r = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/v2/models/m/infer",
+        None,
+        r#"{"inputs":[]}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.body.contains("wrong_protocol") && r.body.contains("kserve_v1"),
+        "{}",
+        r.body
+    );
+    assert_eq!(champ.hits.load(Ordering::SeqCst), 1, "never forwarded");
+    let s = gw.gateway.snapshot();
+    assert_eq!(s.wrong_protocol, 1);
+    assert_eq!(
+        rev(&s, "champ").client_errors(),
+        0,
+        "not held against a revision"
+    );
+    let r = call(&c, gw.addr, "GET", "/v2/models/m/versions/3", None, "").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        log.lock().expect("log")[1].path,
+        "/v2/models/served/versions/3"
+    );
     gw.shutdown().await;
 }

@@ -77,6 +77,7 @@ impl Baseline {
             mirror_bp: 0,
             epoch: 0,
             assignment: Default::default(),
+            fallback_to_champion: false,
         }
     }
 

@@ -26,6 +26,10 @@ pub struct ModelSpec {
     /// A champion answer at or above this confidence is "high-confidence".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confidence_threshold: Option<f64>,
+    /// For `protocol = "oip_v2"`: the output tensor holding predictions, by
+    /// name (e.g. `predict_proba`), whatever its position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 impl ModelSpec {
@@ -38,6 +42,7 @@ impl ModelSpec {
             key_field: self.key_field.as_deref(),
             output_pointer: self.output_pointer.as_deref(),
             confidence_threshold: self.confidence_threshold,
+            output: self.output.as_deref(),
         })
         .map_err(|e| StoreError::Invalid(format!("model.{e}")))
     }
@@ -74,10 +79,42 @@ pub struct RevisionSpec {
     pub readiness_path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// Headers the gateway sends upstream with every request (e.g. `Host`,
+    /// an auth token), over the client's of the same name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// Headers whose values are secret: never shown by the API or written
+    /// to the audit log (`authorization`, `proxy-authorization`, `cookie`
+    /// and `x-api-key` always are).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secret_headers: Vec<String>,
+    /// The name the model server serves this model under, when it is not
+    /// the model's (KServe's default is the InferenceService's name): the
+    /// gateway rewrites `/v1/models/{model}` and `/v2/models/{model}` to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_name: Option<String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+}
+
+/// Header names whose values are always secret.
+const ALWAYS_SECRET: [&str; 4] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+];
+
+/// What a secret value is shown as.
+pub const REDACTED: &str = "<redacted>";
+
+/// Serialises a revision's spec with its secret header values redacted:
+/// what the API answers and the audit log records.
+pub fn redacted<S: serde::Serializer>(
+    spec: &RevisionSpec,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    spec.redacted().serialize(s)
 }
 
 fn blank_to_none(s: &Option<String>) -> Option<String> {
@@ -88,6 +125,26 @@ fn blank_to_none(s: &Option<String>) -> Option<String> {
 }
 
 impl RevisionSpec {
+    /// Whether the header `name`'s value is secret.
+    pub fn is_secret(&self, name: &str) -> bool {
+        ALWAYS_SECRET.iter().any(|s| s.eq_ignore_ascii_case(name))
+            || self
+                .secret_headers
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(name))
+    }
+
+    /// The spec with every secret header value replaced by [`REDACTED`].
+    pub fn redacted(&self) -> RevisionSpec {
+        let mut out = self.clone();
+        for (k, v) in out.headers.iter_mut() {
+            if self.is_secret(k) {
+                *v = REDACTED.to_string();
+            }
+        }
+        out
+    }
+
     /// The canonical form: trimmed, empty and default values removed.
     pub fn normalised(&self) -> Result<RevisionSpec> {
         let upstream = self.upstream.trim().trim_end_matches('/').to_string();
@@ -101,6 +158,23 @@ impl RevisionSpec {
                 "revision.readiness_path must start with '/', got {p:?}"
             )));
         }
+        for (name, value) in &self.headers {
+            rollgate_core::spec::check_header(name, value)
+                .map_err(|e| StoreError::Invalid(format!("revision.{e}")))?;
+        }
+        let served_name = blank_to_none(&self.served_name);
+        if let Some(n) = &served_name {
+            rollgate_core::spec::check_model_name(n)
+                .map_err(|e| StoreError::Invalid(format!("revision.served_name {}", e.message)))?;
+        }
+        let mut secret_headers: Vec<String> = self
+            .secret_headers
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .filter(|h| !h.is_empty())
+            .collect();
+        secret_headers.sort();
+        secret_headers.dedup();
         if self.timeout_ms == Some(0) {
             return Err(StoreError::Invalid(
                 "revision.timeout_ms must be positive".into(),
@@ -112,6 +186,8 @@ impl RevisionSpec {
             readiness_path,
             timeout_ms: self.timeout_ms.filter(|&t| t != DEFAULT_TIMEOUT_MS),
             headers: self.headers.clone(),
+            secret_headers,
+            served_name,
             env: self.env.clone(),
         })
     }
@@ -173,6 +249,8 @@ impl RevisionState {
 pub struct Revision {
     pub id: String,
     pub model: String,
+    /// Serialised with secret header values redacted.
+    #[serde(serialize_with = "redacted")]
     pub spec: RevisionSpec,
     pub state: RevisionState,
     /// How many rollouts of it rejected it (showed it worse, or it never
@@ -203,6 +281,8 @@ mod tests {
             readiness_path: Some(String::new()),
             timeout_ms: Some(DEFAULT_TIMEOUT_MS),
             headers: BTreeMap::new(),
+            secret_headers: vec![" ".into()],
+            served_name: Some(" ".into()),
             env: BTreeMap::new(),
         };
         assert_eq!(
@@ -249,5 +329,44 @@ mod tests {
                 .to_string()
                 .contains("readiness_path")
         );
+    }
+
+    #[test]
+    fn secret_header_values_are_redacted_when_shown_and_kept_for_routing() {
+        let mut s = spec("http://127.0.0.1:9001");
+        s.headers
+            .insert("Authorization".into(), "Bearer t0ken".into());
+        s.headers.insert("X-Tenant".into(), "acme".into());
+        s.headers.insert("X-Model-Key".into(), "k3y".into());
+        s.secret_headers = vec!["x-model-key".into()];
+        let n = s.normalised().expect("valid");
+        let rev = Revision {
+            id: "r1".into(),
+            model: "m".into(),
+            spec: n.clone(),
+            state: RevisionState::Available,
+            rejections: 0,
+            blocked: false,
+            created_at: rollgate_core::Timestamp(0),
+        };
+        let shown = serde_json::to_string(&rev).expect("json");
+        assert!(
+            !shown.contains("t0ken") && !shown.contains("k3y"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("acme") && shown.contains(REDACTED),
+            "{shown}"
+        );
+        assert_eq!(
+            n.headers["Authorization"], "Bearer t0ken",
+            "kept for routing"
+        );
+        let mut bad = spec("http://127.0.0.1:9001");
+        bad.headers.insert("X-Evil".into(), "a\r\nb".into());
+        assert!(bad.normalised().is_err());
+        bad.headers.clear();
+        bad.served_name = Some("a/b".into());
+        assert!(bad.normalised().is_err());
     }
 }

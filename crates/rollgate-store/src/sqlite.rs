@@ -661,7 +661,7 @@ impl Store for SqliteStore {
                 model,
                 None,
                 "revision_registered",
-                serde_json::json!({ "revision": id, "spec": normalised }),
+                serde_json::json!({ "revision": id, "spec": normalised.redacted() }),
             )?;
             get_revision(tx, &id)
         })

@@ -521,6 +521,7 @@ fn routes_follow_rollouts_and_gateways_heartbeat() {
             mirror_bp: 10_000,
             epoch: 1,
             assignment: Default::default(),
+            fallback_to_champion: false,
         };
         store
             .apply(TransitionWrite {
@@ -610,6 +611,7 @@ fn child_writer() {
                 mirror_bp: 0,
                 epoch: 1,
                 assignment: Default::default(),
+                fallback_to_champion: false,
             },
         }];
         let rec = store
