@@ -581,10 +581,30 @@ async fn forward(
 /// Whether a request failed because its pooled connection was closed by
 /// the upstream before any part of an answer arrived.
 fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
-    !e.is_connect()
-        && std::error::Error::source(e)
-            .and_then(|s| s.downcast_ref::<hyper::Error>())
-            .is_some_and(|h| h.is_incomplete_message() || h.is_canceled())
+    if e.is_connect() {
+        return false;
+    }
+    // Closed cleanly (the answer never started), or reset while the
+    // request was being sent: uvicorn resets a connection it closed after a
+    // 500 when the next request arrives on it.
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_canceled())
+        {
+            return true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            );
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The answer unencoded: an upstream that compresses despite being asked

@@ -1233,3 +1233,294 @@ async fn a_candidate_answering_404_is_rolled_back_for_a_breach_not_a_timeout() {
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
 }
+
+// --- against MLServer, a real Open Inference Protocol server ---------------
+
+/// MLServer's URL, started with three scikit-learn models (`champion`,
+/// `retrained`, `broken`) by `tests/mlserver/start.sh` (in CI by `.ci/run`).
+/// Without it the tests are skipped locally and fail in CI.
+fn mlserver() -> Option<String> {
+    match std::env::var("ROLLGATE_MLSERVER_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var_os("CI").is_some() => panic!(
+            "ROLLGATE_MLSERVER_URL is not set: CI starts MLServer with tests/mlserver/start.sh (.ci/run)"
+        ),
+        Err(_) => {
+            eprintln!("skipped: no MLServer; run `eval \"$(tests/mlserver/start.sh)\"` first");
+            None
+        }
+    }
+}
+
+/// What the V2 clients saw.
+#[derive(Debug, Default)]
+struct Seen {
+    good: AtomicU64,
+    /// Well-formed requests that did not get 200.
+    good_failed: AtomicU64,
+    malformed: AtomicU64,
+    /// The first few failures of good requests: status and body.
+    failures: std::sync::Mutex<Vec<(u16, String)>>,
+}
+
+/// Registers the OIP V2 model `fraud` (predictions read from the
+/// `predict_proba` output by name) on MLServer, with a revision per served
+/// name (`None`: served under the model's own name, which MLServer lacks);
+/// makes the first the champion. Returns the revision ids.
+async fn setup_v2(c: &HttpClient, ctl: &Proc, url: &str, served: &[Option<&str>]) -> Vec<String> {
+    let spec = json!({ "protocol": "oip_v2", "output": "predict_proba" });
+    let (s, m) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "fraud", "spec": spec })),
+    )
+    .await;
+    assert_eq!(s, 201, "{m}");
+    let mut ids = Vec::new();
+    for name in served {
+        let mut rev = json!({ "upstream": url, "readiness_path": "/v2/health/ready" });
+        if let Some(n) = name {
+            rev["served_name"] = json!(n);
+        }
+        let (s, r) = api(c, ctl, "POST", "/api/v1/models/fraud/revisions", Some(rev)).await;
+        assert_eq!(s, 201, "{r}");
+        ids.push(r["id"].as_str().expect("id").to_string());
+    }
+    let (s, _) = api(
+        c,
+        ctl,
+        "PUT",
+        "/api/v1/models/fraud/champion",
+        Some(json!({ "revision": ids[0], "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200);
+    ids
+}
+
+/// V2 clients as Python's `requests` behaves: `Accept-Encoding: gzip`,
+/// batches of 8–32 rows, sticky keys; every `malformed_every`-th request
+/// (if any) has the wrong shape, which MLServer answers with a plain-text
+/// 500. Runs until `stop` (bounded by 120 s).
+fn v2_traffic(
+    gateway: &str,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+    malformed_every: Option<u64>,
+) -> tokio::task::JoinHandle<()> {
+    let url = format!("http://{gateway}/v2/models/fraud/infer");
+    tokio::spawn(async move {
+        let c = client();
+        let started = Instant::now();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+            n += 1;
+            let rows = 8 + (n * 7) % 25;
+            let malformed = malformed_every.is_some_and(|k| n % k == 0);
+            let width = if malformed { 3 } else { 4 };
+            // Deterministic, varied feature values.
+            let data: Vec<f64> = (0..rows * width)
+                .map(|i| (((n * 31 + i * 17) % 97) as f64 / 24.0) - 2.0)
+                .collect();
+            let body = json!({
+                "inputs": [{ "name": "x", "shape": [rows, width], "datatype": "FP64", "data": data }],
+                "outputs": [{ "name": "predict_proba" }],
+            });
+            let req = Request::builder()
+                .method("POST")
+                .uri(&url)
+                .header("content-type", "application/json")
+                .header("accept-encoding", "gzip, deflate")
+                .header("x-rollgate-key", format!("user-{}", n % 2000))
+                .body(Full::new(Bytes::from(body.to_string())))
+                .expect("request");
+            let (status, text) =
+                match tokio::time::timeout(Duration::from_secs(10), c.request(req)).await {
+                    Ok(Ok(r)) => {
+                        let s = r.status().as_u16();
+                        let body = r
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        (
+                            s,
+                            String::from_utf8_lossy(&body).chars().take(200).collect(),
+                        )
+                    }
+                    Ok(Err(e)) => (0, e.to_string()),
+                    Err(_) => (0, "no answer in 10 s".to_string()),
+                };
+            if malformed {
+                seen.malformed.fetch_add(1, Ordering::SeqCst);
+            } else {
+                seen.good.fetch_add(1, Ordering::SeqCst);
+                if status != 200 {
+                    seen.good_failed.fetch_add(1, Ordering::SeqCst);
+                    let mut f = seen.failures.lock().expect("failures");
+                    if f.len() < 5 {
+                        f.push((status, text));
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// No answer of any revision was miscounted as unreadable output.
+async fn no_invalid_output(c: &HttpClient, gw: &Proc) {
+    let (s, stats, _) = request(
+        c,
+        "GET",
+        &format!("http://{}/rollgate/stats", gw.addr()),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    for (rev, r) in stats["models"]["fraud"]["revisions"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(
+            r["failures"]["invalid_output"].as_u64().unwrap_or(0),
+            0,
+            "{rev}: {r}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_with_gzip_batches() {
+    let Some(url) = mlserver() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let ids = setup_v2(
+        &c,
+        &ctl,
+        &url,
+        &[Some("champion"), Some("broken"), Some("retrained")],
+    )
+    .await;
+    let gw = start_gateway(dir.path());
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);
+
+    let start = |rev: String| {
+        let c = c.clone();
+        let ctl_addr = ctl.addr().to_string();
+        async move {
+            let (s, r, _) = request(
+                &c,
+                "POST",
+                &format!("http://{ctl_addr}/api/v1/rollouts"),
+                Some(json!({ "model": "fraud", "revision": rev, "plan": plan() })),
+                None,
+            )
+            .await;
+            assert_eq!(s, 201, "{r}");
+            r["id"].as_i64().expect("id")
+        }
+    };
+    let broken = start(ids[1].clone()).await;
+    let r = wait_for(&c, &ctl, broken, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    let kinds = audit_kinds(&c, &ctl, broken).await;
+    assert_eq!(count(&kinds, "advanced"), 0, "refused in SHADOW: {kinds:?}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "anytime_breach",
+        "{r}"
+    );
+
+    let retrained = start(ids[2].clone()).await;
+    let r = wait_for(&c, &ctl, retrained, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    load.await.expect("traffic");
+    let good = seen.good.load(Ordering::SeqCst);
+    assert!(good > 100, "{good} requests");
+    assert_eq!(
+        seen.good_failed.load(Ordering::SeqCst),
+        0,
+        "of {good} good requests"
+    );
+    no_invalid_output(&c, &gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlserver_wrong_shape_bursts_fail_no_good_request_and_move_neither_arm() {
+    let Some(url) = mlserver() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let ids = setup_v2(&c, &ctl, &url, &[Some("champion"), Some("retrained")]).await;
+    let gw = start_gateway(dir.path());
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    // One request in ten has the wrong shape: MLServer answers a plain-text
+    // 500 and (uvicorn) closes the connection without saying so.
+    let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), Some(10));
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "fraud", "revision": ids[1], "plan": plan() })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_i64().expect("id");
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "both arms failed alike: {r}");
+    stop.store(true, Ordering::SeqCst);
+    load.await.expect("traffic");
+    assert!(seen.malformed.load(Ordering::SeqCst) > 10);
+    let good = seen.good.load(Ordering::SeqCst);
+    assert_eq!(
+        seen.good_failed.load(Ordering::SeqCst),
+        0,
+        "of {good} good requests: {:?}",
+        seen.failures.lock().expect("failures")
+    );
+    no_invalid_output(&c, &gw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlserver_a_candidate_served_under_another_name_is_rolled_back_by_breach() {
+    let Some(url) = mlserver() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    // The candidate forgot its served name: MLServer has no model "fraud".
+    let ids = setup_v2(&c, &ctl, &url, &[Some("champion"), None]).await;
+    let gw = start_gateway(dir.path());
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "fraud", "revision": ids[1], "plan": plan() })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_i64().expect("id");
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "anytime_breach",
+        "not a timeout: {r}"
+    );
+    stop.store(true, Ordering::SeqCst);
+    load.await.expect("traffic");
+    assert_eq!(
+        seen.good_failed.load(Ordering::SeqCst),
+        0,
+        "users only ever saw the champion"
+    );
+}
