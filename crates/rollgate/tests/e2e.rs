@@ -1318,7 +1318,7 @@ fn v2_traffic(
         while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
             n += 1;
             let rows = 8 + (n * 7) % 25;
-            let malformed = malformed_every.is_some_and(|k| n % k == 0);
+            let malformed = malformed_every.is_some_and(|k| n.is_multiple_of(k));
             let width = if malformed { 3 } else { 4 };
             // Deterministic, varied feature values.
             let data: Vec<f64> = (0..rows * width)
