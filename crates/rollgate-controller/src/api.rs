@@ -138,6 +138,28 @@ pub struct ApiState {
     pub ctx: Context,
     /// Bearer token; `None` only when bound to loopback.
     pub token: Option<Arc<str>>,
+    /// `Host` (and `Origin` authority) values a state-changing request may
+    /// carry ([`allowed_hosts`]); empty: not checked.
+    pub allowed_hosts: Arc<[String]>,
+}
+
+/// The names the API at `addr` answers to: its address, and for loopback
+/// also `localhost` and both loopback addresses on its port; plus `extra`
+/// (e.g. the name a proxy in front of it uses).
+pub fn allowed_hosts(addr: SocketAddr, extra: &[String]) -> Arc<[String]> {
+    let mut hosts = vec![addr.to_string()];
+    if addr.ip().is_loopback() {
+        let port = addr.port();
+        hosts.extend([
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+        ]);
+    }
+    hosts.extend(extra.iter().cloned());
+    hosts.sort();
+    hosts.dedup();
+    hosts.into()
 }
 
 impl std::fmt::Debug for ApiState {
@@ -490,6 +512,69 @@ async fn resync(ctx: &Context) {
     }
 }
 
+/// Requests that change state come from rollgate's clients, never from a
+/// web page: a browser sends a cross-site form as `text/plain` with a
+/// foreign `Origin`, and a DNS-rebinding page with its own name in `Host`.
+/// So a write needs `Content-Type: application/json` (a page can send it
+/// cross-site only after a CORS preflight, which this API never grants), a
+/// `Host` that names the API, and no foreign `Origin`.
+async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
+    use axum::http::Method;
+    let method = req.method().clone();
+    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let forbidden = |code, message: String| ApiError::new(StatusCode::FORBIDDEN, code, message);
+    let allowed = |authority: &str| {
+        s.allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(authority))
+    };
+    if !s.allowed_hosts.is_empty() {
+        if let Some(host) = req.headers().get(header::HOST) {
+            let host = host.to_str().unwrap_or("");
+            if !allowed(host) {
+                return forbidden(
+                    "forbidden_host",
+                    format!("Host {host:?} does not name this API (add it to [api] allowed_hosts)"),
+                )
+                .into_response();
+            }
+        }
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or("");
+            let authority = origin.split_once("://").map_or("", |(_, a)| a);
+            if !allowed(authority) {
+                return forbidden(
+                    "forbidden_origin",
+                    format!("requests from origin {origin:?} cannot change state"),
+                )
+                .into_response();
+            }
+        }
+    }
+    if matches!(method, Method::POST | Method::PUT | Method::PATCH) {
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.trim()
+                    .to_ascii_lowercase()
+                    .starts_with("application/json")
+            });
+        if !json {
+            return ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "requests that change state carry a JSON body (Content-Type: application/json)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
 async fn require_token(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
     if let Some(token) = &s.token
         && req.uri().path() != "/healthz"
@@ -542,6 +627,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/audit/export", get(audit_export))
         .route("/api/v1/audit/verify", get(audit_verify))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
 }

@@ -117,16 +117,26 @@ async fn every_documented_example_holds() {
             metrics: Arc::new(ControllerMetrics::default()),
         },
         token: None,
+        allowed_hosts: rollgate_controller::api::allowed_hosts(
+            "127.0.0.1:7070".parse().expect("addr"),
+            &[],
+        ),
     };
     let app = router(state);
     for ex in examples {
         let mut req = Request::builder().method(ex.method.as_str()).uri(&ex.path);
-        let body = match &ex.request {
-            Some(v) => {
+        // Writes carry JSON (`{}` when the example shows no body), as the
+        // CLI sends them.
+        let body = match (&ex.request, ex.method.as_str()) {
+            (Some(v), _) => {
                 req = req.header("content-type", "application/json");
                 Body::from(v.to_string())
             }
-            None => Body::empty(),
+            (None, "POST" | "PUT") => {
+                req = req.header("content-type", "application/json");
+                Body::from("{}")
+            }
+            (None, _) => Body::empty(),
         };
         let resp = app
             .clone()
@@ -149,5 +159,120 @@ async fn every_documented_example_holds() {
                 ex.line, ex.method, ex.path
             );
         }
+    }
+}
+
+/// A web page cannot change state: a cross-site form (`text/plain`, a
+/// foreign `Origin`), a DNS-rebinding page (its own name in `Host`) and an
+/// empty-body post are refused; the CLI's requests pass.
+#[tokio::test]
+async fn writes_from_web_pages_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let state = ApiState {
+        ctx: Context {
+            store: Arc::new(store),
+            http: HttpClient::new(Duration::from_secs(1)),
+            gateway_ttl: Duration::from_secs(5),
+            tick: Duration::from_secs(1),
+            clock: Arc::new(|| Timestamp(0)),
+            local_gateway: None,
+            metrics: Arc::new(ControllerMetrics::default()),
+        },
+        token: None,
+        allowed_hosts: rollgate_controller::api::allowed_hosts(
+            "127.0.0.1:7070".parse().expect("addr"),
+            &[],
+        ),
+    };
+    let app = router(state);
+    let send = |host: &str, origin: Option<&str>, content_type: Option<&str>, body: &str| {
+        let mut req = Request::builder()
+            .method("POST")
+            .uri("/api/v1/models")
+            .header("host", host);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
+        }
+        let req = req.body(Body::from(body.to_string())).expect("request");
+        let app = app.clone();
+        async move {
+            let resp = app.oneshot(req).await.expect("infallible");
+            let status = resp.status().as_u16();
+            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            (
+                status,
+                v["error"]["code"].as_str().unwrap_or("").to_string(),
+            )
+        }
+    };
+    let model = r#"{"name": "m"}"#;
+    let cases = [
+        // A cross-site form post.
+        (
+            "127.0.0.1:7070",
+            Some("http://evil.example"),
+            Some("text/plain"),
+            model,
+            (403, "forbidden_origin"),
+        ),
+        // The same with a JSON type (a preflight would have stopped it).
+        (
+            "127.0.0.1:7070",
+            Some("http://evil.example"),
+            Some("application/json"),
+            model,
+            (403, "forbidden_origin"),
+        ),
+        // DNS rebinding: the page's own name in Host.
+        (
+            "evil.example:7070",
+            None,
+            Some("application/json"),
+            model,
+            (403, "forbidden_host"),
+        ),
+        // A form post with no Origin, and an empty-body post.
+        (
+            "127.0.0.1:7070",
+            None,
+            Some("application/x-www-form-urlencoded"),
+            "name=m",
+            (415, "unsupported_media_type"),
+        ),
+        (
+            "localhost:7070",
+            None,
+            None,
+            "",
+            (415, "unsupported_media_type"),
+        ),
+        // The CLI (no Origin, JSON) and a page on the API's own origin.
+        (
+            "localhost:7070",
+            None,
+            Some("application/json"),
+            model,
+            (201, ""),
+        ),
+        (
+            "127.0.0.1:7070",
+            Some("http://127.0.0.1:7070"),
+            Some("application/json; charset=utf-8"),
+            r#"{"name": "n"}"#,
+            (201, ""),
+        ),
+    ];
+    for (host, origin, ct, body, (status, code)) in cases {
+        let got = send(host, origin, ct, body).await;
+        assert_eq!(
+            got,
+            (status, code.to_string()),
+            "Host {host} Origin {origin:?} type {ct:?}"
+        );
     }
 }

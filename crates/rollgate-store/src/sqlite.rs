@@ -285,7 +285,14 @@ fn audit_row(r: &Row) -> rusqlite::Result<AuditRecord> {
         model: r.get(3)?,
         rollout: r.get(4)?,
         kind: r.get(5)?,
-        body: json_col(r, 6)?,
+        // A body that is not JSON (edited in the database) is shown as
+        // what it is; its hash no longer matches, so verification names
+        // the record instead of failing as a whole.
+        body: {
+            let text: String = r.get(6)?;
+            serde_json::from_str(&text)
+                .unwrap_or_else(|_| serde_json::json!({ "unreadable_body": text }))
+        },
         prev_hash: r.get(7)?,
         hash: r.get(8)?,
     })
@@ -827,7 +834,8 @@ impl Store for SqliteStore {
                 params![
                     filter.model,
                     filter.rollout,
-                    filter.after_seq.unwrap_or(0),
+                    // Beyond SQLite's integers nothing can follow.
+                    filter.after_seq.unwrap_or(0).min(i64::MAX as u64) as i64,
                     filter.limit.map_or(-1, |l| l.min(i64::MAX as u64) as i64)
                 ],
                 audit_row,

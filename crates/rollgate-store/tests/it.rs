@@ -770,3 +770,28 @@ fn a_model_changes_or_goes_only_without_an_active_rollout_and_a_deleted_one_reme
         assert_eq!(store.verify_audit().expect("verify").first_break, None);
     });
 }
+
+#[test]
+fn a_body_that_is_not_json_is_named_by_verify_and_odd_queries_are_not_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite(dir.path());
+    model_with_champion(store.as_ref(), 3);
+    raw(dir.path())
+        .execute("UPDATE audit SET body = 'not json {' WHERE seq = 2", [])
+        .expect("tamper");
+    let report = store.verify_audit().expect("verify reads every record");
+    assert_eq!(report.first_break.expect("broken").seq, 2);
+    let all = store.audit(&AuditFilter::default()).expect("audit reads");
+    assert_eq!(all[1].body["unreadable_body"], "not json {");
+    let beyond = AuditFilter {
+        after_seq: Some(u64::MAX),
+        limit: Some(u64::MAX),
+        ..AuditFilter::default()
+    };
+    assert!(
+        store
+            .audit(&beyond)
+            .expect("no records after the last")
+            .is_empty()
+    );
+}

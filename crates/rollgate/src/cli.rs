@@ -571,8 +571,8 @@ fn audit_line(r: &AuditRecord) -> String {
         "#{:<5} {} {:<12} {:<20} {}",
         r.seq,
         r.at.0,
-        r.actor,
-        r.kind,
+        report::clean(&r.actor),
+        report::clean(&r.kind),
         r.rollout
             .map_or(String::from("-"), |id| format!("rollout {id}"))
     );
@@ -583,7 +583,7 @@ fn audit_line(r: &AuditRecord) -> String {
             weight_label(&event.to)
         ));
         if let Some(note) = &event.note {
-            line.push_str(&format!("  ({note})"));
+            line.push_str(&format!("  ({})", report::clean(note)));
         }
         if let Some(v) = &event.verdict {
             line.push_str(&format!(
@@ -596,7 +596,7 @@ fn audit_line(r: &AuditRecord) -> String {
             }
         }
     } else if let Some(reason) = r.body.get("reason").and_then(Value::as_str) {
-        line.push_str(&format!("  reason: {reason}"));
+        line.push_str(&format!("  reason: {}", report::clean(reason)));
     }
     line
 }

@@ -75,6 +75,16 @@ impl Api {
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
+        // Writes always carry JSON: the API refuses other writes (a web
+        // page's cross-site form cannot send JSON without a preflight).
+        let body = match (body, method) {
+            (None, "POST" | "PUT" | "PATCH") => {
+                Some(&serde_json::Value::Object(Default::default()))
+            }
+            (b, _) => b,
+        };
+        let empty = serde_json::Value::Object(Default::default());
+        let body = body.map(|b| if b.is_null() { &empty } else { b });
         let payload = match body {
             Some(b) => {
                 req = req.header("content-type", "application/json");

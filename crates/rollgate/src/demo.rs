@@ -284,7 +284,11 @@ async fn demo(
     let routed = ctx.local_gateway.clone();
     let rx2 = stop.subscribe();
     let controller = tokio::spawn(rollgate_controller::run(ctx.clone(), wait(rx2.clone())));
-    let api_state = rollgate_controller::ApiState { ctx, token: None };
+    let api_state = rollgate_controller::ApiState {
+        ctx,
+        token: None,
+        allowed_hosts: rollgate_controller::api::allowed_hosts(api_addr, &[]),
+    };
     let api = tokio::spawn(rollgate_controller::api::serve(
         api_listener,
         api_state,

@@ -211,9 +211,34 @@ fn rollback_words(r: &RollbackReason) -> String {
     }
 }
 
-/// The stage verdict's gates, one line each.
+/// A string from a user or the network, made safe for a terminal: every
+/// control character (escape sequences, line breaks, carriage returns) is
+/// shown escaped, so a reason cannot redraw the screen or fake a row.
+pub fn clean(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
+/// The stage verdict's gates, one line each (class names come from model
+/// outputs: cleaned).
 pub fn verdict_lines(v: &StageVerdict) -> Vec<String> {
-    let mut lines: Vec<String> = v.gates.iter().map(gate_line).collect();
+    let mut lines: Vec<String> = v
+        .gates
+        .iter()
+        .map(|g| clean(&gate_line(g)).into_owned())
+        .collect();
     if let Some(c) = &v.confirmation
         && c.breached
     {
@@ -245,6 +270,21 @@ mod tests {
             ..Plan::default()
         };
         assert!(rejection_line(&starved, &strict).starts_with("candidate REJECTED"));
+    }
+
+    #[test]
+    fn control_characters_from_users_are_shown_escaped() {
+        let fake = "ok\u{1b}[2K\r#9 controller promoted\nall gates PASS";
+        let shown = clean(fake);
+        assert!(!shown.chars().any(char::is_control), "{shown}");
+        assert!(
+            shown.contains("\\u{1b}") && shown.contains("\\n"),
+            "{shown}"
+        );
+        assert!(matches!(
+            clean("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
     }
 
     #[test]

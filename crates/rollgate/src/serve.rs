@@ -34,6 +34,9 @@ pub struct ApiConfig {
     pub listen: SocketAddr,
     /// File holding the bearer token (else `ROLLGATE_TOKEN`).
     pub token_file: Option<PathBuf>,
+    /// More `Host` names state-changing requests may use (e.g. a proxy's
+    /// `rollgate.internal:443`), beside the API's own address.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ApiConfig {
@@ -41,6 +44,7 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             token_file: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -198,6 +202,10 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         let state = ApiState {
             ctx: ctx.clone(),
             token: token(&cfg.api)?,
+            allowed_hosts: rollgate_controller::api::allowed_hosts(
+                api_addr,
+                &cfg.api.allowed_hosts,
+            ),
         };
         rollgate_controller::api::check_binding(api_addr, state.token.as_deref())
             .map_err(anyhow::Error::msg)?;
@@ -264,6 +272,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         let state = ApiState {
             ctx: ctx.clone(),
             token: token(&cfg.api)?,
+            allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &cfg.api.allowed_hosts),
         };
         rollgate_controller::api::check_binding(addr, state.token.as_deref())
             .map_err(anyhow::Error::msg)?;
