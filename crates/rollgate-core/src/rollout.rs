@@ -285,7 +285,25 @@ pub struct RolloutState {
     /// Every gateway series' counts per epoch: the rollout's evidence.
     #[serde(default)]
     pub evidence: Ledger,
+    /// The last evaluation written to the audit log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audited: Option<AuditedEvaluation>,
 }
+
+/// An evaluation written to the audit log: evaluations that say the same
+/// (outcome and reason) after it are summarised, not written one by one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditedEvaluation {
+    pub at: Timestamp,
+    /// Its number among the rollout's evaluations.
+    pub evaluation: u64,
+    /// Its outcome and reason code.
+    pub said: String,
+}
+
+/// An evaluation that says what the last one written said is written at
+/// most this often (as a summary); one that says something new, at once.
+pub const EVALUATION_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl RolloutState {
     pub fn new(created_at: Timestamp) -> Self {
@@ -297,6 +315,7 @@ impl RolloutState {
             last_verdict: None,
             evaluations: 0,
             sequential: None,
+            audited: None,
             epoch: 0,
             stage_starts: Vec::new(),
             evidence: Ledger::default(),
@@ -484,24 +503,60 @@ fn enter(
     });
 }
 
-/// Counts and audits one evaluation; returns the phase it judged.
+/// Counts one evaluation, and audits it when it says something new (its
+/// outcome or reason changed, or it carries a note) or a summary is due;
+/// decisions are always audited in full by their own records. Returns the
+/// phase it judged.
 fn record_evaluation(
     t: &mut Transition,
     verdict: StageVerdict,
     note: Option<String>,
+    now: Timestamp,
 ) -> (Phase, Arc<StageVerdict>) {
     t.state.evaluations += 1;
     let verdict = Arc::new(verdict);
     t.state.last_verdict = Some(Arc::clone(&verdict));
     let phase = t.state.phase.clone();
-    audit(
-        t,
-        AuditKind::Evaluated,
-        Actor::Controller,
-        phase.clone(),
-        Some(Arc::clone(&verdict)),
-        note,
+    let said = format!(
+        "{:?}/{}/{}",
+        verdict.outcome,
+        verdict.reason.code(),
+        verdict
+            .confirmation
+            .as_ref()
+            .map_or(0, |c| c.consecutive_breaches)
     );
+    let (due, alike) = match &t.state.audited {
+        None => (true, 0),
+        Some(a) => (
+            a.said != said
+                || note.is_some()
+                || verdict.outcome == Outcome::Fail
+                || now.since(a.at) >= EVALUATION_SUMMARY_EVERY,
+            t.state.evaluations - a.evaluation - 1,
+        ),
+    };
+    if due {
+        let summary =
+            (alike > 0).then(|| format!("{alike} evaluations alike since the last record"));
+        let note = match (note, summary) {
+            (Some(n), Some(s)) => Some(format!("{n}; {s}")),
+            (n, s) => n.or(s),
+        };
+        t.state.audited = Some(AuditedEvaluation {
+            at: now,
+            evaluation: t.state.evaluations,
+            said,
+        });
+        audit(
+            t,
+            AuditKind::Evaluated,
+            Actor::Controller,
+            phase.clone(),
+            Some(Arc::clone(&verdict)),
+            note,
+        );
+    }
     (phase, verdict)
 }
 
@@ -696,7 +751,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         verdict.confirmation = Some(check);
     }
     let pending_breach = clock.consecutive_breaches > 0;
-    let (phase, verdict) = record_evaluation(t, verdict, note);
+    let (phase, verdict) = record_evaluation(t, verdict, note, now);
 
     let gates_of = |r: &StageReason| match r {
         StageReason::Breach { gates }
@@ -776,7 +831,7 @@ fn observe_sequential(
         },
     );
     let new_epoch = std::mem::take(&mut seq.new_epoch_due);
-    let (phase, verdict) = record_evaluation(t, verdict, None);
+    let (phase, verdict) = record_evaluation(t, verdict, None, now);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
             let gates = gates.clone();

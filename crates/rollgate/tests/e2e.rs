@@ -718,9 +718,14 @@ async fn two_controllers_never_double_advance_a_rollout() {
     assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
     assert_eq!(count(&kinds, "promoted"), 1, "{kinds:?}");
     assert_eq!(count(&kinds, "champion_set"), 1, "{kinds:?}");
-    // Evaluations were committed once each: the rollout's version counts them.
+    // Evaluations are written when they say something new (others are
+    // summarised): never more records than evaluations committed.
     let evaluations = r["state"]["evaluations"].as_u64().expect("evaluations");
-    assert_eq!(count(&kinds, "evaluated") as u64, evaluations);
+    let evaluated = count(&kinds, "evaluated") as u64;
+    assert!(
+        (1..=evaluations).contains(&evaluated),
+        "{evaluated} of {evaluations}"
+    );
     assert!(chain_intact(&c, &ctl).await);
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
