@@ -214,7 +214,7 @@ async fn metadata(inner: &Inner, route: &Route, req: Request<Incoming>) -> Respo
             headers,
             body,
             ..
-        } => respond(status, &headers, body, &route.champion.revision),
+        } => respond(status, &headers, body, &route.champion.revision, false),
         Upstreamed::Timeout => json_error(
             StatusCode::GATEWAY_TIMEOUT,
             "upstream_timeout",
@@ -325,6 +325,7 @@ async fn predict_inner(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    let gzip = accepts_gzip(&parts.headers);
     let key = if route.per_request {
         rand::random::<u64>().to_le_bytes().to_vec()
     } else {
@@ -353,7 +354,7 @@ async fn predict_inner(
         let unreachable = matches!(outcome, Upstreamed::Connect);
         record(route, candidate, unit, &outcome);
         if !(unreachable && route.fallback_to_champion) {
-            return finish(outcome, &candidate.revision);
+            return finish(outcome, &candidate.revision, gzip);
         }
         inner.counters.fallback(&route.name);
     }
@@ -384,7 +385,7 @@ async fn predict_inner(
             (unit, preds),
         );
     }
-    finish(outcome, &champion.revision)
+    finish(outcome, &champion.revision, gzip)
 }
 
 /// Records the outcome against `target`. Returns the predictions of a
@@ -448,14 +449,14 @@ fn record(
 
 /// The user's response. A 2xx with unreadable output is still passed through
 /// (the gateway does not judge); it was counted as a failure by `record`.
-fn finish(outcome: Upstreamed, revision: &str) -> Response<Body> {
+fn finish(outcome: Upstreamed, revision: &str, gzip: bool) -> Response<Body> {
     match outcome {
         Upstreamed::Answer {
             status,
             headers,
             body,
             ..
-        } => respond(status, &headers, body, revision),
+        } => respond(status, &headers, body, revision, gzip),
         Upstreamed::Timeout => with_revision(
             json_error(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -498,14 +499,74 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn respond(status: StatusCode, headers: &HeaderMap, body: Bytes, revision: &str) -> Response<Body> {
-    let mut r = Response::new(Full::new(body));
-    *r.status_mut() = status;
+/// Answers at least this large are compressed for a client that accepts
+/// gzip (smaller ones gain less than the header costs).
+const COMPRESS_FROM: usize = 1024;
+
+/// Whether the client accepts gzip (`Accept-Encoding` lists `gzip` or `*`
+/// without `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("").to_ascii_lowercase();
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (coding == "gzip" || coding == "*") && !refused
+        })
+}
+
+/// The answer, gzip-compressed (fast level) when the client accepts it,
+/// it is large enough and not already encoded. Answers are measured
+/// unencoded (the gateway asks upstreams for identity); compressing for the
+/// client is the gateway's own job, like a reverse proxy's.
+fn compressed(headers: &mut HeaderMap, body: Bytes) -> Bytes {
+    use std::io::Write;
+    if body.len() < COMPRESS_FROM || headers.contains_key(header::CONTENT_ENCODING) {
+        return body;
+    }
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::fast(),
+    );
+    match enc.write_all(&body).and_then(|()| enc.finish()) {
+        Ok(out) => {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            headers.append(header::VARY, HeaderValue::from_static("accept-encoding"));
+            Bytes::from(out)
+        }
+        Err(_) => body,
+    }
+}
+
+fn respond(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: Bytes,
+    revision: &str,
+    gzip: bool,
+) -> Response<Body> {
+    let mut out = HeaderMap::with_capacity(headers.len() + 2);
     for (k, v) in headers {
         if !hop_by_hop(k) {
-            r.headers_mut().append(k, v.clone());
+            out.append(k, v.clone());
         }
     }
+    let body = if gzip {
+        compressed(&mut out, body)
+    } else {
+        body
+    };
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    *r.headers_mut() = out;
     with_revision(r, revision)
 }
 

@@ -1235,3 +1235,57 @@ async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_ref
     );
     gw.shutdown().await;
 }
+
+/// Answers are measured unencoded and compressed for a client that accepts
+/// gzip (when worth it): the client gets what it asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_accept_gzip_get_large_answers_compressed_and_measured_unencoded() {
+    use std::io::Read;
+    let rows: Vec<String> = (0..64)
+        .map(|i| format!("[0.{:04},0.{:04}]", i, 9999 - i))
+        .collect();
+    let large: &'static str =
+        Box::leak(format!(r#"{{"predictions":[{}]}}"#, rows.join(",")).into_boxed_str());
+    assert!(large.len() > 1024);
+    let champ = upstream(Behaviour::Answer(200, large)).await;
+    let gw = start(config(vec![route(&champ.url)])).await;
+    let c = client();
+    let ask = |encoding: Option<&'static str>| {
+        let mut b = Request::builder()
+            .method("POST")
+            .uri(format!("http://{}/v1/models/m:predict", gw.addr));
+        if let Some(e) = encoding {
+            b = b.header("accept-encoding", e);
+        }
+        let req = b
+            .body(Full::new(Bytes::from_static(br#"{"instances":[[1]]}"#)))
+            .expect("request");
+        let c = c.clone();
+        async move {
+            let r = c.request(req).await.expect("answer");
+            let enc = r
+                .headers()
+                .get("content-encoding")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            let body = r.into_body().collect().await.expect("body").to_bytes();
+            (enc, body)
+        }
+    };
+    let (enc, body) = ask(Some("gzip, deflate")).await;
+    assert_eq!(enc.as_deref(), Some("gzip"));
+    assert!(body.len() < large.len() / 2, "{} bytes", body.len());
+    let mut plain = String::new();
+    flate2::read::GzDecoder::new(&body[..])
+        .read_to_string(&mut plain)
+        .expect("gzip");
+    assert_eq!(plain, large);
+    for refused in [None, Some("identity"), Some("gzip;q=0")] {
+        let (enc, body) = ask(refused).await;
+        assert_eq!((enc, &body[..]), (None, large.as_bytes()), "{refused:?}");
+    }
+    let s = gw.gateway.snapshot();
+    assert_eq!(rev(&s, "champ").requests(), 4);
+    assert_eq!(rev(&s, "champ").failure_count(), 0, "measured unencoded");
+    assert_eq!(rev(&s, "champ").predictions().values().sum::<u64>(), 4 * 64);
+    gw.shutdown().await;
+}
