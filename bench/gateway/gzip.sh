@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU cost of compressing answers for clients that accept gzip: one
-# gateway (--threads 1) in front of nginx answering a 2.6 KB prediction
+# gateway (--threads 1) in front of nginx answering a 1,041-byte prediction
 # body (a 64-row batch); wrk (1 thread, 8 connections) with and without
 # `Accept-Encoding: gzip`, alternated twice in one run; gateway and nginx
 # pinned to core 0, wrk to core 1.
