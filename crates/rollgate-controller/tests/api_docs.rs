@@ -106,22 +106,7 @@ async fn every_documented_example_holds() {
     let store = SqliteStore::open_dir(dir.path())
         .expect("store")
         .with_clock(move || fixed);
-    let state = ApiState {
-        ctx: Context {
-            store: Arc::new(store),
-            http: HttpClient::new(Duration::from_secs(1)),
-            gateway_ttl: Duration::from_secs(5),
-            tick: Duration::from_secs(1),
-            clock: Arc::new(move || fixed),
-            local_gateway: None,
-            metrics: Arc::new(ControllerMetrics::default()),
-        },
-        token: None,
-        allowed_hosts: rollgate_controller::api::allowed_hosts(
-            "127.0.0.1:7070".parse().expect("addr"),
-            &[],
-        ),
-    };
+    let state = api_state(store, fixed);
     let app = router(state);
     for ex in examples {
         let mut req = Request::builder().method(ex.method.as_str()).uri(&ex.path);
@@ -162,20 +147,15 @@ async fn every_documented_example_holds() {
     }
 }
 
-/// A web page cannot change state: a cross-site form (`text/plain`, a
-/// foreign `Origin`), a DNS-rebinding page (its own name in `Host`) and an
-/// empty-body post are refused; the CLI's requests pass.
-#[tokio::test]
-async fn writes_from_web_pages_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open_dir(dir.path()).expect("store");
-    let state = ApiState {
+/// The API over `store`, at a fixed clock, answering as `127.0.0.1:7070`.
+fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
+    ApiState {
         ctx: Context {
             store: Arc::new(store),
             http: HttpClient::new(Duration::from_secs(1)),
             gateway_ttl: Duration::from_secs(5),
             tick: Duration::from_secs(1),
-            clock: Arc::new(|| Timestamp(0)),
+            clock: Arc::new(move || now),
             local_gateway: None,
             metrics: Arc::new(ControllerMetrics::default()),
         },
@@ -184,7 +164,17 @@ async fn writes_from_web_pages_are_refused() {
             "127.0.0.1:7070".parse().expect("addr"),
             &[],
         ),
-    };
+    }
+}
+
+/// A web page cannot change state: a cross-site form (`text/plain`, a
+/// foreign `Origin`), a DNS-rebinding page (its own name in `Host`) and an
+/// empty-body post are refused; the CLI's requests pass.
+#[tokio::test]
+async fn writes_from_web_pages_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let state = api_state(store, Timestamp(0));
     let app = router(state);
     let send = |host: &str, origin: Option<&str>, content_type: Option<&str>, body: &str| {
         let mut req = Request::builder()

@@ -46,16 +46,8 @@ impl Default for Users {
     }
 }
 
-/// How traffic is split between the arms.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Assignment {
-    /// Per key: a user's requests all go to one arm (the gateway's default).
-    #[default]
-    Sticky,
-    /// Per request, at random: a user's requests go to both arms.
-    PerRequest,
-}
+/// How traffic is split between the arms: the plan's own setting.
+pub use rollgate_core::plan::Assignment;
 
 /// One drawn user.
 #[derive(Debug, Clone, Copy)]

@@ -1305,6 +1305,14 @@ async fn setup_v2(c: &HttpClient, ctl: &Proc, url: &str, served: &[Option<&str>]
     ids
 }
 
+/// Starts a rollout of `fraud` to `revision` with the short plan.
+async fn start_v2_rollout(c: &HttpClient, ctl: &Proc, revision: &str) -> i64 {
+    let body = json!({ "model": "fraud", "revision": revision, "plan": plan() });
+    let (s, r) = api(c, ctl, "POST", "/api/v1/rollouts", Some(body)).await;
+    assert_eq!(s, 201, "{r}");
+    r["id"].as_i64().expect("rollout id")
+}
+
 /// V2 clients as Python's `requests` behaves: `Accept-Encoding: gzip`,
 /// batches of 8–32 rows, sticky keys; every `malformed_every`-th request
 /// (if any) has the wrong shape, which MLServer answers with a plain-text
@@ -1416,23 +1424,7 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);
 
-    let start = |rev: String| {
-        let c = c.clone();
-        let ctl_addr = ctl.addr().to_string();
-        async move {
-            let (s, r, _) = request(
-                &c,
-                "POST",
-                &format!("http://{ctl_addr}/api/v1/rollouts"),
-                Some(json!({ "model": "fraud", "revision": rev, "plan": plan() })),
-                None,
-            )
-            .await;
-            assert_eq!(s, 201, "{r}");
-            r["id"].as_i64().expect("id")
-        }
-    };
-    let broken = start(ids[1].clone()).await;
+    let broken = start_v2_rollout(&c, &ctl, &ids[1]).await;
     let r = wait_for(&c, &ctl, broken, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
     let kinds = audit_kinds(&c, &ctl, broken).await;
@@ -1442,7 +1434,7 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
         "{r}"
     );
 
-    let retrained = start(ids[2].clone()).await;
+    let retrained = start_v2_rollout(&c, &ctl, &ids[2]).await;
     let r = wait_for(&c, &ctl, retrained, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     stop.store(true, Ordering::SeqCst);
@@ -1469,16 +1461,7 @@ async fn mlserver_wrong_shape_bursts_fail_no_good_request_and_move_neither_arm()
     // One request in ten has the wrong shape: MLServer answers a plain-text
     // 500 and (uvicorn) closes the connection without saying so.
     let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), Some(10));
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/rollouts",
-        Some(json!({ "model": "fraud", "revision": ids[1], "plan": plan() })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    let id = r["id"].as_i64().expect("id");
+    let id = start_v2_rollout(&c, &ctl, &ids[1]).await;
     let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "both arms failed alike: {r}");
     stop.store(true, Ordering::SeqCst);
@@ -1505,16 +1488,7 @@ async fn mlserver_a_candidate_served_under_another_name_is_rolled_back_by_breach
     let gw = start_gateway(dir.path());
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/rollouts",
-        Some(json!({ "model": "fraud", "revision": ids[1], "plan": plan() })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    let id = r["id"].as_i64().expect("id");
+    let id = start_v2_rollout(&c, &ctl, &ids[1]).await;
     let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
     assert_eq!(
