@@ -103,7 +103,7 @@ fn robbins_edge(k: f64, m: f64, ln_b: f64, threshold: f64) -> f64 {
 /// the log scale from just above the null to 100× it.
 const GRID: usize = 24;
 
-fn log_sum_exp(xs: &[f64]) -> f64 {
+pub(crate) fn log_sum_exp(xs: &[f64]) -> f64 {
     let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if max == f64::NEG_INFINITY {
         return max;

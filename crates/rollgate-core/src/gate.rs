@@ -153,8 +153,17 @@ pub enum Evidence {
     PredictionShift {
         candidate_predictions: u64,
         champion_predictions: u64,
+        /// `windowed`: the per-class difference budget.
         margin: f64,
+        /// `windowed`: the decision's bounds; `sequential`: Robbins
+        /// sequences per class, for reading.
         classes: Vec<ClassShift>,
+        /// The class-distribution e-process's value (`sequential`: FAIL at `1/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        e_value: Option<f64>,
+        /// The rate ratio it tests against (`sequential`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_class_ratio: Option<f64>,
     },
     ShadowAgreement {
         pairs: u64,
@@ -298,15 +307,26 @@ pub(crate) fn latency_verdict(
     GateVerdict::new(GateKind::Latency, outcome, reason, evidence)
 }
 
+/// What the `sequential` policy's class-distribution test showed (see
+/// `sequential::shift_tests`); the windowed policy decides on the margin.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct ShiftJudgement {
+    pub breached: bool,
+    pub within: bool,
+    pub e_value: f64,
+    pub max_class_ratio: f64,
+}
+
 /// Per-class prediction rates of both arms, each difference bounded by
-/// `bound(k_candidate, n_candidate, k_champion, n_champion, classes)`; FAIL
-/// iff some class is confidently beyond ±margin, PASS iff every class is
-/// confidently within.
+/// `bound(k_candidate, n_candidate, k_champion, n_champion, classes)`.
+/// Without a `judgement`: FAIL iff some class is confidently beyond
+/// ±margin, PASS iff every class is confidently within.
 pub(crate) fn shift_verdict(
     cfg: &ShiftGate,
     arms: Arms,
+    bound: impl Fn(u64, u64, u64, u64, usize) -> Interval,
+    judgement: Option<ShiftJudgement>,
     anytime: bool,
-    bound: impl Fn(&str, u64, u64, u64, u64, usize) -> Interval,
 ) -> GateVerdict {
     let (c, h) = (arms.candidate, arms.champion);
     let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
@@ -325,22 +345,31 @@ pub(crate) fn shift_verdict(
                 class: k.clone(),
                 candidate_rate: rate(kc, nc),
                 champion_rate: rate(kh, nh),
-                difference: bound(k, kc, nc, kh, nh, classes.len()),
+                difference: bound(kc, nc, kh, nh, classes.len()),
             }
         })
         .collect();
+    let (breached, within) = judgement.map_or_else(
+        || {
+            (
+                shifts
+                    .iter()
+                    .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin),
+                shifts
+                    .iter()
+                    .all(|s| s.difference.lower >= -cfg.margin && s.difference.upper <= cfg.margin),
+            )
+        },
+        |j| (j.breached, j.within),
+    );
     let missing = |s: &RevisionStats, n: u64| s.successes() > 0 && n == 0;
     let (outcome, reason) = decide(
         (missing(c, nc) || missing(h, nh)).then(|| Reason::MetricsMissing {
             metric: "predictions".into(),
         }),
         sample_floor(nc, nh, cfg.min_predictions),
-        shifts
-            .iter()
-            .any(|s| s.difference.lower > cfg.margin || s.difference.upper < -cfg.margin),
-        shifts
-            .iter()
-            .all(|s| s.difference.lower >= -cfg.margin && s.difference.upper <= cfg.margin),
+        breached,
+        within,
         anytime,
     );
     let evidence = Evidence::PredictionShift {
@@ -348,6 +377,8 @@ pub(crate) fn shift_verdict(
         champion_predictions: nh,
         margin: cfg.margin,
         classes: shifts,
+        e_value: judgement.map(|j| j.e_value),
+        max_class_ratio: judgement.map(|j| j.max_class_ratio),
     };
     GateVerdict::new(GateKind::PredictionShift, outcome, reason, evidence)
 }
@@ -502,9 +533,10 @@ pub fn latency_gate(cfg: &LatencyGate, arms: Arms, alpha: f64) -> GateVerdict {
 /// interval at `alpha / classes` (Bonferroni). Fail iff some class is
 /// confidently beyond ±margin; pass iff every class is confidently within.
 pub fn prediction_shift_gate(cfg: &ShiftGate, arms: Arms, alpha: f64) -> GateVerdict {
-    shift_verdict(cfg, arms, false, |_, kc, nc, kh, nh, classes| {
+    let bound = |kc, nc, kh, nh, classes: usize| {
         newcombe(kc, nc, kh, nh, z_two_sided(alpha / classes.max(1) as f64))
-    })
+    };
+    shift_verdict(cfg, arms, bound, None, false)
 }
 
 /// Paired champion/shadow answers: agreement must clear its budget (Wilson

@@ -271,8 +271,16 @@ impl Default for LatencyGate {
 #[serde(default, deny_unknown_fields)]
 pub struct ShiftGate {
     pub enabled: bool,
-    /// Fail iff some class's rate difference is confidently beyond ±margin.
+    /// `windowed`: fail iff some class's rate difference is confidently
+    /// beyond ±margin.
     pub margin: f64,
+    /// `sequential`: fail once some class's rate in the candidate is shown
+    /// above this many times the champion's, or below its inverse (> 1).
+    pub max_class_ratio: f64,
+    /// `sequential`: classes rarer than this share of all predictions are
+    /// judged together as one "other" class, and a class shown rarer than
+    /// this in both arms needs no ratio shown to pass. In [0, 1).
+    pub min_class_share: f64,
     /// Predictions each arm needs before the gate judges.
     pub min_predictions: u64,
 }
@@ -282,6 +290,8 @@ impl Default for ShiftGate {
         ShiftGate {
             enabled: false,
             margin: 0.1,
+            max_class_ratio: 1.5,
+            min_class_share: 0.01,
             min_predictions: 100,
         }
     }
@@ -472,6 +482,20 @@ impl Plan {
         at_least("gates.latency.tail_ratio", g.latency.tail_ratio, 1.0)?;
         at_least("gates.latency.tail_ms", g.latency.tail_ms, 0.0)?;
         unit("gates.prediction_shift.margin", g.prediction_shift.margin)?;
+        let ratio = g.prediction_shift.max_class_ratio;
+        if !(ratio.is_finite() && ratio > 1.0) {
+            return Err(err(
+                "gates.prediction_shift.max_class_ratio",
+                format!("must be greater than 1, got {ratio}"),
+            ));
+        }
+        let share = g.prediction_shift.min_class_share;
+        if !(0.0..1.0).contains(&share) {
+            return Err(err(
+                "gates.prediction_shift.min_class_share",
+                format!("must be in [0, 1), got {share}"),
+            ));
+        }
         count(
             "gates.prediction_shift.min_predictions",
             g.prediction_shift.min_predictions,
@@ -550,6 +574,14 @@ mod tests {
             "sequential.max_error_ratio"
         );
         assert_eq!(field_of(|p| p.sequential.alpha = 0.0), "sequential.alpha");
+        assert_eq!(
+            field_of(|p| p.gates.prediction_shift.max_class_ratio = 1.0),
+            "gates.prediction_shift.max_class_ratio"
+        );
+        assert_eq!(
+            field_of(|p| p.gates.prediction_shift.min_class_share = 1.0),
+            "gates.prediction_shift.min_class_share"
+        );
         assert_eq!(
             field_of(|p| p.gates.guard_rails.max_error_rate = Some(2.0)),
             "gates.guard_rails.max_error_rate"

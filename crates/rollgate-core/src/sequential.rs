@@ -21,14 +21,16 @@
 //!   flips ≤ `max_flip_rate`): FAIL when a rate is shown above its budget,
 //!   PASS when both are shown below; the Robbins intervals beside them are
 //!   for reading.
-//! - Prediction shift: Robbins confidence sequences on each class rate.
+//! - Prediction shift: one conditional multinomial e-process on the whole
+//!   class distribution against "every class's rate ratio within
+//!   `[1/max_class_ratio, max_class_ratio]`" ([`shift_tests`]).
 //!
 //! What each test is fed (see [`crate::exposure`]): the error e-process
 //! adds each look's new counts epoch by epoch (every increment from one
 //! routing epoch, the candidate's share taken from that increment's own
-//! requests); every two-sample comparison (latency, prediction shift, the
-//! error PASS) is made within one epoch, never pooled across epochs, with
-//! the metric's `α` split over the plan's stages for the comparisons that
+//! requests), and so does the prediction-shift e-process; every
+//! two-sample comparison (latency, the error PASS) is made within one
+//! epoch, never pooled across epochs, with the metric's `α` split over the plan's stages for the comparisons that
 //! can fail; the champion's outage is judged on the last
 //! `outage_window` of evidence.
 //!
@@ -42,14 +44,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::anytime::{
-    ConditionalBinomial, quantile_cs_ranks_tempered, rate_exceeds_tempered, robbins_cs,
-    robbins_cs_tempered, start_mixture,
+    ConditionalBinomial, log_sum_exp, quantile_cs_ranks_tempered, rate_exceeds_tempered,
+    robbins_cs, robbins_cs_tempered, start_mixture,
 };
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
-    Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason, decide,
-    guard_rail_verdict, judge_quantile, latency_verdict, sample_floor, shadow_verdict,
-    shift_verdict,
+    Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
+    ShiftJudgement, decide, guard_rail_verdict, judge_quantile, latency_verdict, sample_floor,
+    shadow_verdict, shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
@@ -76,51 +78,46 @@ pub struct SequentialState {
     /// floors start.
     #[serde(default)]
     pub new_epoch_due: bool,
-    /// Predicted classes in the order they were first seen: the `k`-th
-    /// gets its share of the prediction-shift `α` when it appears, fixed
-    /// from then on ([`class_alpha`]).
+    /// Predicted classes named so far, in order: a class gets its own cell
+    /// in the prediction-shift test once its share of all predictions has
+    /// reached `min_class_share` (and keeps it); rarer ones share the
+    /// "other" cell.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<String>,
+    /// How many of `classes` were named when each epoch was first looked
+    /// at: that epoch's cells, fixed before any of its data was seen.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub class_cells: BTreeMap<Epoch, usize>,
 }
 
-/// Classes beyond this many are not tracked (their share of `α` would be
-/// below `α / 10⁶` anyway): they are judged at the last share.
+/// Classes beyond this many are not named (they stay in "other").
 pub const MAX_CLASSES: usize = 1000;
 
-/// The prediction-shift `α` of the `k`-th class to appear (from 1):
-/// `α · 6/(π² k²)`, which sums to `α` over all `k`. Fixed when the class
-/// appears, so it never changes as more classes are seen (an even split
-/// over the classes seen so far would spend more than `α` over time).
-pub fn class_alpha(alpha: f64, k: usize) -> f64 {
-    let k = k.max(1) as f64;
-    alpha * 6.0 / (std::f64::consts::PI * std::f64::consts::PI * k * k)
-}
-
 impl SequentialState {
-    /// Notes classes not seen before, in name order among those new at
-    /// this look.
-    fn note_classes(&mut self, snapshot: &Snapshot) {
-        let mut new: Vec<&String> = snapshot
-            .revisions()
-            .values()
-            .flat_map(|r| r.predictions().keys())
-            .filter(|c| !self.classes.contains(c))
-            .collect();
-        new.sort_unstable();
-        new.dedup();
-        for c in new {
-            if self.classes.len() < MAX_CLASSES {
-                self.classes.push(c.clone());
+    /// Names the classes whose share of all predictions in `snapshot` is at
+    /// least `min_share`, in name order among those new at this look.
+    fn note_classes(&mut self, snapshot: &Snapshot, min_share: f64) {
+        let mut counts: BTreeMap<&String, u64> = BTreeMap::new();
+        for r in snapshot.revisions().values() {
+            for (class, n) in r.predictions() {
+                *counts.entry(class).or_default() += n;
+            }
+        }
+        let total: u64 = counts.values().sum();
+        for (class, n) in counts {
+            if self.classes.len() < MAX_CLASSES
+                && n as f64 >= min_share * total as f64
+                && !self.classes.contains(class)
+            {
+                self.classes.push(class.clone());
             }
         }
     }
 
-    /// The 1-based order in which `class` appeared.
-    fn class_rank(&self, class: &str) -> usize {
-        self.classes
-            .iter()
-            .position(|c| c == class)
-            .map_or(self.classes.len() + 1, |i| i + 1)
+    /// The named classes of `epoch`'s cells.
+    fn cells_of(&self, epoch: Epoch) -> &[String] {
+        let n = self.class_cells.get(&epoch).copied().unwrap_or(0);
+        &self.classes[..n.min(self.classes.len())]
     }
 }
 
@@ -474,22 +471,153 @@ fn shadow_gate(
     )
 }
 
-/// Class rates: Robbins sequences per class and arm, the `k`-th class to
-/// appear at [`class_alpha`] (two sequences each).
-fn shift_gate(plan: &Plan, alpha: f64, state: &SequentialState, arms: Arms) -> GateVerdict {
-    shift_verdict(
-        &plan.gates.prediction_shift,
-        arms,
-        true,
-        |class, kc, nc, kh, nh, _| {
-            let a = class_alpha(alpha, state.class_rank(class)) / 2.0;
-            let (ic, ih) = (robbins_cs(kc, nc, a), robbins_cs(kh, nh, a));
-            Interval {
-                lower: ic.lower - ih.upper,
-                upper: ic.upper - ih.lower,
-            }
-        },
-    )
+/// The prediction-shift tests' results at one look.
+#[derive(Debug, Clone, Copy)]
+struct ShiftTests {
+    /// `ln` e-value against "every class's rate ratio, candidate over
+    /// champion, is within `[1/ρ, ρ]`".
+    fail: f64,
+    /// Every cell was shown within the band, or rarer than
+    /// `min_class_share` in both arms.
+    within: bool,
+}
+
+/// One cell's four conditional-binomial e-processes: against "ratio ≤ ρ"
+/// and "ratio ≥ 1/ρ" (to fail), and against "ratio ≥ ρ" and "ratio ≤ 1/ρ"
+/// (to pass); and its counts `(k_c, n_c, k_h, n_h)`, for the rare clause.
+struct Cell {
+    above: ConditionalBinomial,
+    below: ConditionalBinomial,
+    not_above: ConditionalBinomial,
+    not_below: ConditionalBinomial,
+    counts: (u64, u64, u64, u64),
+}
+
+impl Cell {
+    fn new(rho: f64) -> Self {
+        Cell {
+            above: ConditionalBinomial::new(rho),
+            below: ConditionalBinomial::below(1.0 / rho),
+            not_above: ConditionalBinomial::below(rho),
+            not_below: ConditionalBinomial::new(1.0 / rho),
+            counts: (0, 0, 0, 0),
+        }
+    }
+
+    fn update(&mut self, (kh, nh): (u64, u64), (kc, nc): (u64, u64), share: f64) {
+        for cb in [
+            &mut self.above,
+            &mut self.below,
+            &mut self.not_above,
+            &mut self.not_below,
+        ] {
+            cb.update(kh, kc, share);
+        }
+        let (a, b, c, d) = self.counts;
+        self.counts = (a + kc, b + nc, c + kh, d + nh);
+    }
+}
+
+/// Prediction shift, one test on the whole class distribution over the
+/// canary epochs (Lindon & Malek's conditional multinomial e-process):
+/// given that a prediction is of class `k`, it came from the candidate
+/// with probability `θ = ρ_k·w / (ρ_k·w + 1 − w)`, where `w` is the
+/// candidate's share of the epoch's predictions and `ρ_k` its class rate
+/// over the champion's. Under the null "`ρ_k` in `[1/ρ, ρ]` for every
+/// class" that probability is pinned between two known values, with no
+/// nuisance left (the class mix cancels, as the load does for errors).
+///
+/// Each epoch's classes are the cells named before it began (the rest are
+/// one "other" cell, whose ratio is within the band whenever every member's
+/// is); each cell gets two one-sided grid mixtures, averaged, and the
+/// cells' e-values multiply (given the class, each factor has expectation
+/// at most 1 under the null, whatever the class mix). Passing needs every
+/// cell shown inside the band (two one-sided tests, each at `alpha / 2`),
+/// or shown rarer than `min_class_share` in both arms (Robbins, `alpha / 2`
+/// each).
+fn shift_tests(
+    plan: &Plan,
+    state: &SequentialState,
+    ledger: &Ledger,
+    ids: (&str, &str),
+    canary_from: Option<Epoch>,
+    alpha: f64,
+) -> ShiftTests {
+    let cfg = &plan.gates.prediction_shift;
+    let (champion, candidate) = ids;
+    let mut cells: BTreeMap<Option<&str>, Cell> = BTreeMap::new();
+    let total = |s: &RevisionStats| s.predictions().values().sum::<u64>();
+    for e in ledger.epochs() {
+        if canary_from.is_none_or(|from| e < from) {
+            continue;
+        }
+        let snap = ledger.epoch(e);
+        let (c, h) = (snap.revision(candidate), snap.revision(champion));
+        let (nc, nh) = (total(c), total(h));
+        if nc + nh == 0 {
+            continue;
+        }
+        let share = nc as f64 / (nc + nh) as f64;
+        let (mut rest_c, mut rest_h) = (nc, nh);
+        for class in state.cells_of(e) {
+            let kc = c.predictions().get(class).copied().unwrap_or(0);
+            let kh = h.predictions().get(class).copied().unwrap_or(0);
+            rest_c -= kc.min(rest_c);
+            rest_h -= kh.min(rest_h);
+            cells
+                .entry(Some(class.as_str()))
+                .or_insert_with(|| Cell::new(cfg.max_class_ratio))
+                .update((kh, nh), (kc, nc), share);
+        }
+        cells
+            .entry(None)
+            .or_insert_with(|| Cell::new(cfg.max_class_ratio))
+            .update((rest_h, nh), (rest_c, nc), share);
+    }
+    // Cell `j` (other first, then the classes in naming order) deviates
+    // with prior weight `1/(j+1)`; otherwise its factor is 1. So cells that
+    // match the null cost little (`ln(1 + 1/j)` each) instead of voting
+    // against a cell that shows a shift.
+    let fail = std::iter::once(cells.get(&None))
+        .chain(state.classes.iter().map(|c| cells.get(&Some(c.as_str()))))
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| {
+            let w = 1.0 / (i as f64 + 2.0);
+            let (a, b) = (c.above.log_e_value(), c.below.log_e_value());
+            let deviates = log_sum_exp(&[a, b]) - std::f64::consts::LN_2;
+            log_sum_exp(&[(1.0 - w).ln(), w.ln() + deviates])
+        })
+        .sum();
+    let shown = (2.0 / alpha).ln();
+    let rare = |k: u64, n: u64| n > 0 && robbins_cs(k, n, alpha / 2.0).upper < cfg.min_class_share;
+    let within = !cells.is_empty()
+        && cells.values().all(|c| {
+            let (kc, nc, kh, nh) = c.counts;
+            (c.not_above.log_e_value() >= shown && c.not_below.log_e_value() >= shown)
+                || (rare(kc, nc) && rare(kh, nh))
+        });
+    ShiftTests { fail, within }
+}
+
+/// The prediction-shift verdict: the class-distribution test decides; the
+/// stage's per-class Robbins sequences (at `alpha`) are shown for reading.
+fn shift_gate(plan: &Plan, alpha: f64, tests: ShiftTests, stage: Arms) -> GateVerdict {
+    let cfg = &plan.gates.prediction_shift;
+    let bound = |kc, nc, kh, nh, _| {
+        let (ic, ih) = (robbins_cs(kc, nc, alpha), robbins_cs(kh, nh, alpha));
+        Interval {
+            lower: ic.lower - ih.upper,
+            upper: ic.upper - ih.lower,
+        }
+    };
+    let judgement = ShiftJudgement {
+        breached: tests.fail >= (1.0 / alpha).ln(),
+        within: tests.within,
+        e_value: tests.fail.exp(),
+        max_class_ratio: cfg.max_class_ratio,
+    };
+    shift_verdict(cfg, stage, bound, Some(judgement), true)
 }
 
 /// The sample floor of `gate` over the current stage's own traffic.
@@ -656,9 +784,12 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
     };
 
     let g = &plan.gates;
-    if g.prediction_shift.enabled {
-        state.note_classes(&ledger.pooled(0, Epoch::MAX));
-    }
+    // This epoch's cells are the classes named before this look: fixed
+    // before any of its data could name more.
+    state
+        .class_cells
+        .entry(input.epoch)
+        .or_insert(state.classes.len());
     let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);
     let stage_snap = ledger.pooled(stage_epoch, input.epoch);
     let arms_of = |s: &'_ Snapshot| -> (RevisionStats, RevisionStats) {
@@ -688,7 +819,6 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             (current || touched).then(|| (i + 1, ledger.pooled(from, to)))
         })
         .collect();
-    let shadow_stage = |i: usize| plan.shadow.enabled && i == 1;
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
@@ -725,22 +855,18 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             gates.push(shadow_gate(plan, alpha, &stage_snap, candidate_id, arms));
         }
         StageKind::Canary if g.prediction_shift.enabled => {
-            gates.extend(within_stages(&stages, |i, s| {
-                let (c, h) = arms_of(s);
-                (!shadow_stage(i)).then(|| {
-                    shift_gate(
-                        plan,
-                        stage_alpha(plan, i),
-                        state,
-                        Arms {
-                            champion: &h,
-                            candidate: &c,
-                        },
-                    )
-                })
-            }));
+            let canary_from = input
+                .stage_starts
+                .get(usize::from(plan.shadow.enabled))
+                .copied();
+            let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
+            gates.push(shift_gate(plan, alpha, tests, arms));
         }
         StageKind::Canary => {}
+    }
+    if g.prediction_shift.enabled {
+        let min_share = g.prediction_shift.min_class_share;
+        state.note_classes(&ledger.pooled(0, Epoch::MAX), min_share);
     }
     let pooled = ledger.pooled(1, input.epoch.max(1));
     let (pc, ph) = arms_of(&pooled);
@@ -923,18 +1049,197 @@ mod tests {
         );
     }
 
+    /// One epoch's cumulative class counts: `(epoch, [(class, candidate,
+    /// champion)])`.
+    type ClassCounts<'a> = (Epoch, Vec<(&'a str, u64, u64)>);
+
+    /// Class counts per epoch, read into a fresh ledger.
+    fn class_ledger(epochs: &[ClassCounts]) -> Ledger {
+        let mut map = BTreeMap::new();
+        for (e, classes) in epochs {
+            let mut s = Snapshot::default();
+            for &(class, kc, kh) in classes {
+                s.revision_mut("c").record_predictions(class, kc);
+                s.revision_mut("h").record_predictions(class, kh);
+            }
+            map.insert(*e, s);
+        }
+        let last = epochs.iter().map(|(e, _)| *e).max().unwrap_or(1);
+        let mut l = Ledger::default();
+        l.absorb(
+            &Exposure::default().with_epochs("gw/1", map),
+            last,
+            crate::rollout::Timestamp(0),
+        );
+        l
+    }
+
+    fn shift_plan() -> Plan {
+        let mut plan = Plan::default();
+        plan.gates.prediction_shift.enabled = true;
+        plan
+    }
+
+    /// Named classes for epochs 1.. (every epoch sees `named`).
+    fn named(classes: &[&str], epochs: std::ops::RangeInclusive<Epoch>) -> SequentialState {
+        SequentialState {
+            classes: classes.iter().map(|c| c.to_string()).collect(),
+            class_cells: epochs.map(|e| (e, classes.len())).collect(),
+            ..SequentialState::default()
+        }
+    }
+
     #[test]
-    fn each_class_keeps_its_alpha_as_more_classes_appear_and_the_shares_sum_below_alpha() {
-        let total: f64 = (1..100_000).map(|k| class_alpha(0.01, k)).sum();
-        assert!(total <= 0.01 && total > 0.0099, "{total}");
+    fn classes_are_named_once_common_enough_and_an_epoch_keeps_the_cells_it_began_with() {
         let mut state = SequentialState::default();
         let mut s = Snapshot::default();
-        s.revision_mut("h").record_success(1, ["b", "a"]);
-        state.note_classes(&s);
-        let before = class_alpha(0.01, state.class_rank("b"));
-        s.revision_mut("c").record_success(1, ["z", "c", "a"]);
-        state.note_classes(&s);
-        assert_eq!(state.classes, ["a", "b", "c", "z"]);
-        assert_eq!(class_alpha(0.01, state.class_rank("b")), before);
+        s.revision_mut("h").record_predictions("ok", 980);
+        s.revision_mut("c").record_predictions("rare", 5);
+        s.revision_mut("c").record_predictions("fraud", 15);
+        state.class_cells.insert(1, state.classes.len());
+        state.note_classes(&s, 0.01);
+        assert_eq!(state.classes, ["fraud", "ok"], "rare is 0.5%");
+        state.class_cells.insert(2, state.classes.len());
+        s.revision_mut("c").record_predictions("rare", 30);
+        state.note_classes(&s, 0.01);
+        assert_eq!(state.classes, ["fraud", "ok", "rare"]);
+        assert!(state.cells_of(1).is_empty());
+        assert_eq!(state.cells_of(2), ["fraud", "ok"]);
+        assert_eq!(
+            state.cells_of(9),
+            [] as [String; 0],
+            "never looked at: all other"
+        );
+    }
+
+    #[test]
+    fn a_shifted_class_mix_fails_an_identical_one_passes_and_a_new_class_fails() {
+        let plan = shift_plan();
+        let alpha = metric_alpha(&plan);
+        let tests = |epochs: &[ClassCounts]| {
+            let state = named(&["fraud", "ok"], 1..=3);
+            shift_tests(
+                &plan,
+                &state,
+                &class_ledger(epochs),
+                ("h", "c"),
+                Some(2),
+                alpha,
+            )
+        };
+        // 5% then 25% canary: fraud 30% -> 60% in the candidate.
+        let shifted = tests(&[
+            (2, vec![("fraud", 60, 570), ("ok", 40, 1330)]),
+            (3, vec![("fraud", 600, 900), ("ok", 400, 2100)]),
+        ]);
+        assert!(shifted.fail >= (1.0 / alpha).ln(), "{}", shifted.fail);
+        assert!(!shifted.within);
+        // The same mix in both arms, and a shadow epoch (1) that is ignored.
+        let same = tests(&[
+            (1, vec![("fraud", 0, 900)]),
+            (2, vec![("fraud", 300, 5700), ("ok", 700, 13300)]),
+            (3, vec![("fraud", 3000, 9000), ("ok", 7000, 21000)]),
+        ]);
+        assert!(same.fail < 1.0, "{}", same.fail);
+        assert!(same.within);
+        // A class only the candidate predicts, 10% of its answers, in the
+        // "other" cell: shown at once.
+        let new = tests(&[(
+            2,
+            vec![
+                ("fraud", 30, 570),
+                ("ok", 60, 1330),
+                ("hallucinated", 10, 0),
+            ],
+        )]);
+        assert!(new.fail >= (1.0 / alpha).ln(), "{}", new.fail);
+        // Before any canary epoch there is nothing to judge.
+        let none = shift_tests(
+            &plan,
+            &named(&["fraud"], 1..=1),
+            &class_ledger(&[(1, vec![("fraud", 900, 0)])]),
+            ("h", "c"),
+            None,
+            alpha,
+        );
+        assert_eq!((none.fail, none.within), (0.0, false));
+    }
+
+    /// Class mixes identical, or at the null's edge (one class at exactly
+    /// `1/ρ` of the champion's rate), over three canary epochs at 5, 25 and
+    /// 50% with a look every 200 predictions: the test fails at most `α`
+    /// of the rollouts (here `α = 0.05` per rollout, 400 rollouts; seen:
+    /// 0 of 400 for both).
+    #[test]
+    fn the_class_mix_test_keeps_its_alpha_under_the_null() {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let plan = shift_plan();
+        let alpha = 0.05;
+        let champion = [("a", 0.3), ("b", 0.6), ("c", 0.095), ("rare", 0.005)];
+        // The last is no null: `a` doubles. The test sees it in nearly every
+        // run, so the silence under the nulls is not a blind test's.
+        for (candidate, null) in [
+            (champion, true),
+            (
+                [("a", 0.2), ("b", 0.7), ("c", 0.095), ("rare", 0.005)],
+                true,
+            ),
+            (
+                [("a", 0.6), ("b", 0.3), ("c", 0.095), ("rare", 0.005)],
+                false,
+            ),
+        ] {
+            let mut rng = StdRng::seed_from_u64(7);
+            let mut failed = 0;
+            for _ in 0..400 {
+                let state = named(&["a", "b", "c"], 1..=4);
+                let mut counts: Vec<ClassCounts> = Vec::new();
+                let mut rejected = false;
+                'run: for (e, w) in [(2, 0.05), (3, 0.25), (4, 0.5)] {
+                    counts.push((e, champion.iter().map(|(k, _)| (*k, 0, 0)).collect()));
+                    for _look in 0..10 {
+                        let cell = counts.last_mut().expect("pushed");
+                        for _ in 0..200 {
+                            let to_candidate = rng.random::<f64>() < w;
+                            let dist = if to_candidate { &candidate } else { &champion };
+                            let mut u = rng.random::<f64>();
+                            let i = dist
+                                .iter()
+                                .position(|(_, p)| {
+                                    u -= p;
+                                    u < 0.0
+                                })
+                                .unwrap_or(dist.len() - 1);
+                            if to_candidate {
+                                cell.1[i].1 += 1;
+                            } else {
+                                cell.1[i].2 += 1;
+                            }
+                        }
+                        let t = shift_tests(
+                            &plan,
+                            &state,
+                            &class_ledger(&counts),
+                            ("h", "c"),
+                            Some(2),
+                            alpha,
+                        );
+                        if t.fail >= (1.0 / alpha).ln() {
+                            rejected = true;
+                            break 'run;
+                        }
+                    }
+                }
+                failed += u32::from(rejected);
+            }
+            if null {
+                assert!(
+                    failed <= 20,
+                    "{failed}/400 false failures for {candidate:?}"
+                );
+            } else {
+                assert!(failed >= 360, "{failed}/400 shifts seen");
+            }
+        }
     }
 }

@@ -71,6 +71,8 @@ struct Traffic {
     agreement: f64,
     /// Probability of a 4xx answer: (champion, candidate).
     client_errors: (f64, f64),
+    /// Share of answers of class "fraud": (champion, candidate).
+    fraud: (f64, f64),
 }
 
 impl Traffic {
@@ -84,12 +86,18 @@ impl Traffic {
             candidate,
             agreement: 0.99,
             client_errors: (0.0, 0.0),
+            fraud: (0.3, 0.3),
         }
     }
 
     fn serve(&mut self, rev: &str, arm: Arm) -> Option<String> {
         let latency = LogNormal::new((arm.median_ms * 1000.0).ln(), 0.3).expect("valid lognormal");
-        let class = if self.rng.random_bool(0.3) {
+        let fraud = if rev == CA {
+            self.fraud.1
+        } else {
+            self.fraud.0
+        };
+        let class = if self.rng.random_bool(fraud) {
             "fraud"
         } else {
             "ok"
@@ -827,6 +835,34 @@ fn sequential_identical_candidates_are_promoted_and_never_rolled_back_for_a_brea
             Advance::OnEvidence => 45,
         };
         assert!(promoted >= need, "{advance:?}: only {promoted}/60 promoted");
+    }
+}
+
+/// The prediction-shift gate under `sequential`: a candidate whose class
+/// mix matches the champion's is never rolled back for it; one that calls
+/// twice as much fraud is, before it is promoted.
+#[test]
+fn sequential_prediction_shift_stops_a_shifted_class_mix_and_only_that() {
+    let mut plan = sequential_plan(rollgate_core::Advance::OnTime);
+    plan.gates.prediction_shift.enabled = true;
+    let spec = spec(plan);
+    for seed in 0..20u64 {
+        let mut same = Traffic::new(9100 + seed, 400, HEALTHY, HEALTHY);
+        let r = run(&spec, &mut same, 900);
+        assert!(
+            matches!(r.state.phase, Phase::Promoted { .. }),
+            "seed {seed}: {:?}",
+            r.state.phase
+        );
+        let mut shifted = Traffic::new(9200 + seed, 400, HEALTHY, HEALTHY);
+        shifted.fraud = (0.3, 0.6);
+        let r = run(&spec, &mut shifted, 900);
+        match &r.state.phase {
+            Phase::RolledBack {
+                reason: RollbackReason::AnytimeBreach { gates },
+            } => assert_eq!(gates, &[GateKind::PredictionShift], "seed {seed}"),
+            other => panic!("seed {seed}: {other:?}"),
+        }
     }
 }
 

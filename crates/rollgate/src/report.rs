@@ -66,22 +66,31 @@ pub fn gate_line(g: &GateVerdict) -> String {
             _ => "no latency samples yet".into(),
         },
         Evidence::PredictionShift {
-            classes, margin, ..
+            classes,
+            margin,
+            e_value,
+            max_class_ratio,
+            ..
         } => {
             let worst = classes.iter().max_by(|a, b| {
                 let wa = a.difference.lower.abs().max(a.difference.upper.abs());
                 let wb = b.difference.lower.abs().max(b.difference.upper.abs());
                 wa.total_cmp(&wb)
             });
+            let budget = match (e_value, max_class_ratio) {
+                (Some(e), Some(r)) => {
+                    format!("class rates within {r}x of the champion's; e-value {e:.3}")
+                }
+                _ => format!("margin ±{}", pct(*margin)),
+            };
             match worst {
                 Some(c) => format!(
-                    "class {:?}: candidate {} vs champion {}, difference in [{}, {}], margin ±{}",
+                    "class {:?}: candidate {} vs champion {}, difference in [{}, {}]; {budget}",
                     c.class,
                     pct(c.candidate_rate),
                     pct(c.champion_rate),
                     pct(c.difference.lower),
                     pct(c.difference.upper),
-                    pct(*margin)
                 ),
                 None => "no predictions yet".into(),
             }
