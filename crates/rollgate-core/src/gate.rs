@@ -10,16 +10,20 @@
 //!
 //! A gate judges the candidate only once the champion has a verdict of its
 //! own (enough samples in the window). Champion outages are handled one level
-//! up, in [`crate::stage`].
+//! up, in [`crate::safety`].
+//!
+//! This module holds what both policies share: the verdict types and the
+//! verdict each gate draws from bounds; the bounds themselves are each
+//! policy's ([`crate::policy`]).
 
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::histogram::{LatencyHistogram, QuantileBounds};
-use crate::plan::{ErrorRateGate, GuardRails, LatencyGate, ShadowGate, ShiftGate};
+use crate::histogram::QuantileBounds;
+use crate::plan::{GuardRails, LatencyGate, ShadowGate, ShiftGate};
 use crate::snapshot::{PairStats, RevisionStats};
-use crate::stats::{Interval, newcombe, rate, wilson, z_two_sided};
+use crate::stats::{Interval, rate};
 
 /// The three answers of a gate. Ordered by severity: `Pass < Wait < Fail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -72,6 +76,9 @@ pub enum Reason {
     GrossBreach,
     /// Traffic was seen but this metric was not reported.
     MetricsMissing { metric: String },
+    /// Part of the gate could not be evaluated on what was measured (not
+    /// a pass: the gate waits, and an on-time stage names it).
+    NotEvaluated { what: String },
 }
 
 /// Failures out of requests for one arm.
@@ -407,6 +414,23 @@ pub(crate) fn shadow_verdict(
         within,
         anytime,
     );
+    // Flips are judged on the champion's confident answers: with none (a
+    // model that reports no confidence) that half of the gate cannot pass,
+    // and the verdict says why rather than "inconclusive".
+    let (outcome, reason) =
+        if reason == Reason::Inconclusive && cfg.max_flip_rate < 1.0 && p.champion_confident() == 0
+        {
+            (
+                Outcome::Wait,
+                Reason::NotEvaluated {
+                    what: "high-confidence flips: no pair had a confident champion answer \
+                       (set max_flip_rate = 1.0 for models without confidence)"
+                        .into(),
+                },
+            )
+        } else {
+            (outcome, reason)
+        };
     let evidence = Evidence::ShadowAgreement {
         pairs: p.pairs(),
         agreements: p.agreements(),
@@ -419,49 +443,6 @@ pub(crate) fn shadow_verdict(
         mirror_dropped: p.mirror_dropped(),
     };
     GateVerdict::new(GateKind::ShadowAgreement, outcome, reason, evidence)
-}
-
-/// Error rate, candidate minus champion (Newcombe interval).
-/// Fail iff `lower > margin`; pass iff `upper <= margin`.
-pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdict {
-    let z = z_two_sided(alpha);
-    let (c, h) = (arms.candidate, arms.champion);
-    let difference = newcombe(
-        c.failure_count(),
-        c.requests(),
-        h.failure_count(),
-        h.requests(),
-        z,
-    );
-    let candidate_rate = wilson(c.failure_count(), c.requests(), z);
-    let champion_rate = wilson(h.failure_count(), h.requests(), z);
-    let evidence = Evidence::ErrorRate {
-        candidate: Counts::of(c),
-        champion: Counts::of(h),
-        difference,
-        margin: cfg.margin,
-        candidate_rate,
-        champion_rate,
-        e_value: None,
-        client_error_e_value: None,
-        pass_e_value: None,
-        design_effect: None,
-    };
-    let (outcome, reason) =
-        if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
-            (Outcome::Wait, r)
-        } else if candidate_rate.lower > cfg.gross_error_rate
-            && champion_rate.upper < cfg.gross_error_rate
-        {
-            (Outcome::Fail, Reason::GrossBreach)
-        } else if difference.lower > cfg.margin {
-            (Outcome::Fail, Reason::Breach)
-        } else if difference.upper <= cfg.margin {
-            (Outcome::Pass, Reason::WithinBudget)
-        } else {
-            (Outcome::Wait, Reason::Inconclusive)
-        };
-    GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
 }
 
 /// Compares one quantile of both arms from their bounds. A side that the
@@ -489,95 +470,6 @@ pub(crate) fn judge_quantile(
         regressed: h_hi.is_finite() && c_lo > h_hi * max_ratio && c_lo - h_hi > added_us,
         not_regressed: c_hi.is_finite() && (c_hi <= h_lo * max_ratio || c_hi - h_lo <= added_us),
     }
-}
-
-/// One quantile of both arms with distribution-free order-statistic bounds.
-fn compare_quantile(
-    q: f64,
-    candidate: &LatencyHistogram,
-    champion: &LatencyHistogram,
-    max_ratio: f64,
-    max_added_ms: f64,
-    alpha: f64,
-) -> Option<QuantileComparison> {
-    let c = candidate.quantile_bounds(q, alpha)?;
-    let h = champion.quantile_bounds(q, alpha)?;
-    Some(judge_quantile(q, c, h, max_ratio, max_added_ms))
-}
-
-/// Latency of successes. Fail iff the median AND the tail have both
-/// regressed with confidence; pass iff at least one of them is shown not to
-/// have (the exact complement: the failing condition is then excluded).
-pub fn latency_gate(cfg: &LatencyGate, arms: Arms, alpha: f64) -> GateVerdict {
-    let (c, h) = (arms.candidate, arms.champion);
-    let median = compare_quantile(
-        0.5,
-        c.latency(),
-        h.latency(),
-        cfg.median_ratio,
-        cfg.median_ms,
-        alpha,
-    );
-    let tail = compare_quantile(
-        cfg.tail_quantile,
-        c.latency(),
-        h.latency(),
-        cfg.tail_ratio,
-        cfg.tail_ms,
-        alpha,
-    );
-    latency_verdict(cfg, arms, median, tail, false)
-}
-
-/// Per-class prediction rates, candidate minus champion, each a Newcombe
-/// interval at `alpha / classes` (Bonferroni). Fail iff some class is
-/// confidently beyond ±margin; pass iff every class is confidently within.
-pub fn prediction_shift_gate(cfg: &ShiftGate, arms: Arms, alpha: f64) -> GateVerdict {
-    let bound = |kc, nc, kh, nh, classes: usize| {
-        newcombe(kc, nc, kh, nh, z_two_sided(alpha / classes.max(1) as f64))
-    };
-    shift_verdict(cfg, arms, bound, None, false)
-}
-
-/// Paired champion/shadow answers: agreement must clear its budget (Wilson
-/// lower bound) and high-confidence flips must stay under theirs (Wilson
-/// upper bound). Fail when either bound shows the budget missed.
-pub fn shadow_gate(
-    cfg: &ShadowGate,
-    arms: Arms,
-    pairs: Option<&PairStats>,
-    alpha: f64,
-) -> GateVerdict {
-    let z = z_two_sided(alpha);
-    let p = pairs.copied().unwrap_or_default();
-    let agreement = wilson(p.agreements(), p.pairs(), z);
-    let flip_rate = wilson(p.confident_flips(), p.champion_confident(), z);
-    shadow_verdict(
-        cfg,
-        arms,
-        &p,
-        (agreement, flip_rate),
-        (
-            agreement.upper < cfg.min_agreement || flip_rate.lower > cfg.max_flip_rate,
-            agreement.lower >= cfg.min_agreement && flip_rate.upper <= cfg.max_flip_rate,
-        ),
-        false,
-    )
-}
-
-/// Absolute limits on the candidate alone at two-sided level `alpha`
-/// (fixed-sample bounds: the `windowed` policy). `None` when no rail is set.
-/// A breach still needs a champion verdict (its floor met), as every gate.
-pub fn guard_rail_gate(
-    cfg: &GuardRails,
-    min_requests: u64,
-    arms: Arms,
-    alpha: f64,
-) -> Option<GateVerdict> {
-    let c = arms.candidate;
-    let error_rate = wilson(c.failure_count(), c.requests(), z_two_sided(alpha));
-    let p95 = c.latency().quantile_bounds(0.95, alpha);
-    guard_rail_verdict(cfg, min_requests, arms, error_rate, p95)
 }
 
 /// The guard-rail verdict from bounds on the candidate's error rate and p95
@@ -626,307 +518,4 @@ pub fn guard_rail_verdict(
         reason,
         evidence,
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::snapshot::FailureClass;
-    use proptest::prelude::*;
-
-    fn arm(requests: u64, failures: u64, latency_us: u64) -> RevisionStats {
-        let mut s = RevisionStats::default();
-        for i in 0..requests {
-            if i < failures {
-                s.record_failure(FailureClass::Upstream5xx);
-            } else {
-                // A little spread, deterministic.
-                s.record_success(latency_us + (i % 10) * latency_us / 50, ["a"]);
-            }
-        }
-        s
-    }
-
-    fn err_gate(c: &RevisionStats, h: &RevisionStats) -> GateVerdict {
-        error_rate_gate(
-            &ErrorRateGate::default(),
-            Arms {
-                champion: h,
-                candidate: c,
-            },
-            0.05,
-        )
-    }
-
-    #[test]
-    fn error_gate_waits_below_the_candidate_floor() {
-        let v = err_gate(&arm(10, 10, 1000), &arm(500, 0, 1000));
-        assert_eq!(v.outcome, Outcome::Wait);
-        assert_eq!(v.reason, Reason::InsufficientSamples { have: 10, need: 50 });
-    }
-
-    #[test]
-    fn error_gate_waits_for_the_champions_verdict() {
-        let v = err_gate(&arm(500, 500, 1000), &arm(10, 0, 1000));
-        assert_eq!(v.outcome, Outcome::Wait);
-        assert_eq!(v.reason, Reason::ChampionNoVerdict { have: 10, need: 50 });
-    }
-
-    #[test]
-    fn always_failing_candidate_is_a_gross_breach() {
-        let v = err_gate(&arm(50, 50, 1000), &arm(500, 0, 1000));
-        assert_eq!((v.outcome, v.reason), (Outcome::Fail, Reason::GrossBreach));
-    }
-
-    #[test]
-    fn clearly_worse_candidate_breaches_relative_to_champion() {
-        let v = err_gate(&arm(1000, 80, 1000), &arm(1000, 10, 1000));
-        assert_eq!((v.outcome, v.reason), (Outcome::Fail, Reason::Breach));
-    }
-
-    #[test]
-    fn comparison_is_relative_three_percent_is_fine_against_four() {
-        let v = err_gate(&arm(4000, 120, 1000), &arm(4000, 160, 1000));
-        assert_eq!(v.outcome, Outcome::Pass);
-    }
-
-    #[test]
-    fn single_error_against_clean_champion_does_not_breach() {
-        let v = err_gate(&arm(100, 1, 1000), &arm(1000, 0, 1000));
-        assert_ne!(v.outcome, Outcome::Fail);
-    }
-
-    #[test]
-    fn identical_small_windows_are_inconclusive_not_pass() {
-        let v = err_gate(&arm(60, 1, 1000), &arm(60, 1, 1000));
-        assert_eq!((v.outcome, v.reason), (Outcome::Wait, Reason::Inconclusive));
-    }
-
-    fn lat_gate(c: &RevisionStats, h: &RevisionStats) -> GateVerdict {
-        latency_gate(
-            &LatencyGate::default(),
-            Arms {
-                champion: h,
-                candidate: c,
-            },
-            0.05,
-        )
-    }
-
-    #[test]
-    fn latency_plus_100ms_on_20ms_median_breaches() {
-        let v = lat_gate(&arm(200, 0, 120_000), &arm(200, 0, 20_000));
-        assert_eq!((v.outcome, v.reason), (Outcome::Fail, Reason::Breach));
-    }
-
-    #[test]
-    fn latency_of_identical_arms_passes() {
-        let v = lat_gate(&arm(200, 0, 20_000), &arm(200, 0, 20_000));
-        assert_eq!(v.outcome, Outcome::Pass);
-    }
-
-    #[test]
-    fn tail_only_regression_does_not_breach() {
-        // Same median; the candidate's slowest 10% are 10x slower.
-        let mut c = RevisionStats::default();
-        let mut h = RevisionStats::default();
-        for i in 0..500u64 {
-            h.record_success(20_000 + i, ["a"]);
-            c.record_success(if i % 10 == 0 { 400_000 } else { 20_000 + i }, ["a"]);
-        }
-        let v = lat_gate(&c, &h);
-        assert_ne!(v.outcome, Outcome::Fail);
-        let Evidence::Latency { tail, median, .. } = v.evidence else {
-            panic!("latency evidence")
-        };
-        assert!(tail.expect("tail").regressed);
-        assert!(!median.expect("median").regressed);
-    }
-
-    #[test]
-    fn latency_missing_while_successes_seen_is_reported() {
-        let c = RevisionStats::from_parts(
-            100,
-            Default::default(),
-            0,
-            LatencyHistogram::new(),
-            Default::default(),
-        )
-        .expect("valid");
-        let v = lat_gate(&c, &arm(100, 0, 1000));
-        assert_eq!(v.outcome, Outcome::Wait);
-        assert!(v.metrics_missing());
-    }
-
-    fn classes(counts: &[(&str, u64)]) -> RevisionStats {
-        let mut s = RevisionStats::default();
-        for &(k, n) in counts {
-            for _ in 0..n {
-                s.record_success(1000, [k]);
-            }
-        }
-        s
-    }
-
-    #[test]
-    fn prediction_shift_breaches_on_a_large_rate_change() {
-        let c = classes(&[("fraud", 600), ("ok", 400)]);
-        let h = classes(&[("fraud", 300), ("ok", 700)]);
-        let v = prediction_shift_gate(
-            &ShiftGate::default(),
-            Arms {
-                champion: &h,
-                candidate: &c,
-            },
-            0.05,
-        );
-        assert_eq!(v.outcome, Outcome::Fail);
-    }
-
-    #[test]
-    fn prediction_shift_passes_on_similar_rates_and_reports_missing_predictions() {
-        let c = classes(&[("fraud", 310), ("ok", 690)]);
-        let h = classes(&[("fraud", 300), ("ok", 700)]);
-        let arms = Arms {
-            champion: &h,
-            candidate: &c,
-        };
-        assert_eq!(
-            prediction_shift_gate(&ShiftGate::default(), arms, 0.05).outcome,
-            Outcome::Pass
-        );
-        let unlabeled = arm(1000, 0, 1000);
-        let mut no_preds = RevisionStats::default();
-        for _ in 0..1000 {
-            no_preds.record_success(1000, std::iter::empty());
-        }
-        let _ = unlabeled;
-        let v = prediction_shift_gate(
-            &ShiftGate::default(),
-            Arms {
-                champion: &h,
-                candidate: &no_preds,
-            },
-            0.05,
-        );
-        assert!(v.metrics_missing());
-    }
-
-    fn pairs(n: u64, agree: u64, confident: u64, flips: u64) -> PairStats {
-        let mut p = PairStats::default();
-        for i in 0..n {
-            let is_flip = i < flips;
-            let agreed = !is_flip && i < flips + agree;
-            let conf = i < confident.max(flips);
-            p.record_pair(agreed, conf);
-        }
-        p
-    }
-
-    fn shadow(p: PairStats) -> GateVerdict {
-        let (c, h) = (arm(1000, 0, 1000), arm(1000, 0, 1000));
-        shadow_gate(
-            &ShadowGate::default(),
-            Arms {
-                champion: &h,
-                candidate: &c,
-            },
-            Some(&p),
-            0.05,
-        )
-    }
-
-    #[test]
-    fn shadow_with_broken_feature_flips_is_refused() {
-        // 88% agreement, 12% of 500 confident decisions flipped.
-        let v = shadow(pairs(1000, 880, 500, 60));
-        assert_eq!((v.outcome, v.reason), (Outcome::Fail, Reason::Breach));
-    }
-
-    #[test]
-    fn shadow_with_identical_answers_passes() {
-        // Showing flips under the 2% budget takes ~190 confident pairs.
-        let v = shadow(pairs(500, 500, 250, 0));
-        assert_eq!(v.outcome, Outcome::Pass);
-    }
-
-    #[test]
-    fn shadow_answers_without_pairs_are_missing_metrics() {
-        let (c, h) = (arm(1000, 0, 1000), arm(1000, 0, 1000));
-        let v = shadow_gate(
-            &ShadowGate::default(),
-            Arms {
-                champion: &h,
-                candidate: &c,
-            },
-            None,
-            0.05,
-        );
-        assert!(v.metrics_missing());
-        assert_eq!(v.outcome, Outcome::Wait);
-    }
-
-    #[test]
-    fn guard_rails_are_absent_unless_configured() {
-        let (c, h) = (arm(100, 0, 1000), arm(100, 0, 1000));
-        let arms = Arms {
-            champion: &h,
-            candidate: &c,
-        };
-        assert!(guard_rail_gate(&GuardRails::default(), 50, arms, 0.05).is_none());
-        let rails = GuardRails {
-            max_p95_ms: Some(500.0),
-            ..GuardRails::default()
-        };
-        let slow = arm(200, 0, 800_000);
-        let v = guard_rail_gate(
-            &rails,
-            50,
-            Arms {
-                champion: &h,
-                candidate: &slow,
-            },
-            0.05,
-        )
-        .expect("configured");
-        assert_eq!(v.outcome, Outcome::Fail);
-        let v = guard_rail_gate(&rails, 50, arms, 0.05).expect("configured");
-        assert_eq!(v.outcome, Outcome::Pass);
-    }
-
-    proptest! {
-        /// More candidate failures never make the error gate more lenient.
-        #[test]
-        fn error_gate_is_monotone_in_candidate_failures(n in 50u64..1500, k in 0u64..1500, hn in 50u64..1500, hk in 0u64..1500) {
-            let k = k.min(n - 1);
-            let hk = hk.min(hn);
-            let h = arm(hn, hk, 1000);
-            let a = err_gate(&arm(n, k, 1000), &h);
-            let b = err_gate(&arm(n, k + 1, 1000), &h);
-            prop_assert!(b.outcome >= a.outcome, "{:?} then {:?}", a, b);
-        }
-
-        /// Slowing every candidate request never makes the latency gate more lenient.
-        #[test]
-        fn latency_gate_is_monotone_in_candidate_latency(n in 50u64..400, base in 1_000u64..50_000, slow in 1.0f64..20.0, slower in 1.0f64..3.0) {
-            let h = arm(n, 0, base);
-            let a = lat_gate(&arm(n, 0, (base as f64 * slow) as u64), &h);
-            let b = lat_gate(&arm(n, 0, (base as f64 * slow * slower) as u64), &h);
-            prop_assert!(b.outcome >= a.outcome, "{:?} then {:?}", a.outcome, b.outcome);
-        }
-
-        /// No gate passes on an arm with no data.
-        #[test]
-        fn no_gate_passes_without_data(n in 0u64..2000, k in 0u64..2000) {
-            let full = arm(n, k.min(n), 1000);
-            let empty = RevisionStats::default();
-            for (c, h) in [(&empty, &full), (&full, &empty)] {
-                let arms = Arms { champion: h, candidate: c };
-                prop_assert_ne!(error_rate_gate(&ErrorRateGate::default(), arms, 0.05).outcome, Outcome::Pass);
-                prop_assert_ne!(latency_gate(&LatencyGate::default(), arms, 0.05).outcome, Outcome::Pass);
-                prop_assert_ne!(prediction_shift_gate(&ShiftGate::default(), arms, 0.05).outcome, Outcome::Pass);
-                prop_assert_ne!(shadow_gate(&ShadowGate::default(), arms, None, 0.05).outcome, Outcome::Pass);
-            }
-        }
-    }
 }

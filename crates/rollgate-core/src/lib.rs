@@ -11,9 +11,10 @@ pub mod gate;
 pub mod histogram;
 mod memo;
 pub mod plan;
+pub mod policy;
 pub mod protocol;
 pub mod rollout;
-pub mod sequential;
+pub mod safety;
 pub mod snapshot;
 pub mod spec;
 pub mod stage;
@@ -24,6 +25,7 @@ pub use exposure::{Epoch, Exposure, Ledger, SeriesReport};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
 pub use plan::{Advance, Plan, PlanError, Policy};
+pub use policy::{PolicyTests, sequential, windowed};
 pub use protocol::Protocol;
 pub use rollout::{
     Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase,

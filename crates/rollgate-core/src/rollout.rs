@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 use crate::exposure::{Epoch, Exposure, Ledger};
 use crate::gate::{GateKind, Outcome};
 use crate::plan::{Assignment, Plan, Policy, RejectOn};
-use crate::sequential::{self, SequentialInput, SequentialState};
+use crate::policy::PolicyTests;
+use crate::policy::sequential::{self, SequentialInput, SequentialState};
+use crate::policy::windowed::{self, WindowedTests};
 use crate::snapshot::Snapshot;
-use crate::stage::{
-    StageInput, StageKind, StageReason, StageVerdict, check_window, evaluate_stage,
-};
+use crate::stage::{StageKind, StageReason, StageVerdict};
 
 /// Milliseconds since the Unix epoch. The core never reads a clock: the
 /// caller passes `now`.
@@ -227,7 +227,7 @@ pub struct RolloutSpec {
     pub plan: Plan,
 }
 
-/// The clock and baseline of the current stage.
+/// The clock of the current stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageClock {
     pub started_at: Timestamp,
@@ -239,25 +239,14 @@ pub struct StageClock {
     /// champion outage: the epoch started when it ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor_epoch: Option<Epoch>,
-    /// Cumulative stats when the stage started; the stage's window is the
-    /// current snapshot minus this. `None` until a snapshot is first seen.
-    pub baseline: Option<Snapshot>,
-    /// Start of the current breach-confirmation window (see
-    /// [`crate::stage::WindowCheck`]).
-    pub window_baseline: Option<Snapshot>,
-    /// Consecutive breached windows.
-    pub consecutive_breaches: u32,
 }
 
 impl StageClock {
-    fn new(started_at: Timestamp, epoch: Epoch, baseline: Option<Snapshot>) -> Self {
+    fn new(started_at: Timestamp, epoch: Epoch) -> Self {
         StageClock {
             started_at,
             epoch,
             floor_epoch: None,
-            window_baseline: baseline.clone(),
-            baseline,
-            consecutive_breaches: 0,
         }
     }
 }
@@ -273,9 +262,17 @@ pub struct RolloutState {
     /// Shared with the evaluation's audit record (cloned on every look).
     pub last_verdict: Option<Arc<StageVerdict>>,
     pub evaluations: u64,
-    /// The `sequential` policy's test state (absent under `windowed`).
+    /// The policy's test state (from the first stage on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sequential: Option<SequentialState>,
+    pub tests: Option<PolicyTests>,
+    /// The sequential state as rollouts stored it before the policies had
+    /// one enum: read, moved into `tests` at the next look, never written.
+    /// (A `windowed` rollout stored then kept its windows in its stage
+    /// clock; they start again at the next look: evidence is lost, never
+    /// invented.)
+    #[doc(hidden)]
+    #[serde(default, rename = "sequential", skip_serializing)]
+    pub legacy_sequential: Option<SequentialState>,
     /// The current routing epoch (0 before the first stage).
     #[serde(default)]
     pub epoch: Epoch,
@@ -306,6 +303,14 @@ pub struct AuditedEvaluation {
 pub const EVALUATION_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl RolloutState {
+    /// Breaches awaiting confirmation in the current stage (`windowed`).
+    pub fn unconfirmed_breaches(&self) -> Option<u32> {
+        match &self.tests {
+            Some(PolicyTests::Windowed(w)) => Some(w.consecutive_breaches),
+            _ => None,
+        }
+    }
+
     pub fn new(created_at: Timestamp) -> Self {
         RolloutState {
             phase: Phase::Pending,
@@ -314,7 +319,8 @@ impl RolloutState {
             stage: None,
             last_verdict: None,
             evaluations: 0,
-            sequential: None,
+            tests: None,
+            legacy_sequential: None,
             audited: None,
             epoch: 0,
             stage_starts: Vec::new(),
@@ -494,7 +500,10 @@ fn enter(
     t.state.phase = next;
     t.state.epoch += 1;
     t.state.stage_starts.push(t.state.epoch);
-    t.state.stage = Some(StageClock::new(now, t.state.epoch, baseline));
+    t.state.stage = Some(StageClock::new(now, t.state.epoch));
+    if spec.plan.policy == Policy::Windowed {
+        t.state.tests = Some(PolicyTests::Windowed(WindowedTests::starting_at(baseline)));
+    }
     t.effects.push(Effect::SetRouting {
         routing: Routing {
             epoch: t.state.epoch,
@@ -628,6 +637,9 @@ fn promote(
 
 fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestamp) {
     let plan = &spec.plan;
+    if let Some(legacy) = t.state.legacy_sequential.take() {
+        t.state.tests.get_or_insert(PolicyTests::Sequential(legacy));
+    }
     if t.state.phase.is_terminal() {
         return;
     }
@@ -638,7 +650,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         if obs.candidate_ready {
             let next = next_phase(plan, &Phase::Pending).unwrap_or(Phase::Shadow);
             if plan.policy == Policy::Sequential {
-                t.state.sequential = Some(SequentialState::default());
+                t.state.tests = Some(PolicyTests::Sequential(SequentialState::default()));
             }
             // What was counted before the first stage is not the rollout's.
             if let Some(e) = &obs.exposure {
@@ -687,70 +699,29 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     let epoch = t.state.epoch;
     let stage_epoch = t.state.stage.as_ref().map_or(epoch, |c| c.epoch);
     let current = increments.map(|_| t.state.evidence.pooled(stage_epoch, epoch));
-    let clock = t
-        .state
+    let state = &mut t.state;
+    let started = state
         .stage
-        .get_or_insert_with(|| StageClock::new(now, epoch, None));
-    // The stage's window and the confirmation window. A missing baseline is
-    // taken now; counters that went backwards (a gateway restarted) restart
-    // both windows from here: evidence is lost, never invented.
-    let mut note = None;
-    let (window, recent) = match (&clock.baseline, &clock.window_baseline, &current) {
-        (_, _, None) => (None, None),
-        (Some(b), Some(wb), Some(s)) => match (s.window_since(b), s.window_since(wb)) {
-            (Ok(w), Ok(r)) => (Some(w), Some(r)),
-            (Err(e), _) | (_, Err(e)) => {
-                note = Some(format!("window restarted: {e}"));
-                *clock = StageClock::new(clock.started_at, clock.epoch, Some(s.clone()));
-                (Some(Snapshot::default()), Some(Snapshot::default()))
-            }
-        },
-        (_, _, Some(s)) => {
-            *clock = StageClock::new(clock.started_at, clock.epoch, Some(s.clone()));
-            (Some(Snapshot::default()), Some(Snapshot::default()))
-        }
+        .get_or_insert_with(|| StageClock::new(now, epoch))
+        .started_at;
+    let mut tests = match state.tests.take() {
+        Some(PolicyTests::Windowed(w)) => w,
+        _ => WindowedTests::default(),
     };
-    let mut verdict = evaluate_stage(
+    let windowed::Look {
+        verdict,
+        confirmed,
+        pending_breach,
+        note,
+    } = windowed::look(
         plan,
-        &StageInput {
-            stage: kind,
-            window: window.as_ref(),
-            champion: &spec.champion,
-            candidate: &spec.candidate,
-            elapsed: now.since(clock.started_at),
-        },
+        &mut tests,
+        kind,
+        current.as_ref(),
+        (&spec.champion, &spec.candidate),
+        now.since(started),
     );
-    // Breach confirmation on disjoint windows.
-    let mut confirmed = None;
-    if let (Some(recent), Some(current)) = (&recent, &current) {
-        let mut check = check_window(plan, kind, recent, &spec.champion, &spec.candidate);
-        if check.breached {
-            clock.consecutive_breaches += 1;
-            clock.window_baseline = Some(current.clone());
-            if check.gross || clock.consecutive_breaches >= plan.confirm_breaches {
-                let gates = check
-                    .gates
-                    .iter()
-                    .filter(|g| g.outcome == Outcome::Fail)
-                    .map(|g| g.gate)
-                    .collect();
-                confirmed = Some(if check.gross {
-                    RollbackReason::GrossBreach { gates }
-                } else {
-                    RollbackReason::Breach {
-                        gates,
-                        confirmations: clock.consecutive_breaches,
-                    }
-                });
-            }
-        } else if check.judged {
-            clock.consecutive_breaches = 0;
-            clock.window_baseline = Some(current.clone());
-        }
-        check.consecutive_breaches = clock.consecutive_breaches;
-        verdict.confirmation = Some(check);
-    }
-    let pending_breach = clock.consecutive_breaches > 0;
+    state.tests = Some(PolicyTests::Windowed(tests));
     let (phase, verdict) = record_evaluation(t, verdict, note, now);
 
     let gates_of = |r: &StageReason| match r {
@@ -810,14 +781,15 @@ fn observe_sequential(
     let epoch = state.epoch;
     let clock = state
         .stage
-        .get_or_insert_with(|| StageClock::new(now, epoch, None));
+        .get_or_insert_with(|| StageClock::new(now, epoch));
     let (started, floor_epoch) = (clock.started_at, clock.floor_epoch.unwrap_or(clock.epoch));
-    let seq = state
-        .sequential
-        .get_or_insert_with(SequentialState::default);
+    let mut seq = match state.tests.take() {
+        Some(PolicyTests::Sequential(s)) => s,
+        _ => SequentialState::default(),
+    };
     let verdict = sequential::evaluate(
         plan,
-        seq,
+        &mut seq,
         &SequentialInput {
             stage: kind,
             evidence: increments.as_ref().map(|inc| (&state.evidence, inc)),
@@ -831,6 +803,7 @@ fn observe_sequential(
         },
     );
     let new_epoch = std::mem::take(&mut seq.new_epoch_due);
+    state.tests = Some(PolicyTests::Sequential(seq));
     let (phase, verdict) = record_evaluation(t, verdict, None, now);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
@@ -875,7 +848,7 @@ fn restart_epoch(plan: &Plan, t: &mut Transition) {
     let state = &mut t.state;
     state.epoch += 1;
     let epoch = state.epoch;
-    if let Some(seq) = &mut state.sequential
+    if let Some(PolicyTests::Sequential(seq)) = &mut state.tests
         && seq.restarts.len() < sequential::MAX_RESTARTS
     {
         seq.restarts.push(epoch);

@@ -394,7 +394,7 @@ fn a_clean_window_between_breached_windows_resets_the_confirmation() {
         0,
     )
     .state;
-    let breaches = |s: &RolloutState| s.stage.as_ref().map(|c| c.consecutive_breaches);
+    let breaches = |s: &RolloutState| s.unconfirmed_breaches();
     // Window 1: the candidate fails 10% against a clean champion.
     add(&mut snap, CH, 200, 0);
     add(&mut snap, CA, 180, 20);
@@ -457,10 +457,7 @@ fn a_breached_window_holds_the_stage_until_a_clean_window() {
     add(&mut snap, CA, 20, 0);
     state = observe(&spec, &state, true, Some(snap.clone()), 30).state;
     assert_eq!(state.phase.name(), "CANARY");
-    assert_eq!(
-        state.stage.as_ref().map(|c| c.consecutive_breaches),
-        Some(1)
-    );
+    assert_eq!(state.unconfirmed_breaches(), Some(1));
 }
 
 #[test]
@@ -1064,10 +1061,40 @@ fn sequential_traffic_that_stops_never_promotes() {
 fn sequential_state_round_trips_through_json_and_resumes_identically() {
     let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
     let r = run(&spec, &mut Traffic::new(3, 300, HEALTHY, HEALTHY), 8);
-    assert!(r.state.sequential.is_some());
+    assert!(matches!(
+        r.state.tests,
+        Some(rollgate_core::PolicyTests::Sequential(_))
+    ));
     let json = serde_json::to_string(&r.state).expect("serialise");
     let back: RolloutState = serde_json::from_str(&json).expect("parse");
     assert_eq!(back, r.state);
+
+    // A state stored before the policies had one enum kept the sequential
+    // state under `sequential`: it is read, and taken over at the next look.
+    let mut old: serde_json::Value = serde_json::from_str(&json).expect("value");
+    let tests = old["tests"]["sequential"].take();
+    assert!(tests.is_object(), "{json}");
+    let map = old.as_object_mut().expect("object");
+    map.remove("tests");
+    map.insert("sequential".into(), tests);
+    let legacy: RolloutState = serde_json::from_value(old).expect("legacy state");
+    assert_eq!(legacy.tests, None);
+    let Some(rollgate_core::PolicyTests::Sequential(seq)) = &r.state.tests else {
+        unreachable!("checked above")
+    };
+    assert_eq!(legacy.legacy_sequential.as_ref(), Some(seq));
+    let next = step(
+        &spec,
+        &legacy,
+        Input::Observe(Observation::default()),
+        Timestamp(9000),
+    )
+    .expect("observe");
+    assert!(next.state.legacy_sequential.is_none());
+    assert!(matches!(
+        next.state.tests,
+        Some(rollgate_core::PolicyTests::Sequential(_))
+    ));
 }
 
 fn arb_snapshot() -> impl Strategy<Value = Option<(u64, u64, u64, u64)>> {

@@ -50,6 +50,8 @@ pub struct ArmModel {
     /// This arm's own share of requests that hang until the scenario's
     /// `timeout` and then fail (beside the scenario's shared `timeout_rate`).
     pub hang: f64,
+    /// Share of successes answered with class "fraud" (the rest "ok").
+    pub fraud: f64,
 }
 
 impl Default for ArmModel {
@@ -70,6 +72,7 @@ impl ArmModel {
         median_ms: 20.0,
         sigma: 0.25,
         hang: 0.0,
+        fraud: 0.3,
     };
 }
 
@@ -146,6 +149,8 @@ pub struct Scenario {
     pub candidate_changes_at: Option<u64>,
     /// Canary steps for this scenario (default: the plan's).
     pub steps: Option<Vec<u32>>,
+    /// Whether the prediction-shift gate runs (default: as the plan says).
+    pub prediction_shift: Option<bool>,
     /// The plan's minimum stage duration for this scenario.
     #[serde(with = "humantime_serde")]
     pub min_stage_duration: Option<Duration>,
@@ -176,6 +181,9 @@ impl Scenario {
         }
         if let Some(steps) = &self.steps {
             p.steps = steps.clone();
+        }
+        if let Some(on) = self.prediction_shift {
+            p.gates.prediction_shift.enabled = on;
         }
         if let Some(d) = self.min_stage_duration {
             p.min_stage_duration = d;
@@ -209,6 +217,7 @@ impl Scenario {
             shared_slowdown: None,
             candidate_changes_at: None,
             steps: None,
+            prediction_shift: None,
             min_stage_duration: None,
             users: None,
             assignment: Assignment::Sticky,
@@ -954,7 +963,7 @@ fn serve(
             .record(rng, stats, successes, sinks.slowdown, &mut units);
         units.flush(stats);
     }
-    let fraud = binomial(rng, successes, 0.3);
+    let fraud = binomial(rng, successes, arm.model.fraud);
     stats.record_predictions("fraud", fraud);
     stats.record_predictions("ok", successes - fraud);
     successes

@@ -99,3 +99,32 @@ fn on_evidence_never_promotes_twice_the_champions_failures() {
         assert_eq!(r.promoted, 0, "{name}: {r:?}");
     }
 }
+
+/// Prediction shift on the committed scenarios: an identical class mix is
+/// never rolled back; a doubled class is stopped, and by the shift gate.
+#[test]
+fn a_shifted_class_mix_is_stopped_and_an_identical_one_is_not() {
+    let m = matrix();
+    let r = run_cell(
+        &m.plan,
+        &scenario(&m, "shift-identical-class-mix"),
+        PolicyKind::Sequential,
+        8,
+        2,
+        &|| {},
+    );
+    assert_eq!((r.rolled_back_breach, r.promoted), (0, 8), "{r:?}");
+    let s = scenario(&m, "shift-fraud-doubled");
+    for seed in 0..8 {
+        let r = simulate(&m.plan, &s, seed);
+        assert!(
+            matches!(
+                &r.phase,
+                Phase::RolledBack { reason: RollbackReason::AnytimeBreach { gates } }
+                    if gates == &[rollgate_core::GateKind::PredictionShift]
+            ),
+            "seed {seed}: {:?}",
+            r.phase
+        );
+    }
+}

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use rollgate_core::stage::{StageInput, StageKind, evaluate_stage};
+use rollgate_core::stage::StageKind;
+use rollgate_core::windowed::{StageInput, evaluate};
 use rollgate_core::{
     Actor, AuditEvent, AuditKind, Effect, FailureClass, Phase, Plan, Snapshot, Timestamp,
 };
@@ -25,7 +26,7 @@ fn verdict_effect() -> Effect {
     }
     w.revision_mut("candidate")
         .record_failure(FailureClass::Timeout);
-    let verdict = evaluate_stage(
+    let verdict = evaluate(
         &Plan::default(),
         &StageInput {
             stage: StageKind::Canary,

@@ -146,6 +146,7 @@ fn serde_reason(g: &GateVerdict) -> String {
         Breach => "breach".into(),
         GrossBreach => "gross breach".into(),
         MetricsMissing { metric } => format!("{metric} missing"),
+        NotEvaluated { what } => format!("not evaluated: {what}"),
     }
 }
 

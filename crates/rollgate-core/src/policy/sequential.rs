@@ -54,10 +54,11 @@ use crate::gate::{
     shadow_verdict, shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
-use crate::plan::{Advance, Plan};
+use crate::plan::Plan;
 use crate::rollout::Timestamp;
+use crate::safety::{ChampionHealth, champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
-use crate::stage::{ChampionHealth, StageKind, StageReason, StageVerdict, champion_health_of};
+use crate::stage::{StageKind, StageReason, StageVerdict};
 use crate::stats::Interval;
 use crate::unit::{UnitTotals, count_design_effect, latency_design_effect, ratio_design_effect};
 
@@ -759,16 +760,8 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             confirmation: None,
         };
     let Some((ledger, increments)) = input.evidence else {
-        return if input.elapsed >= plan.evidence_timeout {
-            base(
-                Outcome::Fail,
-                StageReason::EvidenceTimeout { gates: vec![] },
-                None,
-                vec![],
-            )
-        } else {
-            base(Outcome::Wait, StageReason::StatsUnavailable, None, vec![])
-        };
+        let (outcome, reason) = stats_unavailable(plan, input.elapsed);
+        return base(outcome, reason, None, vec![]);
     };
     let (champion_id, candidate_id) = (input.champion, input.candidate);
     let ids = (champion_id, candidate_id);
@@ -908,61 +901,13 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
             v.reason = r;
         }
     }
-    let kinds = |keep: &dyn Fn(&GateVerdict) -> bool| {
-        gates
-            .iter()
-            .filter(|v| keep(v))
-            .map(|v| v.gate)
-            .collect::<Vec<_>>()
-    };
-    let failed = kinds(&|v| v.outcome == Outcome::Fail);
-    let missing = kinds(&GateVerdict::metrics_missing);
-    let starving = kinds(&|v| {
-        matches!(
-            v.reason,
-            Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
-        )
-    });
-    let unproven = kinds(&|v| v.outcome != Outcome::Pass && !v.metrics_missing());
-    let deadline = input.elapsed >= plan.evidence_timeout;
-    let (outcome, reason) = if champion.outage {
-        (Outcome::Wait, StageReason::SharedOutage)
-    } else if !failed.is_empty() {
-        (Outcome::Fail, StageReason::Breach { gates: failed })
-    } else if input.elapsed < plan.min_stage_duration {
-        let remaining_ms = (plan.min_stage_duration - input.elapsed).as_millis() as u64;
-        (Outcome::Wait, StageReason::MinDuration { remaining_ms })
-    } else {
-        let waiting = match plan.sequential.advance {
-            Advance::OnTime => starving,
-            Advance::OnEvidence => unproven.clone(),
-        };
-        if !waiting.is_empty() && deadline {
-            (
-                Outcome::Fail,
-                StageReason::EvidenceTimeout { gates: waiting },
-            )
-        } else if !waiting.is_empty() {
-            (
-                Outcome::Wait,
-                StageReason::AwaitingEvidence { gates: waiting },
-            )
-        } else if !missing.is_empty() {
-            (
-                Outcome::Fail,
-                StageReason::MetricsMissing { gates: missing },
-            )
-        } else if !unproven.is_empty() {
-            // Only `on_time` gets here: a pass that proves no more than
-            // the absence of a shown regression says so.
-            (
-                Outcome::Pass,
-                StageReason::NoRegressionShown { gates: unproven },
-            )
-        } else {
-            (Outcome::Pass, StageReason::AllGatesPass)
-        }
-    };
+    let (outcome, reason) = judge(
+        plan,
+        plan.sequential.advance,
+        &champion,
+        &gates,
+        input.elapsed,
+    );
     base(outcome, reason, Some(champion), gates)
 }
 

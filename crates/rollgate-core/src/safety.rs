@@ -1,0 +1,346 @@
+//! The safety model: one rule chain that turns a stage's gate verdicts
+//! into the stage's outcome, the same for every policy. A policy (see
+//! [`crate::policy`]) only computes bounds and gate verdicts.
+//!
+//! The rules run in this order; the first that applies decides:
+//! 0. [`stats_unavailable`]: no stats at all is no evidence: wait, and
+//!    fail with `evidence_timeout` at the deadline.
+//! 1. [`shared_outage_holds`]: if the champion itself is failing, hold;
+//!    never roll a candidate back for an upstream outage, never promote.
+//! 2. [`breach_fails_at_once`]: any gate that shows a breach fails the stage,
+//!    without waiting for the minimum duration.
+//! 3. [`clean_stage_waits_for_min_duration`].
+//! 4. [`waiting_stage_fails_at_deadline`]: a gate still waiting for evidence
+//!    at the deadline fails the stage; before it, the stage waits. Which
+//!    gates wait depends on [`Advance`]: under `on_evidence` every gate not
+//!    yet shown within budget; under `on_time` only those below their sample
+//!    floors.
+//! 5. [`missing_metrics_fail`]: traffic seen but a metric missing fails.
+//! 6. [`unproven_gates_pass_on_time`]: under `on_time`, gates with their
+//!    floors but no verdict pass the stage as "no regression shown", never
+//!    as "passed".
+//! 7. Otherwise every gate passed: the stage passes.
+//!
+//! `Wait` is never `Pass`: only rules 6 and 7 pass, rule 6 says which gates
+//! proved nothing, and a gate that did not pass never reads as passed.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gate::{GateKind, GateVerdict, Outcome, Reason};
+use crate::histogram::LatencyHistogram;
+use crate::plan::{Advance, Plan};
+use crate::snapshot::RevisionStats;
+use crate::stage::StageReason;
+use crate::stats::{Interval, wilson, z_two_sided};
+
+/// The champion's own health in the window: the candidate is judged only
+/// against a champion that has a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ChampionHealth {
+    pub requests: u64,
+    pub failures: u64,
+    pub error_rate: Interval,
+    /// The lower bound of the champion's error rate is above the outage
+    /// threshold (or its p95 lower bound above `max_p95_ms`).
+    pub outage: bool,
+}
+
+/// The champion's verdict on itself.
+pub fn champion_health(plan: &Plan, champion: &RevisionStats) -> ChampionHealth {
+    champion_health_of(
+        plan,
+        champion.requests(),
+        champion.failure_count(),
+        champion.latency(),
+    )
+}
+
+/// The champion's verdict on itself from its counts (e.g. of a recent
+/// window) and a latency histogram.
+pub fn champion_health_of(
+    plan: &Plan,
+    requests: u64,
+    failures: u64,
+    latency: &LatencyHistogram,
+) -> ChampionHealth {
+    let rails = &plan.gates.guard_rails;
+    let error_rate = wilson(failures, requests, z_two_sided(plan.alpha));
+    let enough = requests >= plan.gates.error_rate.min_requests;
+    let slow = rails.max_p95_ms.is_some_and(|max| {
+        latency
+            .quantile_bounds(0.95, plan.alpha)
+            .and_then(|b| b.lower_us)
+            .is_some_and(|lo| lo as f64 / 1000.0 > max)
+    });
+    ChampionHealth {
+        requests,
+        failures,
+        error_rate,
+        outage: enough && (error_rate.lower > rails.champion_outage_error_rate || slow),
+    }
+}
+
+/// A rule's answer, if it applies.
+pub type Decision = Option<(Outcome, StageReason)>;
+
+fn kinds(gates: &[GateVerdict], keep: impl Fn(&GateVerdict) -> bool) -> Vec<GateKind> {
+    gates.iter().filter(|g| keep(g)).map(|g| g.gate).collect()
+}
+
+/// A gate below its sample floor (or waiting for the champion's).
+fn starving(g: &GateVerdict) -> bool {
+    matches!(
+        g.reason,
+        Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
+    )
+}
+
+/// A gate that has not shown the candidate within budget, for a reason
+/// other than a missing metric (which rule 5 judges).
+fn unproven(g: &GateVerdict) -> bool {
+    g.outcome != Outcome::Pass && !g.metrics_missing()
+}
+
+/// Rule 0: no stats is no evidence, never health.
+pub fn stats_unavailable(plan: &Plan, elapsed: Duration) -> (Outcome, StageReason) {
+    if elapsed >= plan.evidence_timeout {
+        (
+            Outcome::Fail,
+            StageReason::EvidenceTimeout { gates: vec![] },
+        )
+    } else {
+        (Outcome::Wait, StageReason::StatsUnavailable)
+    }
+}
+
+/// Rule 1: a champion in outage holds the stage, whatever the gates say.
+pub fn shared_outage_holds(champion: &ChampionHealth) -> Decision {
+    champion
+        .outage
+        .then_some((Outcome::Wait, StageReason::SharedOutage))
+}
+
+/// Rule 2: a breach fails at once, once its gate has enough evidence.
+pub fn breach_fails_at_once(gates: &[GateVerdict]) -> Decision {
+    let failed = kinds(gates, |g| g.outcome == Outcome::Fail);
+    (!failed.is_empty()).then_some((Outcome::Fail, StageReason::Breach { gates: failed }))
+}
+
+/// Rule 3: a clean stage waits out its minimum duration.
+pub fn clean_stage_waits_for_min_duration(plan: &Plan, elapsed: Duration) -> Decision {
+    (elapsed < plan.min_stage_duration).then(|| {
+        (
+            Outcome::Wait,
+            StageReason::MinDuration {
+                remaining_ms: (plan.min_stage_duration - elapsed).as_millis() as u64,
+            },
+        )
+    })
+}
+
+/// Rule 4: gates still waiting for evidence wait until the deadline, then
+/// fail.
+pub fn waiting_stage_fails_at_deadline(
+    plan: &Plan,
+    advance: Advance,
+    gates: &[GateVerdict],
+    elapsed: Duration,
+) -> Decision {
+    let waiting = match advance {
+        Advance::OnTime => kinds(gates, starving),
+        Advance::OnEvidence => kinds(gates, unproven),
+    };
+    if waiting.is_empty() {
+        None
+    } else if elapsed >= plan.evidence_timeout {
+        Some((
+            Outcome::Fail,
+            StageReason::EvidenceTimeout { gates: waiting },
+        ))
+    } else {
+        Some((
+            Outcome::Wait,
+            StageReason::AwaitingEvidence { gates: waiting },
+        ))
+    }
+}
+
+/// Rule 5: traffic was seen but a metric is missing: nothing is assumed.
+pub fn missing_metrics_fail(gates: &[GateVerdict]) -> Decision {
+    let missing = kinds(gates, GateVerdict::metrics_missing);
+    (!missing.is_empty()).then_some((
+        Outcome::Fail,
+        StageReason::MetricsMissing { gates: missing },
+    ))
+}
+
+/// Rule 6: a stage that passes on time says which gates proved nothing.
+pub fn unproven_gates_pass_on_time(gates: &[GateVerdict]) -> Decision {
+    let unproven = kinds(gates, unproven);
+    (!unproven.is_empty()).then_some((
+        Outcome::Pass,
+        StageReason::NoRegressionShown { gates: unproven },
+    ))
+}
+
+/// The stage's outcome from its gates (see the module docs): the one rule
+/// chain both policies feed.
+pub fn judge(
+    plan: &Plan,
+    advance: Advance,
+    champion: &ChampionHealth,
+    gates: &[GateVerdict],
+    elapsed: Duration,
+) -> (Outcome, StageReason) {
+    shared_outage_holds(champion)
+        .or_else(|| breach_fails_at_once(gates))
+        .or_else(|| clean_stage_waits_for_min_duration(plan, elapsed))
+        .or_else(|| waiting_stage_fails_at_deadline(plan, advance, gates, elapsed))
+        .or_else(|| missing_metrics_fail(gates))
+        .or_else(|| unproven_gates_pass_on_time(gates))
+        .unwrap_or((Outcome::Pass, StageReason::AllGatesPass))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::Evidence;
+    use proptest::prelude::*;
+
+    const KINDS: [GateKind; 5] = [
+        GateKind::ErrorRate,
+        GateKind::Latency,
+        GateKind::PredictionShift,
+        GateKind::ShadowAgreement,
+        GateKind::GuardRails,
+    ];
+
+    fn reason(i: u8) -> (Outcome, Reason) {
+        match i % 8 {
+            0 => (Outcome::Pass, Reason::WithinBudget),
+            1 => (
+                Outcome::Wait,
+                Reason::InsufficientSamples { have: 1, need: 2 },
+            ),
+            2 => (
+                Outcome::Wait,
+                Reason::ChampionNoVerdict { have: 1, need: 2 },
+            ),
+            3 => (Outcome::Wait, Reason::Inconclusive),
+            4 => (Outcome::Fail, Reason::Breach),
+            5 => (Outcome::Fail, Reason::GrossBreach),
+            6 => (
+                Outcome::Wait,
+                Reason::NotEvaluated {
+                    what: "flips".into(),
+                },
+            ),
+            _ => (
+                Outcome::Wait,
+                Reason::MetricsMissing {
+                    metric: "latency".into(),
+                },
+            ),
+        }
+    }
+
+    fn gates(codes: &[u8]) -> Vec<GateVerdict> {
+        codes
+            .iter()
+            .zip(KINDS)
+            .map(|(&c, gate)| {
+                let (outcome, reason) = reason(c);
+                GateVerdict::new(
+                    gate,
+                    outcome,
+                    reason,
+                    Evidence::Latency {
+                        candidate_successes: 0,
+                        champion_successes: 0,
+                        median: None,
+                        tail: None,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn health(outage: bool) -> ChampionHealth {
+        ChampionHealth {
+            requests: 100,
+            failures: 0,
+            error_rate: Interval {
+                lower: 0.0,
+                upper: 0.1,
+            },
+            outage,
+        }
+    }
+
+    #[test]
+    fn an_inconclusive_gate_waits_on_evidence_and_passes_on_time_as_no_regression_shown() {
+        let plan = Plan::default();
+        let g = gates(&[0, 3]);
+        let at = Duration::from_secs(120);
+        assert_eq!(
+            judge(&plan, Advance::OnEvidence, &health(false), &g, at),
+            (
+                Outcome::Wait,
+                StageReason::AwaitingEvidence {
+                    gates: vec![GateKind::Latency]
+                }
+            )
+        );
+        assert_eq!(
+            judge(&plan, Advance::OnTime, &health(false), &g, at),
+            (
+                Outcome::Pass,
+                StageReason::NoRegressionShown {
+                    gates: vec![GateKind::Latency]
+                }
+            )
+        );
+    }
+
+    proptest! {
+        /// The chain's invariants, for every combination of gate answers,
+        /// clock and champion health, under both advance modes.
+        #[test]
+        fn the_rule_chain_keeps_the_safety_model(
+            codes in proptest::collection::vec(0u8..8, 0..=5),
+            elapsed_s in 0u64..1200,
+            outage in any::<bool>(),
+            on_time in any::<bool>(),
+        ) {
+            let plan = Plan::default();
+            let advance = if on_time { Advance::OnTime } else { Advance::OnEvidence };
+            let g = gates(&codes);
+            let elapsed = Duration::from_secs(elapsed_s);
+            let (outcome, reason) = judge(&plan, advance, &health(outage), &g, elapsed);
+            // A shared outage holds, whatever else is true.
+            if outage {
+                prop_assert_eq!((outcome, reason.clone()), (Outcome::Wait, StageReason::SharedOutage));
+            }
+            // A breach fails at once, before the minimum duration.
+            if !outage && g.iter().any(|v| v.outcome == Outcome::Fail) {
+                prop_assert_eq!(outcome, Outcome::Fail);
+                let breach = matches!(reason, StageReason::Breach { .. });
+                prop_assert!(breach);
+            }
+            if outcome == Outcome::Pass {
+                prop_assert!(elapsed >= plan.min_stage_duration);
+                prop_assert!(!g.iter().any(|v| v.outcome == Outcome::Fail || v.metrics_missing() || starving(v)));
+                // Only an all-pass reads as passed; anything else names
+                // the gates that proved nothing.
+                let all = g.iter().all(|v| v.outcome == Outcome::Pass);
+                prop_assert_eq!(all, reason == StageReason::AllGatesPass);
+                prop_assert!(all || advance == Advance::OnTime);
+            }
+            // Starvation fails only at the deadline.
+            let timed_out = matches!(reason, StageReason::EvidenceTimeout { .. });
+            prop_assert!(!timed_out || elapsed >= plan.evidence_timeout);
+        }
+    }
+}
