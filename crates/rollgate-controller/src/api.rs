@@ -1,8 +1,16 @@
 //! The admin API: JSON under `/api/v1`, axum.
 //!
 //! User mistakes are 4xx with a stable code and a message that names the
-//! field; internal failures are 500 with no detail leaked. Bound to a
-//! non-loopback address the API requires a bearer token.
+//! field; internal failures are 500 with no detail leaked.
+//!
+//! **Who may act.** A request is made by an identity with a role: a named
+//! token (`Authorization: Bearer rgt_…`, made with `POST /api/v1/tokens`,
+//! stored hashed, revoked at once), the shared token (`ROLLGATE_TOKEN`, an
+//! admin named `token`), or — only when no token is required, which needs a
+//! loopback address — `local`, an admin. `viewer` reads; `operator` also
+//! starts, pauses, resumes and aborts rollouts; `admin` may do everything.
+//! The audit actor is the identity; a name the client sends in
+//! `x-rollgate-actor` is recorded only as "on behalf of".
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,13 +18,15 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use rollgate_core::{Input, OperatorAction, Plan, StepError, step};
-use rollgate_store::{AuditFilter, ModelSpec, RevisionSpec, StoreError, write_jsonl};
+use rollgate_store::{
+    AuditFilter, ModelSpec, RevisionSpec, Role, StoreError, secret_hash, write_jsonl,
+};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -136,8 +146,11 @@ fn bad_json(r: JsonRejection) -> ApiError {
 #[derive(Clone)]
 pub struct ApiState {
     pub ctx: Context,
-    /// Bearer token; `None` only when bound to loopback.
+    /// The shared bearer token (an admin named `token`).
     pub token: Option<Arc<str>>,
+    /// Every request must carry a token, named or shared. Without one (and
+    /// only on loopback) a request without a token is the `local` admin.
+    pub require_token: bool,
     /// `Host` (and `Origin` authority) values a state-changing request may
     /// carry ([`allowed_hosts`]); empty: not checked.
     pub allowed_hosts: Arc<[String]>,
@@ -172,16 +185,47 @@ impl std::fmt::Debug for ApiState {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn actor(headers: &HeaderMap) -> String {
-    headers
+impl ApiState {
+    /// Whether a request must carry a token.
+    pub fn token_required(&self) -> bool {
+        self.require_token || self.token.is_some()
+    }
+}
+
+/// Who made a request, as the API authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub role: Role,
+}
+
+/// The audit actor of a request: the authenticated identity; a different
+/// name the client sends in `x-rollgate-actor` is kept as "on behalf of".
+fn actor(who: &Identity, headers: &HeaderMap) -> String {
+    let claimed: Option<String> = headers
         .get("x-rollgate-actor")
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .unwrap_or("operator")
-        .chars()
-        .take(64)
-        .collect()
+        .map(|s| s.chars().filter(|c| !c.is_control()).take(64).collect());
+    match claimed {
+        Some(c) if c != who.name => format!("{} (on behalf of {c})", who.name),
+        _ => who.name.clone(),
+    }
+}
+
+/// The role a request needs: reading is `viewer`; starting and stopping
+/// rollouts `operator`; everything else that changes state `admin`.
+fn required_role(method: &Method, path: &str) -> Role {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Role::Viewer;
+    }
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["", "api", "v1", "rollouts"] if *method == Method::POST => Role::Operator,
+        ["", "api", "v1", "rollouts", _, "pause" | "resume" | "abort"] => Role::Operator,
+        _ => Role::Admin,
+    }
 }
 
 #[derive(Deserialize)]
@@ -244,10 +288,11 @@ struct RolloutQuery {
 
 async fn create_model(
     State(s): State<ApiState>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(b): JsonBody<CreateModel>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     let m = blocking(&s.ctx.store, move |st| {
         st.create_model(&b.name, &b.spec, &who)
     })
@@ -260,10 +305,11 @@ async fn create_model(
 async fn update_model(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(spec): JsonBody<ModelSpec>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     let m = blocking(&s.ctx.store, move |st| st.update_model(&name, &spec, &who)).await?;
     resync(&s.ctx).await;
     Ok(Json(m))
@@ -279,10 +325,11 @@ struct DeleteModel {
 async fn delete_model(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     Query(q): Query<DeleteModel>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     blocking(&s.ctx.store, move |st| {
         st.delete_model(&name, &who, &q.reason)
     })
@@ -307,10 +354,11 @@ async fn show_model(
 async fn add_revision(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(spec): JsonBody<RevisionSpec>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     let r = blocking(&s.ctx.store, move |st| {
         st.register_revision(&name, &spec, &who)
     })
@@ -339,10 +387,11 @@ async fn show_revision(
 async fn unblock(
     State(s): State<ApiState>,
     Path(id): Path<String>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(b): JsonBody<Reason>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     Ok(Json(
         blocking(&s.ctx.store, move |st| st.unblock(&id, &who, &b.reason)).await?,
     ))
@@ -351,10 +400,11 @@ async fn unblock(
 async fn set_champion(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(b): JsonBody<SetChampion>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     let r = blocking(&s.ctx.store, move |st| {
         st.set_champion(&name, &b.revision, &who, &b.reason)
     })
@@ -365,10 +415,11 @@ async fn set_champion(
 
 async fn start_rollout(
     State(s): State<ApiState>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     JsonBody(b): JsonBody<StartRollout>,
 ) -> ApiResult<impl IntoResponse> {
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     let plan = b.plan.unwrap_or_default();
     let r = blocking(&s.ctx.store, move |st| {
         st.create_rollout(&b.model, &b.revision, &plan, &who)
@@ -398,6 +449,7 @@ async fn show_rollout(
 async fn rollout_action(
     State(s): State<ApiState>,
     Path((id, verb)): Path<(i64, String)>,
+    Extension(me): Extension<Identity>,
     headers: HeaderMap,
     body: bytes::Bytes,
 ) -> ApiResult<impl IntoResponse> {
@@ -428,7 +480,7 @@ async fn rollout_action(
             ));
         }
     };
-    let who = actor(&headers);
+    let who = actor(&me, &headers);
     // CAS retry: the controller may commit between our read and our write.
     for _ in 0..5 {
         let rec = blocking(&s.ctx.store, move |st| st.rollout(id)).await?;
@@ -519,7 +571,6 @@ async fn resync(ctx: &Context) {
 /// cross-site only after a CORS preflight, which this API never grants), a
 /// `Host` that names the API, and no foreign `Origin`.
 async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
-    use axum::http::Method;
     let method = req.method().clone();
     if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return next.run(req).await;
@@ -575,25 +626,68 @@ async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next)
     next.run(req).await
 }
 
-async fn require_token(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
-    if let Some(token) = &s.token
-        && req.uri().path() != "/healthz"
-    {
-        let ok = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes()));
-        if !ok {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a valid bearer token is required",
-            )
-            .into_response();
-        }
+/// Authenticates every request but the health checks, and refuses one
+/// whose identity's role is below what it needs (401, 403).
+async fn authorize(State(s): State<ApiState>, mut req: Request<Body>, next: Next) -> Response {
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return next.run(req).await;
     }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_string());
+    let identity = match bearer {
+        Some(t)
+            if s.token
+                .as_ref()
+                .is_some_and(|shared| constant_time_eq(t.as_bytes(), shared.as_bytes())) =>
+        {
+            Some(Identity {
+                name: "token".into(),
+                role: Role::Admin,
+            })
+        }
+        Some(t) => {
+            let hash = secret_hash(&t);
+            match blocking(&s.ctx.store, move |st| st.token_by_hash(&hash)).await {
+                Ok(found) => found.map(|t| Identity {
+                    name: t.name,
+                    role: t.role,
+                }),
+                Err(e) => return ApiError::from(e).into_response(),
+            }
+        }
+        None if !s.token_required() => Some(Identity {
+            name: "local".into(),
+            role: Role::Admin,
+        }),
+        None => None,
+    };
+    let Some(identity) = identity else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required",
+        )
+        .into_response();
+    };
+    let need = required_role(req.method(), req.uri().path());
+    if identity.role < need {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_role",
+            format!(
+                "{} has role {}; this needs {}",
+                identity.name,
+                identity.role.as_str(),
+                need.as_str()
+            ),
+        )
+        .into_response();
+    }
+    req.extensions_mut().insert(identity);
     next.run(req).await
 }
 
@@ -623,20 +717,77 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/rollouts", get(list_rollouts).post(start_rollout))
         .route("/api/v1/rollouts/{id}", get(show_rollout))
         .route("/api/v1/rollouts/{id}/{action}", post(rollout_action))
+        .route("/api/v1/tokens", get(list_tokens).post(create_token))
+        .route("/api/v1/tokens/{name}", axum::routing::delete(revoke_token))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/audit/export", get(audit_export))
         .route("/api/v1/audit/verify", get(audit_verify))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
-        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateToken {
+    name: String,
+    role: Role,
+}
+
+/// Makes a named token. Its secret is in this answer and nowhere else:
+/// the store keeps its hash.
+async fn create_token(
+    State(s): State<ApiState>,
+    Extension(me): Extension<Identity>,
+    headers: HeaderMap,
+    JsonBody(b): JsonBody<CreateToken>,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&me, &headers);
+    let secret = new_secret();
+    let hash = secret_hash(&secret);
+    let t = blocking(&s.ctx.store, move |st| {
+        st.create_token(&b.name, b.role, &hash, &who)
+    })
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "token": t, "secret": secret })),
+    ))
+}
+
+/// A token secret: `rgt_` and 256 random bits in hex.
+fn new_secret() -> String {
+    use rand::Rng;
+    let bytes: [u8; 32] = rand::rng().random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("rgt_{hex}")
+}
+
+async fn list_tokens(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
+    Ok(Json(blocking(&s.ctx.store, |st| st.tokens()).await?))
+}
+
+/// Revokes a token: the next request that carries it is refused.
+async fn revoke_token(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    Extension(me): Extension<Identity>,
+    headers: HeaderMap,
+) -> ApiResult<impl IntoResponse> {
+    let who = actor(&me, &headers);
+    Ok(Json(
+        blocking(&s.ctx.store, move |st| st.revoke_token(&name, &who)).await?,
+    ))
+}
+
 /// Refuses to expose an unauthenticated API beyond loopback.
-pub fn check_binding(addr: SocketAddr, token: Option<&str>) -> Result<(), String> {
-    if !addr.ip().is_loopback() && token.is_none_or(|t| t.trim().is_empty()) {
+pub fn check_binding(addr: SocketAddr, state: &ApiState) -> Result<(), String> {
+    let shared_empty = state.token.as_ref().is_some_and(|t| t.trim().is_empty());
+    if !addr.ip().is_loopback() && (!state.token_required() || shared_empty) {
         return Err(format!(
-            "the admin API on {addr} is not loopback: set ROLLGATE_TOKEN or --token-file"
+            "the admin API on {addr} is not loopback: set ROLLGATE_TOKEN, --token-file or \
+             [api] require_token = true (with named tokens)"
         ));
     }
     Ok(())
@@ -649,7 +800,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
-    check_binding(addr, state.token.as_deref()).map_err(std::io::Error::other)?;
+    check_binding(addr, &state).map_err(std::io::Error::other)?;
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

@@ -160,6 +160,7 @@ fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
             metrics: Arc::new(ControllerMetrics::default()),
         },
         token: None,
+        require_token: false,
         allowed_hosts: rollgate_controller::api::allowed_hosts(
             "127.0.0.1:7070".parse().expect("addr"),
             &[],
@@ -265,4 +266,177 @@ async fn writes_from_web_pages_are_refused() {
             "Host {host} Origin {origin:?} type {ct:?}"
         );
     }
+}
+
+/// One request as `token` (if any) would send it; returns the status and
+/// the JSON answer.
+async fn call(
+    app: &axum::Router,
+    (method, path): (&str, &str),
+    token: Option<&str>,
+    actor: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1:7070");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(a) = actor {
+        req = req.header("x-rollgate-actor", a);
+    }
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    let resp = app
+        .clone()
+        .oneshot(req.body(body).expect("request"))
+        .await
+        .expect("infallible");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Named tokens with roles: the shared token (an admin) makes them; a
+/// viewer reads but cannot pause; an operator pauses but cannot promote; the
+/// audit actor is the token's name, a claimed name only "on behalf of"; a
+/// revoked token is refused on the very next request.
+#[tokio::test]
+async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate() {
+    use rollgate_store::{ModelSpec, RevisionSpec, Store};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let rev = |port: u16| {
+        let spec = RevisionSpec {
+            upstream: format!("http://127.0.0.1:{port}"),
+            ..RevisionSpec::default()
+        };
+        store
+            .register_revision("m", &spec, "setup")
+            .expect("revision")
+    };
+    store
+        .create_model("m", &ModelSpec::default(), "setup")
+        .expect("model");
+    let champion = rev(9001);
+    store
+        .set_champion("m", &champion.id, "setup", "first")
+        .expect("champion");
+    store
+        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
+        .expect("rollout");
+    let mut state = api_state(store, Timestamp(0));
+    state.token = Some("shared-secret".into());
+    let app = router(state);
+
+    assert_eq!(
+        call(&app, ("GET", "/api/v1/models"), None, None, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(
+            &app,
+            ("GET", "/api/v1/models"),
+            Some("rgt_guess"),
+            None,
+            None
+        )
+        .await
+        .0,
+        401
+    );
+    let mut secrets = std::collections::BTreeMap::new();
+    for (name, role) in [("vera", "viewer"), ("otto", "operator")] {
+        let (status, v) = call(
+            &app,
+            ("POST", "/api/v1/tokens"),
+            Some("shared-secret"),
+            None,
+            Some(serde_json::json!({ "name": name, "role": role })),
+        )
+        .await;
+        assert_eq!(status, 201, "{v}");
+        assert_eq!(v["token"]["created_by"], "token");
+        secrets.insert(name, v["secret"].as_str().expect("secret").to_string());
+    }
+    let (vera, otto) = (secrets["vera"].as_str(), secrets["otto"].as_str());
+    let pause = ("POST", "/api/v1/rollouts/1/pause");
+    let (status, v) = call(&app, ("GET", "/api/v1/rollouts/1"), Some(vera), None, None).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = call(&app, pause, Some(vera), None, Some(serde_json::json!({}))).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (403, Some("forbidden_role"))
+    );
+    // The operator may not make tokens or promote, but may pause, and is
+    // the actor whatever name it claims.
+    let (status, _) = call(
+        &app,
+        ("POST", "/api/v1/tokens"),
+        Some(otto),
+        None,
+        Some(serde_json::json!({ "name": "x", "role": "admin" })),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _) = call(
+        &app,
+        ("POST", "/api/v1/rollouts/1/promote"),
+        Some(otto),
+        None,
+        Some(serde_json::json!({ "reason": "trust me" })),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, v) = call(
+        &app,
+        pause,
+        Some(otto),
+        Some("controller"),
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (_, audit) = call(
+        &app,
+        ("GET", "/api/v1/audit?rollout=1"),
+        Some(vera),
+        None,
+        None,
+    )
+    .await;
+    let paused = audit
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["kind"] == "paused"))
+        .expect("paused record");
+    assert_eq!(paused["actor"], "otto (on behalf of controller)");
+    // Revoked: refused on the next request, no restart.
+    let (status, _) = call(
+        &app,
+        ("DELETE", "/api/v1/tokens/otto"),
+        Some("shared-secret"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let resume = ("POST", "/api/v1/rollouts/1/resume");
+    let (status, _) = call(&app, resume, Some(otto), None, Some(serde_json::json!({}))).await;
+    assert_eq!(status, 401);
+    // The token list shows no secret and no hash.
+    let (_, list) = call(&app, ("GET", "/api/v1/tokens"), Some(vera), None, None).await;
+    let text = list.to_string();
+    assert!(!text.contains(otto) && !text.contains("hash"), "{text}");
 }

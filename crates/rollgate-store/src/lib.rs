@@ -14,10 +14,12 @@
 mod audit;
 mod registry;
 mod sqlite;
+mod tokens;
 
 pub use audit::{AuditFilter, AuditRecord, ChainBreak, ChainReport, verify_chain, write_jsonl};
 pub use registry::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
 pub use sqlite::SqliteStore;
+pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};
 
 use rollgate_core::{Effect, RolloutSpec, RolloutState, Routing, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -159,6 +161,23 @@ pub trait Store: Send + Sync {
     fn gateways(&self, seen_within: std::time::Duration) -> Result<Vec<GatewayInfo>>;
     /// What every gateway must route, read at one instant.
     fn routes(&self) -> Result<Vec<ModelRoutes>>;
+
+    // --- API tokens -----------------------------------------------------
+    /// Adds a named token; only the hash of its secret is stored. Names are
+    /// never reused, even after a revocation.
+    fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        secret_hash: &str,
+        actor: &str,
+    ) -> Result<ApiToken>;
+    /// Every token, revoked ones included, by name.
+    fn tokens(&self) -> Result<Vec<ApiToken>>;
+    /// Revokes a token: it stops working at once.
+    fn revoke_token(&self, name: &str, actor: &str) -> Result<ApiToken>;
+    /// The unrevoked token whose secret hashes to `secret_hash`.
+    fn token_by_hash(&self, secret_hash: &str) -> Result<Option<ApiToken>>;
 
     // --- audit ----------------------------------------------------------
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;

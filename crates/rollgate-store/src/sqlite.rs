@@ -15,6 +15,7 @@ use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehav
 
 use crate::audit::{AuditFilter, AuditRecord, ChainReport, GENESIS, verify_chain};
 use crate::registry::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
+use crate::tokens::{ApiToken, Role, valid_token_name};
 use crate::{GatewayInfo, ModelRoutes, Result, RolloutRecord, Store, StoreError, TransitionWrite};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
@@ -79,6 +80,17 @@ CREATE TABLE gateways (
     // Deleted models are kept (their revisions remember rejections), hidden.
     r#"
 ALTER TABLE models ADD COLUMN deleted_at INTEGER;
+"#,
+    // Named API tokens: the secret's hash only.
+    r#"
+CREATE TABLE tokens (
+    name TEXT PRIMARY KEY,
+    role TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+    hash TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at INTEGER
+);
 "#,
 ];
 
@@ -183,6 +195,26 @@ fn migrate(conn: &mut Connection) -> Result<()> {
 }
 
 /// Appends one audit record, chained to the last one, inside `tx`.
+const TOKEN_COLS: &str = "name, role, created_at, created_by, revoked_at";
+
+/// A token row; an unknown role (a hand-edited database) is corrupt data.
+fn token_row(r: &Row) -> rusqlite::Result<Result<ApiToken>> {
+    let role: String = r.get(1)?;
+    let revoked: Option<u64> = r.get(4)?;
+    Ok(role
+        .parse::<Role>()
+        .map_err(|e| StoreError::Invalid(format!("stored token: {e}")))
+        .and_then(|role| {
+            Ok(ApiToken {
+                name: r.get(0)?,
+                role,
+                created_at: Timestamp(r.get(2)?),
+                created_by: r.get(3)?,
+                revoked_at: revoked.map(Timestamp),
+            })
+        }))
+}
+
 fn append_audit(
     tx: &Transaction,
     at: Timestamp,
@@ -909,6 +941,105 @@ impl Store for SqliteStore {
         }
         tx.commit()?;
         Ok(out)
+    }
+
+    fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        secret_hash: &str,
+        actor: &str,
+    ) -> Result<ApiToken> {
+        if !valid_token_name(name) {
+            return Err(StoreError::Invalid(format!(
+                "token name {name:?}: use 1-64 of A-Z a-z 0-9 . _ @ -"
+            )));
+        }
+        self.write(|tx, now| {
+            let taken: bool = tx
+                .query_row("SELECT 1 FROM tokens WHERE name = ?1", [name], |_| Ok(true))
+                .optional()?
+                .unwrap_or(false);
+            if taken {
+                return Err(StoreError::Conflict(format!(
+                    "token name {name:?} is taken (names are never reused, even revoked ones)"
+                )));
+            }
+            tx.execute(
+                "INSERT INTO tokens (name, role, hash, created_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![name, role.as_str(), secret_hash, now.0, actor],
+            )?;
+            append_audit(
+                tx,
+                now,
+                actor,
+                "",
+                None,
+                "token_created",
+                serde_json::json!({ "name": name, "role": role }),
+            )?;
+            Ok(ApiToken {
+                name: name.to_string(),
+                role,
+                created_at: now,
+                created_by: actor.to_string(),
+                revoked_at: None,
+            })
+        })
+    }
+
+    fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.read(|c| {
+            let mut st = c.prepare(&format!("SELECT {TOKEN_COLS} FROM tokens ORDER BY name"))?;
+            let rows = st.query_map([], token_row)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>()?
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn revoke_token(&self, name: &str, actor: &str) -> Result<ApiToken> {
+        self.write(|tx, now| {
+            let changed = tx.execute(
+                "UPDATE tokens SET revoked_at = ?2 WHERE name = ?1 AND revoked_at IS NULL",
+                params![name, now.0],
+            )?;
+            let token = tx
+                .query_row(
+                    &format!("SELECT {TOKEN_COLS} FROM tokens WHERE name = ?1"),
+                    [name],
+                    token_row,
+                )
+                .optional()?
+                .ok_or_else(|| StoreError::NotFound {
+                    what: "token",
+                    name: name.to_string(),
+                })??;
+            if changed == 1 {
+                append_audit(
+                    tx,
+                    now,
+                    actor,
+                    "",
+                    None,
+                    "token_revoked",
+                    serde_json::json!({ "name": name, "role": token.role }),
+                )?;
+            }
+            Ok(token)
+        })
+    }
+
+    fn token_by_hash(&self, secret_hash: &str) -> Result<Option<ApiToken>> {
+        self.read(|c| {
+            c.query_row(
+                &format!("SELECT {TOKEN_COLS} FROM tokens WHERE hash = ?1 AND revoked_at IS NULL"),
+                [secret_hash],
+                token_row,
+            )
+            .optional()?
+            .transpose()
+        })
     }
 
     fn verify_audit(&self) -> Result<ChainReport> {

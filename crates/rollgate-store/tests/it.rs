@@ -795,3 +795,52 @@ fn a_body_that_is_not_json_is_named_by_verify_and_odd_queries_are_not_errors() {
             .is_empty()
     );
 }
+
+#[test]
+fn tokens_keep_only_a_hash_are_named_once_and_stop_at_revocation() {
+    use rollgate_store::{Role, secret_hash};
+    for_each_store(|store, dir| {
+        let hash = secret_hash("rgt_secret-of-alice");
+        let t = store
+            .create_token("alice", Role::Operator, &hash, "local")
+            .expect("token");
+        assert_eq!((t.name.as_str(), t.role), ("alice", Role::Operator));
+        assert_eq!(
+            store.token_by_hash(&hash).expect("lookup").map(|t| t.name),
+            Some("alice".to_string())
+        );
+        assert_eq!(
+            store.token_by_hash(&secret_hash("guess")).expect("lookup"),
+            None
+        );
+        // Names are identities: taken once, invalid ones refused.
+        assert!(matches!(
+            store.create_token("alice", Role::Admin, &secret_hash("x"), "local"),
+            Err(StoreError::Conflict(_))
+        ));
+        assert!(matches!(
+            store.create_token("al ice\u{1b}[2J", Role::Admin, &secret_hash("y"), "local"),
+            Err(StoreError::Invalid(_))
+        ));
+        let revoked = store.revoke_token("alice", "local").expect("revoke");
+        assert!(revoked.revoked_at.is_some());
+        assert_eq!(store.token_by_hash(&hash).expect("lookup"), None);
+        assert!(matches!(
+            store.revoke_token("bob", "local"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(store.tokens().expect("list").len(), 1);
+        // The audit log names both acts; the secret and its hash are in
+        // neither the log nor anywhere but the tokens table.
+        let kinds: Vec<String> = store
+            .audit(&AuditFilter::default())
+            .expect("audit")
+            .into_iter()
+            .map(|r| r.kind)
+            .collect();
+        assert_eq!(kinds, ["token_created", "token_revoked"]);
+        let log = format!("{:?}", store.audit(&AuditFilter::default()));
+        assert!(!log.contains(&hash) && !log.contains("rgt_secret"), "{log}");
+        let _ = dir;
+    });
+}

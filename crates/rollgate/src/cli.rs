@@ -62,6 +62,23 @@ pub enum ModelCmd {
     },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Make a named API token; its secret is printed once (keep it: the
+    /// store holds only its hash).
+    Create {
+        name: String,
+        /// viewer (reads), operator (also starts, pauses, resumes, aborts
+        /// rollouts) or admin (everything).
+        #[arg(long)]
+        role: String,
+    },
+    /// The tokens, revoked ones included (never their secrets).
+    List,
+    /// Revoke a token: it is refused from the next request on.
+    Revoke { name: String },
+}
+
 /// A model's spec on the command line.
 #[derive(clap::Args, Debug)]
 pub struct SpecArgs {
@@ -261,6 +278,53 @@ fn s(v: &Value, k: &str) -> String {
         Some(Value::Null) | None => "-".into(),
         Some(other) => other.to_string(),
     }
+}
+
+pub fn token(g: &Global, cmd: &TokenCmd) -> anyhow::Result<ExitCode> {
+    let a = api(g)?;
+    Ok(finish((|| match cmd {
+        TokenCmd::Create { name, role } => {
+            let t = a.call(
+                "POST",
+                "/api/v1/tokens",
+                Some(&json!({ "name": name, "role": role })),
+            )?;
+            print(g, &t, |t| {
+                println!(
+                    "token {} ({}); its secret, shown once:\n{}",
+                    s(&t["token"], "name"),
+                    s(&t["token"], "role"),
+                    s(t, "secret")
+                )
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCmd::List => {
+            let ts = a.call("GET", "/api/v1/tokens", None)?;
+            print(g, &ts, |ts| {
+                println!("{:<24} {:<9} {:<16} REVOKED", "TOKEN", "ROLE", "CREATED BY");
+                for t in ts.as_array().into_iter().flatten() {
+                    println!(
+                        "{:<24} {:<9} {:<16} {}",
+                        s(t, "name"),
+                        s(t, "role"),
+                        report::clean(&s(t, "created_by")),
+                        if t["revoked_at"].is_null() {
+                            "no"
+                        } else {
+                            "yes"
+                        }
+                    );
+                }
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        TokenCmd::Revoke { name } => {
+            let t = a.call("DELETE", &format!("/api/v1/tokens/{name}"), None)?;
+            print(g, &t, |t| println!("token {} revoked", s(t, "name")));
+            Ok(ExitCode::SUCCESS)
+        }
+    })()))
 }
 
 pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {

@@ -68,10 +68,10 @@ impl Api {
         body: Option<&Value>,
     ) -> Result<Bytes, CallError> {
         let url = format!("{}{}", self.base, path);
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(&url)
-            .header("x-rollgate-actor", actor());
+        let mut req = http::Request::builder().method(method).uri(&url);
+        if let Some(a) = actor() {
+            req = req.header("x-rollgate-actor", a);
+        }
         if let Some(t) = &self.token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
@@ -139,8 +139,11 @@ impl Api {
     }
 }
 
-fn actor() -> String {
+/// The person behind the CLI, recorded "on behalf of" beside the token's
+/// identity: `$ROLLGATE_ACTOR`, else `$USER`.
+fn actor() -> Option<String> {
     std::env::var("ROLLGATE_ACTOR")
         .or_else(|_| std::env::var("USER"))
-        .unwrap_or_else(|_| "operator".into())
+        .ok()
+        .filter(|a| !a.trim().is_empty())
 }

@@ -287,6 +287,7 @@ async fn demo(
     let api_state = rollgate_controller::ApiState {
         ctx,
         token: None,
+        require_token: false,
         allowed_hosts: rollgate_controller::api::allowed_hosts(api_addr, &[]),
     };
     let api = tokio::spawn(rollgate_controller::api::serve(

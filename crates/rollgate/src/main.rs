@@ -54,6 +54,9 @@ enum Command {
     Rollout(cli::RolloutCmd),
     /// The audit log: the evidence of every decision; `audit verify`.
     Audit(cli::AuditArgs),
+    /// API tokens: create (with a role), list, revoke.
+    #[command(subcommand)]
+    Token(cli::TokenCmd),
     /// Train the demo model zoo: champion, retrained, broken-feature.
     Train(kit::TrainArgs),
     /// Serve a trained model (KServe V1 and OIP V2), with fault injection.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Champion(c) => cli::champion(g, c),
         Command::Rollout(c) => cli::rollout(g, c),
         Command::Audit(a) => cli::audit(g, a),
+        Command::Token(c) => cli::token(g, c),
         Command::Train(a) => kit::train(a),
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),

@@ -32,8 +32,12 @@ pub struct UpConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ApiConfig {
     pub listen: SocketAddr,
-    /// File holding the bearer token (else `ROLLGATE_TOKEN`).
+    /// File holding the shared bearer token (else `ROLLGATE_TOKEN`).
     pub token_file: Option<PathBuf>,
+    /// Every request must carry a token (named or shared): set it when only
+    /// named tokens are used. Without a token required, requests without
+    /// one are the `local` admin, which only a loopback address allows.
+    pub require_token: bool,
     /// More `Host` names state-changing requests may use (e.g. a proxy's
     /// `rollgate.internal:443`), beside the API's own address.
     pub allowed_hosts: Vec<String>,
@@ -44,6 +48,7 @@ impl Default for ApiConfig {
         ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             token_file: None,
+            require_token: false,
             allowed_hosts: Vec::new(),
         }
     }
@@ -202,13 +207,13 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         let state = ApiState {
             ctx: ctx.clone(),
             token: token(&cfg.api)?,
+            require_token: cfg.api.require_token,
             allowed_hosts: rollgate_controller::api::allowed_hosts(
                 api_addr,
                 &cfg.api.allowed_hosts,
             ),
         };
-        rollgate_controller::api::check_binding(api_addr, state.token.as_deref())
-            .map_err(anyhow::Error::msg)?;
+        rollgate_controller::api::check_binding(api_addr, &state).map_err(anyhow::Error::msg)?;
         tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
         println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
         let follow = tokio::spawn(rollgate_controller::follow(
@@ -272,10 +277,10 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         let state = ApiState {
             ctx: ctx.clone(),
             token: token(&cfg.api)?,
+            require_token: cfg.api.require_token,
             allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &cfg.api.allowed_hosts),
         };
-        rollgate_controller::api::check_binding(addr, state.token.as_deref())
-            .map_err(anyhow::Error::msg)?;
+        rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
         println!("rollgate controller: admin API http://{addr}");
         let controller = tokio::spawn(rollgate_controller::run(ctx, wait()));
         let api = tokio::spawn(rollgate_controller::api::serve(listener, state, wait()));

@@ -823,12 +823,19 @@ fn the_admin_api_refuses_a_public_address_without_a_token() {
 
 /// Runs the CLI as a user would, against `rollgate up`.
 fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
-        .args(args)
+    cli_as(api, None, args)
+}
+
+/// The CLI with `token` in `ROLLGATE_TOKEN` (none: unset).
+fn cli_as(api: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+    cmd.args(args)
         .env("ROLLGATE_API", format!("http://{api}"))
-        .env_remove("ROLLGATE_TOKEN")
-        .output()
-        .expect("run the CLI");
+        .env_remove("ROLLGATE_TOKEN");
+    if let Some(t) = token {
+        cmd.env("ROLLGATE_TOKEN", t);
+    }
+    let out = cmd.output().expect("run the CLI");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).trim().to_string(),
@@ -934,6 +941,36 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     assert_eq!(cli(&api, &["model", "show", "x"]).0, 2);
     let (code, _, err) = cli(&api, &["model", "delete", "m", "--reason", "x"]);
     assert_eq!(code, 0, "m has no active rollout once promoted: {err}");
+}
+
+/// Named tokens over the CLI against a controller process: the shared
+/// token makes a viewer; the viewer reads but cannot change anything; once
+/// revoked it is refused, with no restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_makes_a_viewer_token_that_reads_cannot_write_and_stops_when_revoked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[("ROLLGATE_TOKEN", "boot-secret")]);
+    let api = ctl.addr().to_string();
+    let boot = Some("boot-secret");
+    let (code, out, err) = cli_as(&api, boot, &["token", "create", "vera", "--role", "viewer"]);
+    assert_eq!(code, 0, "{err}");
+    let secret = out.lines().last().unwrap_or("").trim().to_string();
+    assert!(secret.starts_with("rgt_"), "{out}");
+    let vera = Some(secret.as_str());
+    assert_eq!(cli_as(&api, vera, &["model", "list"]).0, 0);
+    let (code, _, err) = cli_as(&api, vera, &["model", "add", "m"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("forbidden_role") || err.contains("viewer"),
+        "{err}"
+    );
+    let (code, out, _) = cli_as(&api, boot, &["token", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("vera") && !out.contains("rgt_"), "{out}");
+    assert_eq!(cli_as(&api, boot, &["token", "revoke", "vera"]).0, 0);
+    let (code, _, err) = cli_as(&api, vera, &["model", "list"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unauthorized") || err.contains("401"), "{err}");
 }
 
 /// The candidate's requests in the ledger never exceed what its model

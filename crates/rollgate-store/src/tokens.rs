@@ -1,0 +1,72 @@
+//! Named API tokens and their roles. The secret is shown once when a token
+//! is made; the store keeps its SHA-256 only (secrets are 256 random bits,
+//! so a fast hash is enough: there is nothing to guess by brute force).
+
+use rollgate_core::Timestamp;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// What a token may do; each role may do what the ones below it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Reads everything.
+    Viewer,
+    /// Also starts, pauses, resumes and aborts rollouts.
+    Operator,
+    /// Also promotes by hand, sets champions, unblocks, manages models and
+    /// tokens.
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "operator" => Ok(Role::Operator),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!(
+                "unknown role {other:?}: use viewer, operator or admin"
+            )),
+        }
+    }
+}
+
+/// A named token, without its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiToken {
+    pub name: String,
+    pub role: Role,
+    pub created_at: Timestamp,
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// The stored form of a token's secret: SHA-256, hex.
+pub fn secret_hash(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Token names are identities in the audit log: 1–64 of `A–Z a–z 0–9 . _ @ -`.
+pub fn valid_token_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
+}
