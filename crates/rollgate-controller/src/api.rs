@@ -529,8 +529,38 @@ async fn audit_export(
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], out))
 }
 
+/// The chain, and (with an anchor) the chain against the signed
+/// checkpoints of the store and of the sink.
 async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(blocking(&s.ctx.store, |st| st.verify_audit()).await?))
+    let anchor = s.ctx.anchor.clone();
+    let (chain, anchors) =
+        blocking(&s.ctx.store, move |st| {
+            let chain = st.verify_audit()?;
+            let Some(a) = anchor else {
+                return Ok((chain, None));
+            };
+            let (sink, unreadable) = match &a.sink {
+                Some(path) => rollgate_store::read_sink(path).map_err(|e| {
+                    StoreError::Invalid(format!("checkpoint sink {}: {e}", path.display()))
+                })?,
+                None => (vec![], vec![]),
+            };
+            let mut report = rollgate_store::verify_store_anchors(st, &a.key, &sink)?;
+            report.problems.extend(unreadable.into_iter().map(|line| {
+                rollgate_store::AnchorProblem {
+                    seq: 0,
+                    problem: format!("line {line} of the checkpoint sink is not a checkpoint"),
+                }
+            }));
+            Ok((chain, Some(report)))
+        })
+        .await?;
+    let mut v = serde_json::to_value(&chain)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    if let (Some(a), Some(map)) = (anchors, v.as_object_mut()) {
+        map.insert("anchors".into(), json!(a));
+    }
+    Ok(Json(v))
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -17,4 +17,4 @@ pub use api::{ApiState, router};
 pub use follow::{follow, gateway_routes, sync_once};
 pub use http::HttpClient;
 pub use metrics::ControllerMetrics;
-pub use reconcile::{Action, Context, error_policy, reconcile, run};
+pub use reconcile::{Action, Anchor, Context, checkpoint, error_policy, reconcile, run};

@@ -62,6 +62,63 @@ pub struct Context {
     /// once instead of at its next poll.
     pub local_gateway: Option<Gateway>,
     pub metrics: Arc<ControllerMetrics>,
+    /// Signs the audit chain's head after every pass that moved it.
+    pub anchor: Option<Arc<Anchor>>,
+}
+
+/// Signed checkpoints of the audit chain (see `rollgate_store::Checkpoint`):
+/// the key, the sink outside the store, and the last seq signed.
+#[derive(Debug)]
+pub struct Anchor {
+    pub key: rollgate_store::CheckpointKey,
+    pub sink: Option<std::path::PathBuf>,
+    pub last: std::sync::Mutex<Option<u64>>,
+}
+
+impl Anchor {
+    /// An anchor that resumes after the store's latest checkpoint.
+    pub fn new(
+        store: &dyn Store,
+        key: rollgate_store::CheckpointKey,
+        sink: Option<std::path::PathBuf>,
+    ) -> Result<Anchor, StoreError> {
+        let last = store.checkpoints()?.last().map(|c| c.seq);
+        Ok(Anchor {
+            key,
+            sink,
+            last: std::sync::Mutex::new(last),
+        })
+    }
+}
+
+/// Signs the chain's head if it moved since the last checkpoint: every
+/// decision (and every audited evaluation) is anchored within one pass.
+pub async fn checkpoint(ctx: &Context) {
+    let Some(anchor) = ctx.anchor.clone() else {
+        return;
+    };
+    let store = Arc::clone(&ctx.store);
+    let now = (ctx.clock)();
+    let done = tokio::task::spawn_blocking(move || {
+        let mut last = anchor.last.lock().map_err(|_| "poisoned".to_string())?;
+        let signed = rollgate_store::checkpoint_head(
+            store.as_ref(),
+            &anchor.key,
+            anchor.sink.as_deref(),
+            *last,
+            now,
+        )?;
+        if signed.is_some() {
+            *last = signed;
+        }
+        Ok::<_, String>(())
+    })
+    .await;
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "audit checkpoint failed"),
+        Err(e) => tracing::warn!(error = %e, "audit checkpoint task failed"),
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -273,6 +330,7 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
                 let _ = error_policy(&e, &ctx);
             }
         }
+        checkpoint(&ctx).await;
         tokio::select! {
             () = tokio::time::sleep(ctx.tick) => {}
             () = &mut shutdown => return,

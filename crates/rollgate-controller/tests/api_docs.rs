@@ -158,6 +158,7 @@ fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
             clock: Arc::new(move || now),
             local_gateway: None,
             metrics: Arc::new(ControllerMetrics::default()),
+            anchor: None,
         },
         token: None,
         require_token: false,

@@ -98,6 +98,7 @@ fn context(store: Arc<dyn Store>) -> Context {
         clock: Arc::new(|| Timestamp(0)),
         local_gateway: None,
         metrics: Arc::new(ControllerMetrics::default()),
+        anchor: None,
     }
 }
 

@@ -12,11 +12,16 @@
 //! both advance one rollout.
 
 mod audit;
+mod checkpoint;
 mod registry;
 mod sqlite;
 mod tokens;
 
 pub use audit::{AuditFilter, AuditRecord, ChainBreak, ChainReport, verify_chain, write_jsonl};
+pub use checkpoint::{
+    AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
+    read_sink, verify_anchors, verify_store_anchors,
+};
 pub use registry::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
 pub use sqlite::SqliteStore;
 pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};
@@ -181,6 +186,14 @@ pub trait Store: Send + Sync {
 
     // --- audit ----------------------------------------------------------
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+    /// The chain's last record, `(seq, hash)`.
+    fn audit_head(&self) -> Result<Option<(u64, String)>>;
+    /// The hashes of the records at `seqs` that exist.
+    fn audit_hashes(&self, seqs: &[u64]) -> Result<std::collections::BTreeMap<u64, String>>;
+    /// Keeps a signed checkpoint of the chain (once per seq).
+    fn add_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()>;
+    /// Every checkpoint kept, in order.
+    fn checkpoints(&self) -> Result<Vec<Checkpoint>>;
     /// Walks the hash chain and reports the first broken link, if any.
     fn verify_audit(&self) -> Result<ChainReport>;
 }

@@ -14,6 +14,7 @@ use rollgate_core::{Effect, Plan, RolloutSpec, RolloutState, Routing, Timestamp}
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 
 use crate::audit::{AuditFilter, AuditRecord, ChainReport, GENESIS, verify_chain};
+use crate::checkpoint::Checkpoint;
 use crate::registry::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
 use crate::tokens::{ApiToken, Role, valid_token_name};
 use crate::{GatewayInfo, ModelRoutes, Result, RolloutRecord, Store, StoreError, TransitionWrite};
@@ -91,6 +92,19 @@ CREATE TABLE tokens (
     created_by TEXT NOT NULL,
     revoked_at INTEGER
 );
+"#,
+    // Signed checkpoints of the audit chain's head, append-only like it.
+    r#"
+CREATE TABLE checkpoints (
+    seq INTEGER PRIMARY KEY,
+    hash TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    mac TEXT NOT NULL
+);
+CREATE TRIGGER checkpoints_are_append_only_update BEFORE UPDATE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'checkpoints are append-only'); END;
+CREATE TRIGGER checkpoints_are_append_only_delete BEFORE DELETE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'checkpoints are append-only'); END;
 "#,
 ];
 
@@ -1039,6 +1053,55 @@ impl Store for SqliteStore {
             )
             .optional()?
             .transpose()
+        })
+    }
+
+    fn audit_head(&self) -> Result<Option<(u64, String)>> {
+        self.read(|c| {
+            Ok(c.query_row(
+                "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+    }
+
+    fn audit_hashes(&self, seqs: &[u64]) -> Result<std::collections::BTreeMap<u64, String>> {
+        self.read(|c| {
+            let mut st = c.prepare("SELECT hash FROM audit WHERE seq = ?1")?;
+            let mut out = std::collections::BTreeMap::new();
+            for &seq in seqs {
+                if let Some(h) = st.query_row([seq], |r| r.get(0)).optional()? {
+                    out.insert(seq, h);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn add_checkpoint(&self, cp: &Checkpoint) -> Result<()> {
+        self.write(|tx, _| {
+            tx.execute(
+                "INSERT OR IGNORE INTO checkpoints (seq, hash, at, mac) VALUES (?1, ?2, ?3, ?4)",
+                params![cp.seq, cp.hash, cp.at.0, cp.mac],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
+        self.read(|c| {
+            let mut st = c.prepare("SELECT seq, hash, at, mac FROM checkpoints ORDER BY seq")?;
+            let rows = st.query_map([], |r| {
+                Ok(Checkpoint {
+                    seq: r.get(0)?,
+                    hash: r.get(1)?,
+                    at: Timestamp(r.get(2)?),
+                    mac: r.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
 

@@ -844,3 +844,94 @@ fn tokens_keep_only_a_hash_are_named_once_and_stop_at_revocation() {
         let _ = dir;
     });
 }
+
+/// The tamperings the hash chain alone misses — cutting the tail, editing
+/// a record and re-hashing everything after it — and deleting or forging
+/// a checkpoint: each is reported by the signed checkpoints, on a copy of
+/// a real store.
+#[test]
+fn signed_checkpoints_detect_truncation_rehashing_and_deleted_or_forged_checkpoints() {
+    use rollgate_store::{CheckpointKey, checkpoint_head, read_sink, verify_store_anchors};
+    let key = CheckpointKey::from_bytes(b"a key kept off the database disk").expect("key");
+    let setup = || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = sqlite(dir.path());
+        model_with_champion(store.as_ref(), 3);
+        let sink = dir.path().join("checkpoints.jsonl");
+        let seq = checkpoint_head(store.as_ref(), &key, Some(&sink), None, Timestamp(1))
+            .expect("checkpoint")
+            .expect("a head");
+        // Nothing new: no second checkpoint.
+        assert_eq!(
+            checkpoint_head(store.as_ref(), &key, Some(&sink), Some(seq), Timestamp(2)),
+            Ok(None)
+        );
+        (dir, store, sink, seq)
+    };
+    let report = |store: &dyn Store, sink: &Path| {
+        let (cps, bad) = read_sink(sink).expect("sink");
+        assert!(bad.is_empty());
+        verify_store_anchors(store, &key, &cps).expect("verify")
+    };
+
+    let (dir, store, sink, seq) = setup();
+    assert!(report(store.as_ref(), &sink).is_intact());
+
+    // Cut the tail: the chain still verifies, the checkpoint does not.
+    raw(dir.path())
+        .execute("DELETE FROM audit WHERE seq >= ?1", [seq - 1])
+        .expect("tamper");
+    assert!(store.verify_audit().expect("chain").is_intact());
+    let r = report(store.as_ref(), &sink);
+    assert!(r.problems[0].problem.contains("cut from its tail"), "{r:?}");
+
+    // Edit record 2 and re-hash it and everything after it.
+    let (dir, store, sink, seq) = setup();
+    let mut records = store.audit(&AuditFilter::default()).expect("records");
+    let c = raw(dir.path());
+    let mut prev = records[0].hash.clone();
+    for r in records.iter_mut().skip(1) {
+        if r.seq == 2 {
+            r.actor = "mallory".into();
+        }
+        r.prev_hash = prev;
+        r.hash = r.compute_hash();
+        prev = r.hash.clone();
+        c.execute(
+            "UPDATE audit SET actor = ?2, prev_hash = ?3, hash = ?4 WHERE seq = ?1",
+            rusqlite::params![r.seq, r.actor, r.prev_hash, r.hash],
+        )
+        .expect("tamper");
+    }
+    assert!(
+        store.verify_audit().expect("chain").is_intact(),
+        "re-hashed"
+    );
+    let r = report(store.as_ref(), &sink);
+    assert_eq!(r.problems.len(), 1, "{r:?}");
+    assert_eq!(r.problems[0].seq, seq);
+    assert!(r.problems[0].problem.contains("re-hashed"), "{r:?}");
+
+    // Delete the checkpoint from the store: the sink still has it.
+    let (dir, store, sink, _) = setup();
+    let c = rusqlite::Connection::open(dir.path().join("rollgate.db")).expect("raw");
+    assert!(
+        c.execute("DELETE FROM checkpoints", []).is_err(),
+        "append-only"
+    );
+    c.execute_batch("DROP TRIGGER checkpoints_are_append_only_delete; DELETE FROM checkpoints;")
+        .expect("tamper");
+    let r = report(store.as_ref(), &sink);
+    assert!(
+        r.problems[0].problem.contains("missing from the store"),
+        "{r:?}"
+    );
+
+    // A checkpoint forged without the key.
+    let (_dir, store, sink, seq) = setup();
+    let forged = CheckpointKey::from_bytes(b"the attacker's own key!!").expect("key");
+    rollgate_store::append_to_sink(&sink, &forged.sign(seq + 5, "0f", Timestamp(3)))
+        .expect("append");
+    let r = report(store.as_ref(), &sink);
+    assert!(r.problems[0].problem.contains("not signed"), "{r:?}");
+}

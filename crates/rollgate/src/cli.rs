@@ -674,7 +674,11 @@ pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
                 "{}",
                 serde_json::to_string_pretty(&report).unwrap_or_default()
             );
-            return Ok(if report.get("first_break").is_some_and(|b| !b.is_null()) {
+            let broken = report.get("first_break").is_some_and(|b| !b.is_null());
+            let unanchored = report["anchors"]["problems"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty());
+            return Ok(if broken || unanchored {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS

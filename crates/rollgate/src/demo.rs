@@ -267,6 +267,7 @@ async fn demo(
         clock: Arc::new(now),
         local_gateway: Some(gateway.clone()),
         metrics: Arc::new(ControllerMetrics::default()),
+        anchor: None,
     };
     let tasks = vec![
         tokio::spawn(rollgate_controller::follow(

@@ -26,6 +26,58 @@ pub struct UpConfig {
     pub controller: ControllerConfig,
     /// The gateway; its `models` are ignored: routes come from the store.
     pub gateway: GatewayConfig,
+    pub audit: AuditConfig,
+}
+
+/// Signed checkpoints of the audit chain (docs/api.md, "What the audit log
+/// proves").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Sign the chain's head after every pass that moved it.
+    pub checkpoints: bool,
+    /// The HMAC key (created if absent); default `<data>/audit.key`. Keep
+    /// it off the database's disk for the checkpoints to mean more.
+    pub checkpoint_key_file: Option<PathBuf>,
+    /// Where checkpoints are appended outside the store (JSON Lines);
+    /// default `<data>/checkpoints.jsonl`.
+    pub checkpoint_sink: Option<PathBuf>,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            checkpoints: true,
+            checkpoint_key_file: None,
+            checkpoint_sink: None,
+        }
+    }
+}
+
+/// The checkpoint signer of `cfg`, resuming after the store's latest.
+fn anchor(
+    cfg: &AuditConfig,
+    data: &Path,
+    store: &dyn Store,
+) -> anyhow::Result<Option<Arc<rollgate_controller::Anchor>>> {
+    if !cfg.checkpoints {
+        return Ok(None);
+    }
+    let key_file = cfg
+        .checkpoint_key_file
+        .clone()
+        .unwrap_or_else(|| data.join("audit.key"));
+    let key = rollgate_store::CheckpointKey::load_or_create(&key_file, rand::random)
+        .map_err(anyhow::Error::msg)?;
+    let sink = cfg
+        .checkpoint_sink
+        .clone()
+        .unwrap_or_else(|| data.join("checkpoints.jsonl"));
+    Ok(Some(Arc::new(rollgate_controller::Anchor::new(
+        store,
+        key,
+        Some(sink),
+    )?)))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -203,6 +255,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             clock: Arc::new(system_clock),
             local_gateway: Some(gateway.clone()),
             metrics: Arc::new(ControllerMetrics::default()),
+            anchor: anchor(&cfg.audit, &args.data, store.as_ref())?,
         };
         let state = ApiState {
             ctx: ctx.clone(),
@@ -266,6 +319,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
         let addr = listener.local_addr()?;
         let ctx = Context {
+            anchor: anchor(&cfg.audit, &args.data, store.as_ref())?,
             store,
             http: HttpClient::new(Duration::from_secs(2)),
             gateway_ttl: cfg.controller.gateway_ttl,

@@ -973,6 +973,54 @@ async fn the_cli_makes_a_viewer_token_that_reads_cannot_write_and_stops_when_rev
     assert!(err.contains("unauthorized") || err.contains("401"), "{err}");
 }
 
+/// A running controller signs the audit chain's head into the store and a
+/// sink file; cutting the log's tail (with the triggers dropped, as an
+/// attacker with the database would) leaves the chain verifying but not
+/// the checkpoints, and `rollgate audit verify` says so and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_audit_tail_is_caught_by_the_controllers_signed_checkpoints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    for name in ["a", "b", "c"] {
+        let (s, v) = api(
+            &c,
+            &ctl,
+            "POST",
+            "/api/v1/models",
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    // Bounded wait for the controller's next pass to sign record 3.
+    let started = Instant::now();
+    loop {
+        let (_, v) = api(&c, &ctl, "GET", "/api/v1/audit/verify", None).await;
+        if v["anchors"]["latest"] == 3 {
+            assert_eq!(v["anchors"]["problems"], json!([]), "{v}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never signed: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sink = std::fs::read_to_string(dir.path().join("data/checkpoints.jsonl")).expect("sink");
+    assert!(sink.contains("\"seq\":3"), "{sink}");
+    let db = rusqlite::Connection::open(dir.path().join("data/rollgate.db")).expect("raw");
+    db.execute_batch("DROP TRIGGER audit_is_append_only_delete; DELETE FROM audit WHERE seq = 3;")
+        .expect("tamper");
+    let (code, out, _) = cli(ctl.addr(), &["audit", "verify"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("cut from its tail"), "{out}");
+    assert!(
+        out.contains("\"first_break\": null"),
+        "the chain alone misses it: {out}"
+    );
+}
+
 /// The candidate's requests in the ledger never exceed what its model
 /// server answered: nothing is counted twice.
 async fn assert_counted_once(c: &HttpClient, ctl: &Proc, id: i64, cand: &str, served: &Model) {

@@ -1,0 +1,273 @@
+//! Signed checkpoints of the audit chain's head: an anchor outside the
+//! database.
+//!
+//! The hash chain alone shows that no record was edited *without
+//! re-hashing everything after it*; someone who can write the database can
+//! drop the append-only triggers, then cut the tail or edit a record and
+//! recompute every later hash, and the chain verifies again. A checkpoint
+//! says "record `seq` had hash `hash`", signed with HMAC-SHA256 under a key
+//! that is not in the database, and is written both to the store and to a
+//! sink outside it (a JSON Lines file). `verify_anchors` then detects a cut
+//! tail (a checkpoint past the log's end), a re-hashed record (its hash no
+//! longer the checkpoint's), a deleted checkpoint (in the sink, not in the
+//! store) and a forged one (its MAC). What it cannot detect is written in
+//! docs/api.md ("What the audit log proves").
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+use hmac::{Hmac, Mac};
+use rollgate_core::Timestamp;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+/// "Record `seq` of the audit chain had hash `hash`", signed at `at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub seq: u64,
+    pub hash: String,
+    pub at: Timestamp,
+    /// HMAC-SHA256 of the three fields above, hex.
+    pub mac: String,
+}
+
+/// The checkpoint key. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct CheckpointKey(Vec<u8>);
+
+impl std::fmt::Debug for CheckpointKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CheckpointKey(<redacted>)")
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl CheckpointKey {
+    /// A key of at least 16 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() < 16 {
+            return Err(format!(
+                "a checkpoint key needs at least 16 bytes, got {}",
+                bytes.len()
+            ));
+        }
+        Ok(CheckpointKey(bytes.to_vec()))
+    }
+
+    /// Reads the key file at `path` (its bytes, trimmed), or creates it with
+    /// 32 bytes from `fresh` (readable by its owner only) if it is absent.
+    pub fn load_or_create(path: &Path, fresh: impl FnOnce() -> [u8; 32]) -> Result<Self, String> {
+        match std::fs::read(path) {
+            Ok(bytes) => Self::from_bytes(bytes.trim_ascii()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let key = hex(&fresh());
+                let mut opts = std::fs::OpenOptions::new();
+                opts.write(true).create_new(true);
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    opts.mode(0o600);
+                }
+                let mut f = opts
+                    .open(path)
+                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                f.write_all(key.as_bytes())
+                    .and_then(|()| f.sync_all())
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                Self::from_bytes(key.as_bytes())
+            }
+            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    fn mac(&self, seq: u64, hash: &str, at: Timestamp) -> String {
+        // The key length is checked on construction; HMAC takes any length.
+        let mut m = match Hmac::<Sha256>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(_) => return String::new(),
+        };
+        m.update(format!("rollgate-checkpoint\n{seq}\n{hash}\n{}", at.0).as_bytes());
+        hex(&m.finalize().into_bytes())
+    }
+
+    pub fn sign(&self, seq: u64, hash: &str, at: Timestamp) -> Checkpoint {
+        Checkpoint {
+            seq,
+            hash: hash.to_string(),
+            at,
+            mac: self.mac(seq, hash, at),
+        }
+    }
+
+    /// Whether `cp` was signed with this key (compared in constant time).
+    pub fn signed(&self, cp: &Checkpoint) -> bool {
+        let want = self.mac(cp.seq, &cp.hash, cp.at);
+        want.len() == cp.mac.len()
+            && want
+                .bytes()
+                .zip(cp.mac.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+/// Appends one checkpoint to a JSON Lines sink and syncs it.
+pub fn append_to_sink(path: &Path, cp: &Checkpoint) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let mut line = serde_json::to_vec(cp)?;
+    line.push(b'\n');
+    f.write_all(&line)?;
+    f.sync_data()
+}
+
+/// Reads a JSON Lines sink; a line that is not a checkpoint is reported by
+/// its number. A missing file is an empty sink.
+pub fn read_sink(path: &Path) -> std::io::Result<(Vec<Checkpoint>, Vec<usize>)> {
+    let f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((vec![], vec![])),
+        Err(e) => return Err(e),
+    };
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(&line) {
+            Ok(cp) => out.push(cp),
+            Err(_) => bad.push(i + 1),
+        }
+    }
+    Ok((out, bad))
+}
+
+/// One thing the checkpoints show is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnchorProblem {
+    pub seq: u64,
+    pub problem: String,
+}
+
+/// What the checkpoints say of the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AnchorReport {
+    /// Distinct checkpoints checked (store and sink together).
+    pub checkpoints: u64,
+    /// The latest checkpoint's seq, if any.
+    pub latest: Option<u64>,
+    pub problems: Vec<AnchorProblem>,
+}
+
+impl AnchorReport {
+    pub fn is_intact(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks the chain against the checkpoints of the store and of the sink.
+/// `hash_at(seq)` is the log's record `seq`'s hash (`None`: no such
+/// record); `last_seq` the log's last record.
+pub fn verify_anchors(
+    key: &CheckpointKey,
+    stored: &[Checkpoint],
+    sink: &[Checkpoint],
+    last_seq: u64,
+    hash_at: impl Fn(u64) -> Option<String>,
+) -> AnchorReport {
+    let mut problems = Vec::new();
+    let mut all: BTreeMap<u64, &Checkpoint> = BTreeMap::new();
+    let in_store: BTreeMap<u64, &Checkpoint> = stored.iter().map(|c| (c.seq, c)).collect();
+    for (source, cps) in [("store", stored), ("sink", sink)] {
+        for cp in cps {
+            if !key.signed(cp) {
+                problems.push(AnchorProblem {
+                    seq: cp.seq,
+                    problem: format!(
+                        "the {source}'s checkpoint is not signed with the key (forged or damaged)"
+                    ),
+                });
+                continue;
+            }
+            all.insert(cp.seq, cp);
+        }
+    }
+    for cp in sink.iter().filter(|c| key.signed(c)) {
+        if !in_store.contains_key(&cp.seq) {
+            problems.push(AnchorProblem {
+                seq: cp.seq,
+                problem: "a checkpoint in the sink is missing from the store (deleted)".into(),
+            });
+        }
+    }
+    for (&seq, cp) in &all {
+        if seq > last_seq {
+            problems.push(AnchorProblem {
+                seq,
+                problem: format!(
+                    "a checkpoint vouches for record {seq}, but the log ends at {last_seq} \
+                     (records were cut from its tail)"
+                ),
+            });
+        } else if hash_at(seq).as_deref() != Some(cp.hash.as_str()) {
+            problems.push(AnchorProblem {
+                seq,
+                problem: format!(
+                    "record {seq} does not have its checkpointed hash (the log was edited and re-hashed)"
+                ),
+            });
+        }
+    }
+    problems.sort_by_key(|p| p.seq);
+    AnchorReport {
+        checkpoints: all.len() as u64,
+        latest: all.keys().next_back().copied(),
+        problems,
+    }
+}
+
+/// Checks `store`'s chain against its own checkpoints and the sink's.
+pub fn verify_store_anchors(
+    store: &dyn crate::Store,
+    key: &CheckpointKey,
+    sink: &[Checkpoint],
+) -> crate::Result<AnchorReport> {
+    let stored = store.checkpoints()?;
+    let last = store.audit_head()?.map_or(0, |(seq, _)| seq);
+    let seqs: Vec<u64> = stored.iter().chain(sink).map(|c| c.seq).collect();
+    let hashes = store.audit_hashes(&seqs)?;
+    Ok(verify_anchors(key, &stored, sink, last, |seq| {
+        hashes.get(&seq).cloned()
+    }))
+}
+
+/// Signs the chain's head, if it moved past `after`, into the store and
+/// then the sink. Returns the new checkpoint's seq.
+pub fn checkpoint_head(
+    store: &dyn crate::Store,
+    key: &CheckpointKey,
+    sink: Option<&Path>,
+    after: Option<u64>,
+    now: Timestamp,
+) -> Result<Option<u64>, String> {
+    let Some((seq, hash)) = store.audit_head().map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    if after.is_some_and(|a| a >= seq) {
+        return Ok(None);
+    }
+    let cp = key.sign(seq, &hash, now);
+    store.add_checkpoint(&cp).map_err(|e| e.to_string())?;
+    if let Some(path) = sink {
+        append_to_sink(path, &cp)
+            .map_err(|e| format!("checkpoint sink {}: {e}", path.display()))?;
+    }
+    Ok(Some(seq))
+}
