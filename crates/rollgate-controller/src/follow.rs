@@ -98,8 +98,83 @@ pub fn sync_once(store: &dyn Store, gateway: &Gateway) -> Result<(), FollowError
     Ok(())
 }
 
+/// A gateway that cannot confirm with the store (read its routes *and*
+/// write its heartbeat) for this long takes every candidate out of live
+/// traffic: the controller cannot see its stats, so no canary on it is
+/// being watched, and a candidate that dies then would keep its share.
+pub const UNCONFIRMED_AFTER: Duration = Duration::from_secs(5);
+
+/// A store call that has not returned after this long counts as a cycle
+/// that did not confirm.
+pub const STALLED_AFTER: Duration = Duration::from_secs(1);
+
+/// Consecutive confirmed cycles before held candidates get their share
+/// back: time for the controller, whose commits failed too, to record a
+/// rollback it decided meanwhile before the candidate is exposed again.
+pub const RESUME_AFTER: u32 = 3;
+
+/// Where a follower stands with the store.
+#[derive(Debug, Clone)]
+pub struct FollowState {
+    /// The last routing read from the store.
+    last: Option<Vec<ModelRoutes>>,
+    /// When a cycle last confirmed (routes read and heartbeat written).
+    confirmed_at: tokio::time::Instant,
+    /// Consecutive confirmed cycles.
+    streak: u32,
+    /// Candidates are out of live traffic until the store confirms again.
+    pub held: bool,
+}
+
+impl FollowState {
+    pub fn new(now: tokio::time::Instant) -> Self {
+        FollowState {
+            last: None,
+            confirmed_at: now,
+            streak: 0,
+            held: false,
+        }
+    }
+
+    /// Takes one cycle's outcome (`routes` read, if they could be; whether
+    /// the heartbeat was written) and returns the routes to apply, if any
+    /// are known: the store's, or while held the same with no candidate
+    /// share (mirrors stay: they cannot hurt a user).
+    pub fn step(
+        &mut self,
+        routes: Option<Vec<ModelRoutes>>,
+        heartbeat: bool,
+        now: tokio::time::Instant,
+    ) -> Option<Vec<ModelRoute>> {
+        let confirmed = routes.is_some() && heartbeat;
+        if let Some(r) = routes {
+            self.last = Some(r);
+        }
+        if confirmed {
+            self.streak += 1;
+            self.confirmed_at = now;
+        } else {
+            self.streak = 0;
+        }
+        if !self.held && now.duration_since(self.confirmed_at) >= UNCONFIRMED_AFTER {
+            self.held = true;
+        } else if self.held && self.streak >= RESUME_AFTER {
+            self.held = false;
+        }
+        let mut out = gateway_routes(self.last.as_deref()?);
+        if self.held {
+            for r in &mut out {
+                r.candidate = None;
+            }
+        }
+        Some(out)
+    }
+}
+
 /// Follows the store until `shutdown` resolves: routes and heartbeat every
-/// `every`. Errors are logged and retried; the last good routing stays.
+/// `every`. Errors are logged and retried; the last good routing stays,
+/// without candidate shares once the store has not confirmed for
+/// [`UNCONFIRMED_AFTER`] (see [`FollowState`]).
 pub async fn follow(
     store: Arc<dyn Store>,
     gateway: Gateway,
@@ -109,25 +184,48 @@ pub async fn follow(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let mut state = FollowState::new(tokio::time::Instant::now());
+    // One store call at a time: a store that hangs (a held lock, a stuck
+    // disk) is a cycle that did not confirm, not a follower that stops.
+    let mut pending = None;
     loop {
-        let (s, g, i, u) = (
-            Arc::clone(&store),
-            gateway.clone(),
-            id.clone(),
-            stats_url.clone(),
-        );
-        let res = tokio::task::spawn_blocking(move || {
-            sync_once(s.as_ref(), &g)?;
-            s.heartbeat(&i, &u)?;
-            Ok::<_, FollowError>(())
-        })
-        .await;
-        match res {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "following the store failed; keeping the last routes")
+        let call = pending.get_or_insert_with(|| {
+            let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
+            tokio::task::spawn_blocking(move || (s.routes(), s.heartbeat(&i, &u)))
+        });
+        let (routes, beat) = match tokio::time::timeout(STALLED_AFTER, call).await {
+            Ok(Ok((routes, beat))) => {
+                pending = None;
+                if let Err(e) = &routes {
+                    tracing::warn!(error = %e, "reading routes from the store failed");
+                }
+                if let Err(e) = &beat {
+                    tracing::warn!(error = %e, "writing the heartbeat failed");
+                }
+                (routes.ok(), beat.is_ok())
             }
-            Err(e) => tracing::warn!(error = %e, "route follower task failed"),
+            Ok(Err(e)) => {
+                pending = None;
+                tracing::warn!(error = %e, "route follower task failed");
+                (None, false)
+            }
+            Err(_) => {
+                tracing::warn!("the store has not answered for {STALLED_AFTER:?}");
+                (None, false)
+            }
+        };
+        let was_held = state.held;
+        if let Some(r) = state.step(routes, beat, tokio::time::Instant::now()) {
+            gateway.set_routes(&r);
+        }
+        if state.held != was_held {
+            if state.held {
+                tracing::warn!(
+                    "the store has not confirmed for {UNCONFIRMED_AFTER:?}: candidates are out of live traffic"
+                );
+            } else {
+                tracing::info!("the store confirms again: candidates get their share back");
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}
@@ -206,5 +304,78 @@ mod tests {
         assert_eq!(c.weight_bp, 500);
         assert_eq!(c.upstream.served_name.as_deref(), Some("fraud-v2"));
         assert_eq!(c.upstream.headers["host"], "fraud.models");
+    }
+
+    /// A model in a 25% canary with a mirror.
+    fn canary() -> Vec<ModelRoutes> {
+        let plan = Plan::default();
+        let phase = rollgate_core::Phase::Canary {
+            step: 1,
+            weight_percent: 25,
+        };
+        let spec = |port: u16| RevisionSpec {
+            upstream: format!("http://127.0.0.1:{port}"),
+            ..RevisionSpec::default()
+        };
+        vec![ModelRoutes {
+            model: Model {
+                name: "m".into(),
+                spec: ModelSpec::default(),
+                champion: Some("r1".into()),
+                created_at: Timestamp(0),
+            },
+            champion: Some(revision("r1", spec(1))),
+            rollout: Some((
+                revision("r2", spec(2)),
+                Routing {
+                    mirror_bp: 10_000,
+                    ..Routing::for_phase(&plan, &phase)
+                },
+                7,
+            )),
+        }]
+    }
+
+    /// The store unconfirmed (reads or heartbeats failing) for 5 s: the
+    /// candidate's share goes to the champion, mirrors stay; three
+    /// confirmed cycles give it back. Time is passed in: no clock is read.
+    #[test]
+    fn an_unconfirmed_store_takes_candidates_out_of_traffic_until_it_confirms_again() {
+        let t0 = tokio::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let share = |r: &Option<Vec<ModelRoute>>| {
+            let r = &r.as_ref().expect("routes")[0];
+            (
+                r.candidate.as_ref().map(|c| c.weight_bp),
+                r.shadow.is_some(),
+            )
+        };
+        let mut f = FollowState::new(t0);
+        assert_eq!(f.step(None, false, at(0)), None, "nothing known yet");
+        assert_eq!(
+            share(&f.step(Some(canary()), true, at(500))),
+            (Some(2500), true)
+        );
+        // Disk full: routes still read, heartbeats fail.
+        for ms in [1000, 2000, 3000, 4000, 5400] {
+            let r = f.step(Some(canary()), false, at(ms));
+            assert_eq!(share(&r), (Some(2500), true), "at {ms} ms");
+        }
+        let r = f.step(Some(canary()), false, at(5500));
+        assert!(f.held);
+        assert_eq!(share(&r), (None, true), "5 s unconfirmed: held");
+        // Unreachable altogether: the last routes, still held.
+        assert_eq!(share(&f.step(None, false, at(9000))), (None, true));
+        // Back: held for two confirmed cycles, released at the third.
+        assert_eq!(share(&f.step(Some(canary()), true, at(9500))), (None, true));
+        assert_eq!(
+            share(&f.step(Some(canary()), true, at(10_000))),
+            (None, true)
+        );
+        assert_eq!(
+            share(&f.step(Some(canary()), true, at(10_500))),
+            (Some(2500), true)
+        );
+        assert!(!f.held);
     }
 }

@@ -230,6 +230,10 @@ pub struct AuditArgs {
     rollout: Option<i64>,
     #[arg(long)]
     model: Option<String>,
+    /// Show every evaluation too, not only the decisions and operator and
+    /// registry changes (the table; `json` always has everything).
+    #[arg(long)]
+    all: bool,
     /// `table` (readable evidence) or `json` (JSON Lines).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     format: Output,
@@ -704,8 +708,16 @@ pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
         let records: Vec<AuditRecord> =
             serde_json::from_value(a.call("GET", &format!("/api/v1/audit{query}"), None)?)
                 .map_err(|e| CallError::Other(e.to_string()))?;
+        let mut hidden = 0;
         for r in &records {
+            if !args.all && r.kind == "evaluated" {
+                hidden += 1;
+                continue;
+            }
             println!("{}", audit_line(r));
+        }
+        if hidden > 0 {
+            println!("({hidden} evaluations not shown; --all shows them)");
         }
         Ok(ExitCode::SUCCESS)
     })()))

@@ -172,6 +172,7 @@ struct Model {
     /// Every this many POSTs (0: none) one hangs for 3 s: past the
     /// revision's 1 s timeout in the tests that use it.
     hang_every: u64,
+    /// Every inference request received, whatever it was answered.
     posts: Arc<AtomicU64>,
     /// POSTs answer 404 (the model served under another name).
     not_found: bool,
@@ -212,10 +213,14 @@ async fn model_server(model: Model) -> String {
                     async move {
                         let post = req.method() == hyper::Method::POST;
                         let _ = req.into_body().collect().await;
+                        let n = if post {
+                            model.posts.fetch_add(1, Ordering::SeqCst)
+                        } else {
+                            0
+                        };
                         if post
                             && model.hang_every > 0
-                            && model.posts.fetch_add(1, Ordering::SeqCst) % model.hang_every
-                                == model.hang_every - 1
+                            && n % model.hang_every == model.hang_every - 1
                         {
                             tokio::time::sleep(Duration::from_secs(3)).await;
                         }
@@ -905,6 +910,15 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
         out.contains("promoted") && out.contains("error_rate"),
         "{out}"
     );
+    // Decisions by default; every audited evaluation with --all.
+    assert!(!out.contains(" evaluated "), "{out}");
+    assert!(out.contains("evaluations not shown"), "{out}");
+    let (code, all, _) = cli(&api, &["audit", "--rollout", "1", "--all"]);
+    assert_eq!(code, 0);
+    assert!(
+        all.contains(" evaluated ") && all.len() > out.len(),
+        "{all}"
+    );
     assert_eq!(cli(&api, &["audit", "verify"]).0, 0);
     let (code, _, err) = cli(&api, &["rollout", "pause", "1"]);
     assert_eq!(
@@ -1587,4 +1601,198 @@ async fn mlserver_a_candidate_served_under_another_name_is_rolled_back_by_breach
         0,
         "users only ever saw the champion"
     );
+}
+
+/// A tmpfs mounted for one test and lazily unmounted after it.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` at `at`. Needs root (CAP_SYS_ADMIN): in CI
+    /// a failure is the test's; locally (CI unset) the test is skipped.
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).expect("mount point");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(Tmpfs(at.to_path_buf()));
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "this test mounts a tmpfs to fill the store's disk: run it as root (CAP_SYS_ADMIN)"
+        );
+        eprintln!("skipped: cannot mount a tmpfs (not root); CI runs it");
+        None
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem of `path` until writes fail; returns the bytes.
+fn fill_disk(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("filler");
+    let mut written = 0u64;
+    for chunk in [1 << 20, 4096, 512] {
+        let buf = vec![0u8; chunk];
+        // Bounded: the tmpfs is far smaller than this.
+        for _ in 0..4096 {
+            if f.write_all(&buf).and_then(|()| f.flush()).is_err() {
+                break;
+            }
+            written += chunk as u64;
+        }
+    }
+    let _ = f.sync_all();
+    written
+}
+
+/// How the store fails in [`store_outage_while_the_candidate_dies`].
+#[derive(Debug, Clone, Copy)]
+enum Outage {
+    /// The filesystem fills up: writes fail at once.
+    DiskFull,
+    /// Another process holds the database's write lock (a stuck backup or
+    /// migration tool): writes hang for the store's 10 s busy timeout,
+    /// then fail. (A file made read-only does not stop root, and a tmpfs
+    /// with files open cannot be remounted read-only, so this is the
+    /// unwritable database the tests can make.)
+    Locked,
+}
+
+impl Outage {
+    /// Starts the outage; the returned connection holds the lock.
+    fn start(self, data: &Path) -> Option<rusqlite::Connection> {
+        match self {
+            Outage::DiskFull => {
+                assert!(fill_disk(&data.join("filler")) > 0);
+                None
+            }
+            Outage::Locked => {
+                let c = rusqlite::Connection::open(data.join("rollgate.db")).expect("open");
+                c.execute_batch(
+                    "BEGIN IMMEDIATE; INSERT INTO gateways VALUES ('lock-holder', '-', 0);",
+                )
+                .expect("take the write lock");
+                Some(c)
+            }
+        }
+    }
+
+    fn end(self, data: &Path, lock: Option<rusqlite::Connection>) {
+        match self {
+            Outage::DiskFull => std::fs::remove_file(data.join("filler")).expect("free space"),
+            Outage::Locked => {
+                let c = lock.expect("the lock holder");
+                c.execute_batch("ROLLBACK;").expect("release");
+            }
+        }
+    }
+}
+
+/// The disk under the store fills while the candidate dies (the field
+/// report: nearly half the requests failed for 31 s). The gateway cannot
+/// confirm with the store, so within 10 s the candidate has no live
+/// traffic; when space is freed the controller records the rollback, and
+/// the audit chain is intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_while_the_candidate_dies_takes_it_out_of_traffic_and_records_the_rollback_after()
+ {
+    store_outage_while_the_candidate_dies(Outage::DiskFull).await;
+}
+
+/// The same with the database's write lock held by another process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_store_while_the_candidate_dies_takes_it_out_of_traffic_and_records_the_rollback_after()
+ {
+    store_outage_while_the_candidate_dies(Outage::Locked).await;
+}
+
+async fn store_outage_while_the_candidate_dies(outage: Outage) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // Only a full disk needs a filesystem of its own.
+    let _mount = match outage {
+        Outage::DiskFull => match Tmpfs::mount(&data, "64m") {
+            Some(m) => Some(m),
+            None => return,
+        },
+        Outage::Locked => None,
+    };
+    let (gw, api_addr) = (free_addr(), free_addr());
+    let up = start_up(dir.path(), &gw, &api_addr);
+    let c = client();
+    let candidate_model = Model::new(false);
+    let champion_url = model_server(Model::new(false)).await;
+    let candidate_url = model_server(candidate_model.clone()).await;
+    let (_, cand) = setup(&c, &up, &champion_url, &candidate_url).await;
+    let mut p = plan();
+    p["shadow"] = json!({ "enabled": false });
+    p["steps"] = json!([50]);
+    p["min_stage_duration"] = json!("10m");
+    p["evidence_timeout"] = json!("20m");
+    let (s, r) = api(
+        &c,
+        &up,
+        "POST",
+        "/api/v1/rollouts",
+        Some(json!({ "model": "m", "revision": cand, "plan": p })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let id = r["id"].as_i64().expect("id");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, Arc::clone(&stop));
+    wait_for(&c, &up, id, Duration::from_secs(30), |r| {
+        phase(r) == "canary" && r["routing"]["candidate_weight_bp"] == 5000
+    })
+    .await;
+    let started = Instant::now();
+    while candidate_model.posts.load(Ordering::SeqCst) < 50 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no candidate traffic"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let lock = outage.start(&data);
+    candidate_model.failing.store(true, Ordering::SeqCst);
+    let died = Instant::now();
+    // Out of traffic: no new candidate request for a whole second, within 10 s.
+    let out_at = loop {
+        let before = candidate_model.posts.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if candidate_model.posts.load(Ordering::SeqCst) == before {
+            break died.elapsed();
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(11),
+            "the dead candidate still had traffic {:?} after it died",
+            died.elapsed()
+        );
+    };
+    eprintln!("candidate out of traffic {out_at:?} after it died ({outage:?})");
+    let (s, r) = api(&c, &up, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+    assert_eq!(
+        (s, phase(&r)),
+        (200, "canary"),
+        "nothing could be recorded yet: {r}"
+    );
+
+    outage.end(&data, lock);
+    let r = wait_for(&c, &up, id, Duration::from_secs(30), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    let kinds = audit_kinds(&c, &up, id).await;
+    assert_eq!(count(&kinds, "rolled_back"), 1, "{kinds:?}");
+    assert!(chain_intact(&c, &up).await);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+    drop(up);
 }
