@@ -1248,3 +1248,68 @@ fn a_candidate_answering_4xx_where_the_champion_answers_2xx_is_rolled_back() {
         );
     }
 }
+
+/// The audit log is a log of decisions: a healthy rollout under the
+/// default plan (about four minutes at one look a second) writes at most 50
+/// records, and a paused rollout with no traffic about one a minute (seen:
+/// 13 records in 241 s; 12 in ten paused minutes).
+#[test]
+fn the_audit_log_holds_decisions_not_every_look() {
+    let audits = |effects: &[Effect]| {
+        effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Audit { .. }))
+            .count()
+    };
+    let spec = spec(Plan::default());
+    let r = run(&spec, &mut Traffic::new(11, 100, HEALTHY, HEALTHY), 900);
+    assert!(
+        matches!(r.state.phase, Phase::Promoted { .. }),
+        "{:?}",
+        r.state.phase
+    );
+    assert!((180..=360).contains(&r.seconds), "{} s", r.seconds);
+    let n = audits(&r.effects);
+    assert!(n <= 50, "{n} records in {} s", r.seconds);
+
+    // In its first canary step, paused, then ten minutes of looks with no
+    // traffic.
+    let mut traffic = Traffic::new(12, 100, HEALTHY, HEALTHY);
+    let mut state = RolloutState::new(Timestamp(0));
+    let mut s = 0;
+    while !matches!(state.phase, Phase::Canary { .. }) {
+        assert!(s < 600, "never reached canary: {:?}", state.phase);
+        traffic.tick();
+        s += 1;
+        let t = observe(&spec, &state, true, Some(traffic.snapshot.clone()), s);
+        for e in &t.effects {
+            if let Effect::SetRouting { routing } = e {
+                traffic.routing = *routing;
+            }
+        }
+        state = t.state;
+    }
+    let mut t = step(
+        &spec,
+        &state,
+        Input::Operator {
+            actor: "alice".into(),
+            action: OperatorAction::Pause,
+        },
+        Timestamp(s * 1000),
+    )
+    .expect("pause");
+    let mut records = audits(&t.effects);
+    for i in 1..=600u64 {
+        t = observe(&spec, &t.state, true, Some(traffic.snapshot.clone()), s + i);
+        records += audits(&t.effects);
+    }
+    assert!(t.state.paused && matches!(t.state.phase, Phase::Canary { .. }));
+    eprintln!(
+        "healthy rollout: {n} records in {} s; paused idle: {records} in 600 s",
+        r.seconds
+    );
+    // The pause, the verdict changing once (traffic stopped), and one
+    // summary a minute.
+    assert!(records <= 12, "{records} records in 10 idle minutes");
+}
