@@ -588,10 +588,7 @@ async fn not_found() -> ApiError {
 
 /// Pushes the store's routing to the in-process gateway right away.
 async fn resync(ctx: &Context) {
-    if let Some(g) = &ctx.local_gateway {
-        let (s, g) = (Arc::clone(&ctx.store), g.clone());
-        let _ = tokio::task::spawn_blocking(move || crate::follow::sync_once(s.as_ref(), &g)).await;
-    }
+    crate::reconcile::push_routes(ctx).await;
 }
 
 /// Requests that change state come from rollgate's clients, never from a

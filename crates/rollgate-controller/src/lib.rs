@@ -1,6 +1,8 @@
 //! rollgate's control plane. The controller judges and never serves: it
 //! reconciles rollouts from the store through the pure state machine, and
-//! serves the admin API. Gateways follow the store (`follow`).
+//! serves the admin API. It knows no gateway: gateways follow the store
+//! (the binary assembles them), and report their stats over HTTP in the
+//! core's `GatewaySnapshot`.
 //!
 //! **Architecture invariant:** the store is the only truth. Every decision
 //! commits with its effects in one transaction, compare-and-swap on the
@@ -8,13 +10,13 @@
 //! duplicate or half-apply one.
 
 pub mod api;
-pub mod follow;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;
 
 pub use api::{ApiState, router};
-pub use follow::{follow, gateway_routes, sync_once};
 pub use http::HttpClient;
 pub use metrics::ControllerMetrics;
-pub use reconcile::{Action, Anchor, Context, checkpoint, error_policy, reconcile, run};
+pub use reconcile::{
+    Action, Anchor, Context, RoutePush, checkpoint, error_policy, push_routes, reconcile, run,
+};

@@ -15,8 +15,9 @@ use rollgate_core::{
     Effect, Exposure, Input, Observation, Phase, Protocol, RolloutState, Routing, SeriesReport,
     Timestamp, step,
 };
-use rollgate_gateway::{Gateway, GatewaySnapshot};
-use rollgate_store::{Model, Revision, RolloutRecord, Store, StoreError, TransitionWrite};
+use rollgate_store::{
+    Model, ModelRoutes, Revision, RolloutRecord, Store, StoreError, TransitionWrite,
+};
 
 use crate::http::HttpClient;
 use crate::metrics::ControllerMetrics;
@@ -60,10 +61,31 @@ pub struct Context {
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     /// The in-process gateway of `rollgate up`: it gets routing pushed at
     /// once instead of at its next poll.
-    pub local_gateway: Option<Gateway>,
+    pub local_gateway: Option<Arc<dyn RoutePush>>,
     pub metrics: Arc<ControllerMetrics>,
     /// Signs the audit chain's head after every pass that moved it.
     pub anchor: Option<Arc<Anchor>>,
+}
+
+/// Where the controller pushes routing at once, beside what gateways read
+/// from the store (the binary implements it for its in-process gateway:
+/// the controller knows no gateway).
+pub trait RoutePush: Send + Sync {
+    /// Applies `routes`, as read from the store (or about to be).
+    fn push(&self, routes: &[ModelRoutes]);
+}
+
+/// Pushes the store's routing to the in-process gateway, if any.
+pub async fn push_routes(ctx: &Context) {
+    if let Some(g) = ctx.local_gateway.clone() {
+        let store = Arc::clone(&ctx.store);
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(routes) = store.routes() {
+                g.push(&routes);
+            }
+        })
+        .await;
+    }
 }
 
 /// Signed checkpoints of the audit chain (see `rollgate_store::Checkpoint`):
@@ -178,7 +200,7 @@ pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option
         let Some((200, body)) = ctx.http.get(&g.stats_url).await else {
             continue;
         };
-        let Ok(snap) = serde_json::from_slice::<GatewaySnapshot>(&body) else {
+        let Ok(snap) = serde_json::from_slice::<rollgate_core::GatewaySnapshot>(&body) else {
             continue;
         };
         answered = true;
@@ -193,7 +215,7 @@ pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option
             .get(model)
             .into_iter()
             .flatten()
-            .filter_map(|(label, s)| Some((crate::follow::epoch_of(label, rollout)?, s.clone())))
+            .filter_map(|(label, s)| Some((rollgate_core::epoch_of(label, rollout)?, s.clone())))
             .collect();
         out = out.with_epochs(format!("{}/{}", snap.gateway, snap.boot), epochs);
     }
@@ -222,7 +244,7 @@ async fn pre_route_to_champion(
             for m in routes.iter_mut().filter(|m| m.model.name == model) {
                 m.rollout = None;
             }
-            gateway.set_routes(&crate::follow::gateway_routes(&routes));
+            gateway.push(&routes);
         }
     })
     .await;
@@ -252,9 +274,8 @@ pub async fn commit(
         }
     })
     .await?;
-    if let (Some(_), Some(g)) = (&out, &ctx.local_gateway) {
-        let (s, g) = (Arc::clone(&ctx.store), g.clone());
-        let _ = tokio::task::spawn_blocking(move || crate::follow::sync_once(s.as_ref(), &g)).await;
+    if out.is_some() {
+        push_routes(ctx).await;
     }
     Ok(out)
 }

@@ -13,8 +13,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rollgate_controller::reconcile::exposure;
 use rollgate_controller::{Context, ControllerMetrics, HttpClient};
+use rollgate_core::GatewaySnapshot;
 use rollgate_core::{FailureClass, SeriesReport, Snapshot, Timestamp};
-use rollgate_gateway::GatewaySnapshot;
 use rollgate_store::{SqliteStore, Store};
 use tokio::net::TcpListener;
 

@@ -255,6 +255,57 @@ impl Ledger {
     }
 }
 
+/// A gateway's measurements at one instant, cumulative since it started:
+/// what `GET /rollgate/stats` answers, and what the controller reads into
+/// a rollout's [`Exposure`]. The wire format between the data plane and the
+/// control plane, so it lives here, where both meet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GatewaySnapshot {
+    /// The gateway's id.
+    #[serde(default)]
+    pub gateway: String,
+    /// Drawn at every start: with the id, it names one series of counts, so
+    /// a restarted gateway is a new series, never counters going backwards.
+    #[serde(default)]
+    pub boot: String,
+    /// Per model: stats per revision and shadow pairs, over every epoch.
+    pub models: BTreeMap<String, Snapshot>,
+    /// Per model and routing epoch of arrival (`""`: outside any rollout).
+    #[serde(default)]
+    pub epochs: BTreeMap<String, BTreeMap<String, Snapshot>>,
+    /// Requests refused because the gateway was at capacity.
+    pub overloaded: u64,
+    /// Requests sent again on a fresh connection because the upstream
+    /// closed a pooled one before answering.
+    #[serde(default)]
+    pub retried: u64,
+    /// Requests whose body did not arrive in time (408).
+    #[serde(default)]
+    pub slow_clients: u64,
+    /// Requests in another protocol than their model's (400).
+    #[serde(default)]
+    pub wrong_protocol: u64,
+    /// Per model: candidate requests retried on the champion.
+    pub fallbacks: BTreeMap<String, u64>,
+    /// Models that cannot be routed, and why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unroutable: BTreeMap<String, String>,
+    pub in_flight: i64,
+}
+
+/// The routing epoch label gateways count under: rollout id and epoch.
+pub fn epoch_label(rollout: i64, epoch: Epoch) -> String {
+    format!("{rollout}.{epoch}")
+}
+
+/// The epoch of `rollout` a label names, if it is one of that rollout's.
+pub fn epoch_of(label: &str, rollout: i64) -> Option<Epoch> {
+    let (r, e) = label.split_once('.')?;
+    (r.parse::<i64>().ok()? == rollout)
+        .then(|| e.parse().ok())
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

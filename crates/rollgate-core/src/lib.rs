@@ -21,7 +21,7 @@ pub mod stage;
 pub mod stats;
 pub mod unit;
 
-pub use exposure::{Epoch, Exposure, Ledger, SeriesReport};
+pub use exposure::{Epoch, Exposure, GatewaySnapshot, Ledger, SeriesReport, epoch_label, epoch_of};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
 pub use plan::{Advance, Plan, PlanError, Policy};

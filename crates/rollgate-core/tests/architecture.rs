@@ -1,7 +1,8 @@
 //! Architecture invariant, checked on every `cargo test`: the decision core
 //! depends on no async runtime, network, database or filesystem crate, and
 //! its source reads no clock, touches no file or socket and uses no global
-//! random number generator. Time and randomness are parameters.
+//! random number generator. Time and randomness are parameters. And the
+//! gateway and the controller never depend on each other.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -116,4 +117,18 @@ fn decision_core_source_reads_no_clock_and_does_no_io() {
         }
     }
     assert!(offences.is_empty(), "impure code in the core: {offences:?}");
+}
+
+/// The gateway and the controller never depend on each other (they meet in
+/// the core's types and the store), and the gateway knows no store.
+#[test]
+fn the_gateway_and_the_controller_never_depend_on_each_other() {
+    let controller = normal_dependency_closure("rollgate-controller");
+    assert!(controller.contains("rollgate-store"), "{controller:?}");
+    assert!(!controller.contains("rollgate-gateway"), "{controller:?}");
+    let gateway = normal_dependency_closure("rollgate-gateway");
+    assert!(gateway.contains("rollgate-core"), "{gateway:?}");
+    for other in ["rollgate-controller", "rollgate-store"] {
+        assert!(!gateway.contains(other), "the gateway depends on {other}");
+    }
 }

@@ -27,8 +27,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rollgate_core::Snapshot;
-use serde::{Deserialize, Serialize};
+pub use rollgate_core::GatewaySnapshot;
 use tokio::sync::Semaphore;
 
 pub use config::{
@@ -78,41 +77,6 @@ struct Inner {
     capacity: Arc<Semaphore>,
     mirror_slots: Arc<Semaphore>,
     counters: Counters,
-}
-
-/// A gateway's measurements at one instant: cumulative since it started.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GatewaySnapshot {
-    /// The gateway's id.
-    #[serde(default)]
-    pub gateway: String,
-    /// Drawn at every start: with the id, it names one series of counts, so
-    /// a restarted gateway is a new series, never counters going backwards.
-    #[serde(default)]
-    pub boot: String,
-    /// Per model: stats per revision and shadow pairs, over every epoch.
-    pub models: BTreeMap<String, Snapshot>,
-    /// Per model and routing epoch of arrival (`""`: outside any rollout).
-    #[serde(default)]
-    pub epochs: BTreeMap<String, BTreeMap<String, Snapshot>>,
-    /// Requests refused because the gateway was at capacity.
-    pub overloaded: u64,
-    /// Requests sent again on a fresh connection because the upstream
-    /// closed a pooled one before answering.
-    #[serde(default)]
-    pub retried: u64,
-    /// Requests whose body did not arrive in time (408).
-    #[serde(default)]
-    pub slow_clients: u64,
-    /// Requests in another protocol than their model's (400).
-    #[serde(default)]
-    pub wrong_protocol: u64,
-    /// Per model: candidate requests retried on the champion.
-    pub fallbacks: BTreeMap<String, u64>,
-    /// Models that cannot be routed, and why.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub unroutable: BTreeMap<String, String>,
-    pub in_flight: i64,
 }
 
 impl Inner {

@@ -265,12 +265,13 @@ async fn demo(
         gateway_ttl: Duration::from_secs(5),
         tick: Duration::from_millis(250),
         clock: Arc::new(now),
-        local_gateway: Some(gateway.clone()),
+        local_gateway: Some(Arc::new(crate::follow::PushToGateway(gateway.clone()))),
         metrics: Arc::new(ControllerMetrics::default()),
         anchor: None,
     };
+    let routed = Some(gateway.clone());
     let tasks = vec![
-        tokio::spawn(rollgate_controller::follow(
+        tokio::spawn(crate::follow::follow(
             Arc::clone(&store),
             gateway.clone(),
             "demo-gateway".into(),
@@ -282,7 +283,6 @@ async fn demo(
             let _ = rollgate_gateway::serve(gw_listener, gateway, wait(rx.clone())).await;
         }),
     ];
-    let routed = ctx.local_gateway.clone();
     let rx2 = stop.subscribe();
     let controller = tokio::spawn(rollgate_controller::run(ctx.clone(), wait(rx2.clone())));
     let api_state = rollgate_controller::ApiState {

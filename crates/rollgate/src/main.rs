@@ -3,6 +3,7 @@
 mod cli;
 mod client;
 mod demo;
+mod follow;
 mod gateway;
 mod kit;
 mod report;

@@ -253,7 +253,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             gateway_ttl: cfg.controller.gateway_ttl,
             tick: cfg.controller.tick,
             clock: Arc::new(system_clock),
-            local_gateway: Some(gateway.clone()),
+            local_gateway: Some(Arc::new(crate::follow::PushToGateway(gateway.clone()))),
             metrics: Arc::new(ControllerMetrics::default()),
             anchor: anchor(&cfg.audit, &args.data, store.as_ref())?,
         };
@@ -269,7 +269,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         rollgate_controller::api::check_binding(api_addr, &state).map_err(anyhow::Error::msg)?;
         tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
         println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
-        let follow = tokio::spawn(rollgate_controller::follow(
+        let follow = tokio::spawn(crate::follow::follow(
             Arc::clone(&store),
             gateway.clone(),
             format!("up-{gw_addr}"),
@@ -349,7 +349,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
 /// Loads the store's routes before the gateway serves. A failure is logged
 /// and the follower keeps trying: the gateway still serves what it can.
 fn initial_routes(store: &dyn rollgate_store::Store, gateway: &Gateway) {
-    if let Err(e) = rollgate_controller::sync_once(store, gateway) {
+    if let Err(e) = crate::follow::sync_once(store, gateway) {
         tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
     }
 }
@@ -381,7 +381,7 @@ pub fn gateway_following_store(
             "rollgate gateway: http://{addr} following the store in {}",
             data.display()
         );
-        let follow = tokio::spawn(rollgate_controller::follow(
+        let follow = tokio::spawn(crate::follow::follow(
             Arc::clone(&store),
             gateway.clone(),
             id,

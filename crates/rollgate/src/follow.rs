@@ -1,10 +1,14 @@
 //! Gateways follow the store: every interval a gateway reads the routing of
 //! every model from the store, applies it atomically, and heartbeats so the
-//! controller knows whose stats to merge.
+//! controller knows whose stats to merge. It lives where gateways are
+//! assembled: the gateway crate knows no store, and the controller no
+//! gateway (they meet in the store and the core's types).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use rollgate_controller::RoutePush;
+use rollgate_core::epoch_label;
 use rollgate_gateway::{Gateway, MirroredUpstream, ModelRoute, Upstream, WeightedUpstream};
 use rollgate_store::{ModelRoutes, Revision, Store};
 
@@ -18,17 +22,15 @@ fn upstream(r: &Revision) -> Upstream {
     }
 }
 
-/// The routing epoch label gateways count under: rollout id and epoch.
-pub fn epoch_label(rollout: i64, epoch: rollgate_core::Epoch) -> String {
-    format!("{rollout}.{epoch}")
-}
+/// The in-process gateway, as the controller's route push: routing reaches
+/// it at once, before or after a commit, instead of at its next poll.
+#[derive(Clone)]
+pub struct PushToGateway(pub Gateway);
 
-/// The epoch of `rollout` a label names, if it is one of that rollout's.
-pub fn epoch_of(label: &str, rollout: i64) -> Option<rollgate_core::Epoch> {
-    let (r, e) = label.split_once('.')?;
-    (r.parse::<i64>().ok()? == rollout)
-        .then(|| e.parse().ok())
-        .flatten()
+impl RoutePush for PushToGateway {
+    fn push(&self, routes: &[ModelRoutes]) {
+        self.0.set_routes(&gateway_routes(routes));
+    }
 }
 
 /// The gateway routes implied by the store. Models without a champion are
@@ -82,17 +84,10 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
         .collect()
 }
 
-/// Why loading routes from the store failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FollowError {
-    #[error(transparent)]
-    Store(#[from] rollgate_store::StoreError),
-}
-
 /// Loads the store's routing into `gateway` once. A model the gateway
 /// cannot route is isolated (answered 404 with its reason, logged once),
 /// never blocking the others.
-pub fn sync_once(store: &dyn Store, gateway: &Gateway) -> Result<(), FollowError> {
+pub fn sync_once(store: &dyn Store, gateway: &Gateway) -> Result<(), rollgate_store::StoreError> {
     let routes = store.routes()?;
     gateway.set_routes(&gateway_routes(&routes));
     Ok(())
@@ -238,6 +233,8 @@ pub async fn follow(
 mod tests {
     use super::*;
     use rollgate_core::{Plan, Routing, Timestamp};
+    use rollgate_gateway::GatewayConfig;
+    use rollgate_store::SqliteStore;
     use rollgate_store::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
 
     fn revision(id: &str, spec: RevisionSpec) -> Revision {
@@ -377,5 +374,56 @@ mod tests {
             (Some(2500), true)
         );
         assert!(!f.held);
+    }
+
+    /// A model spec the gateway cannot route — written by an older version,
+    /// before specs were validated as they are now — isolates that model only:
+    /// the store follower still loads every other model, also after a restart.
+    #[tokio::test]
+    async fn a_bad_spec_from_an_older_version_isolates_one_model() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let store = SqliteStore::open_dir(dir.path()).expect("store");
+            for name in ["good", "legacy"] {
+                store
+                    .create_model(name, &ModelSpec::default(), "t")
+                    .expect("model");
+                let rev = store
+                    .register_revision(
+                        name,
+                        &RevisionSpec {
+                            upstream: "http://127.0.0.1:9".into(),
+                            ..RevisionSpec::default()
+                        },
+                        "t",
+                    )
+                    .expect("revision");
+                store
+                    .set_champion(name, &rev.id, "t", "first")
+                    .expect("champion");
+            }
+        }
+        // What an older version let through: a pointer without its '/'.
+        let db = rusqlite::Connection::open(dir.path().join("rollgate.db")).expect("db");
+        db.execute(
+            "UPDATE models SET spec = '{\"protocol\":\"kserve_v1\",\"key_field\":\"user\"}' WHERE name = 'legacy'",
+            [],
+        )
+        .expect("update");
+        drop(db);
+
+        // A gateway following the store, as after a restart.
+        let store = SqliteStore::open_dir(dir.path()).expect("reopen");
+        let gateway = Gateway::new(&GatewayConfig::default()).expect("gateway");
+        sync_once(&store, &gateway).expect("the follower loads the store");
+        let s = gateway.snapshot();
+        assert_eq!(s.unroutable.keys().collect::<Vec<_>>(), ["legacy"]);
+        assert!(s.unroutable["legacy"].contains("key_field"), "{s:?}");
+        // Fixing the spec through the store routes the model again.
+        store
+            .update_model("legacy", &ModelSpec::default(), "t")
+            .expect("a fixed spec");
+        sync_once(&store, &gateway).expect("sync");
+        assert!(gateway.snapshot().unroutable.is_empty());
     }
 }
