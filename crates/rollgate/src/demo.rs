@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
-use rollgate_controller::{Context, ControllerMetrics, HttpClient};
 use rollgate_core::{Phase, Plan, Timestamp};
-use rollgate_gateway::{Gateway, GatewayConfig};
+use rollgate_gateway::GatewayConfig;
 use rollgate_modelkit::model::{LinearModel, train_zoo};
 use rollgate_modelkit::server::{Faults, ServerConfig};
 use rollgate_modelkit::traffic::{TrafficConfig, run as run_traffic};
@@ -254,48 +253,38 @@ async fn demo(
         .await?,
     ];
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir.join("data"))?);
-    let gateway = Gateway::new(&GatewayConfig::default())?;
-    let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let gw_addr = gw_listener.local_addr()?;
-    let api_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let api_addr = api_listener.local_addr()?;
-    let ctx = Context {
-        store: Arc::clone(&store),
-        http: HttpClient::new(Duration::from_secs(2)),
-        gateway_ttl: Duration::from_secs(5),
-        tick: Duration::from_millis(250),
-        clock: Arc::new(now),
-        local_gateway: Some(Arc::new(crate::follow::PushToGateway(gateway.clone()))),
-        metrics: Arc::new(ControllerMetrics::default()),
-        anchor: None,
+    let data = dir.join("data");
+    let running = crate::assemble::start(
+        crate::assemble::Assembly {
+            store: Arc::clone(&store),
+            data: &data,
+            gateway: Some(crate::assemble::GatewayPart {
+                listener: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+                config: GatewayConfig::default(),
+                id: Some("demo-gateway".into()),
+                follow_every: Duration::from_millis(200),
+            }),
+            control: Some(crate::assemble::ControlPart {
+                listener: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+                api: crate::serve::ApiConfig::default(),
+                controller: crate::serve::ControllerConfig {
+                    tick: Duration::from_millis(250),
+                    ..Default::default()
+                },
+                audit: crate::serve::AuditConfig {
+                    checkpoints: false,
+                    ..Default::default()
+                },
+                clock: Arc::new(now),
+            }),
+        },
+        || wait(rx.clone()),
+    )?;
+    let Some((gw_addr, gateway)) = running.gateway.clone() else {
+        anyhow::bail!("the demo's gateway did not start");
     };
-    let routed = Some(gateway.clone());
-    let tasks = vec![
-        tokio::spawn(crate::follow::follow(
-            Arc::clone(&store),
-            gateway.clone(),
-            "demo-gateway".into(),
-            format!("http://{gw_addr}/rollgate/stats"),
-            Duration::from_millis(200),
-            wait(rx.clone()),
-        )),
-        tokio::spawn(async move {
-            let _ = rollgate_gateway::serve(gw_listener, gateway, wait(rx.clone())).await;
-        }),
-    ];
-    let rx2 = stop.subscribe();
-    let controller = tokio::spawn(rollgate_controller::run(ctx.clone(), wait(rx2.clone())));
-    let api_state = rollgate_controller::ApiState {
-        ctx,
-        token: None,
-        require_token: false,
-        allowed_hosts: rollgate_controller::api::allowed_hosts(api_addr, &[]),
-    };
-    let api = tokio::spawn(rollgate_controller::api::serve(
-        api_listener,
-        api_state,
-        wait(rx2.clone()),
-    ));
+    let api_addr = running.api.map_or(String::new(), |a| a.to_string());
+    let routed = Some(gateway);
     println!("  model servers {}", urls.join(" "));
     println!("  gateway http://{gw_addr}   admin API http://{api_addr}");
 
@@ -384,11 +373,7 @@ async fn demo(
         print!("\n-- traffic: ");
         crate::kit::print_report(&report);
     }
-    let _ = controller.await;
-    let _ = api.await;
-    for t in tasks {
-        let _ = t.await;
-    }
+    running.join().await;
     let s = Arc::clone(&store);
     let out = dir.join("audit.jsonl");
     let verified =

@@ -1,5 +1,6 @@
 //! The `rollgate` command.
 
+mod assemble;
 mod cli;
 mod client;
 mod demo;

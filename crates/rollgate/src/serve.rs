@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::assemble::{self, Assembly, ControlPart, GatewayPart};
 use anyhow::Context as _;
 use clap::Args;
-use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient};
 use rollgate_core::Timestamp;
-use rollgate_gateway::{Gateway, GatewayConfig};
+use rollgate_gateway::GatewayConfig;
 use rollgate_store::{SqliteStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -55,7 +55,7 @@ impl Default for AuditConfig {
 }
 
 /// The checkpoint signer of `cfg`, resuming after the store's latest.
-fn anchor(
+pub fn anchor(
     cfg: &AuditConfig,
     data: &Path,
     store: &dyn Store,
@@ -137,7 +137,7 @@ pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<
     toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-fn token(cfg: &ApiConfig) -> anyhow::Result<Option<Arc<str>>> {
+pub fn token(cfg: &ApiConfig) -> anyhow::Result<Option<Arc<str>>> {
     if let Some(f) = &cfg.token_file {
         let t = std::fs::read_to_string(f)
             .with_context(|| format!("reading token file {}", f.display()))?;
@@ -231,61 +231,44 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(&args.data)?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
-        let gw_listener = tokio::net::TcpListener::bind(cfg.gateway.listen)
-            .await
-            .with_context(|| format!("binding the gateway on {}", cfg.gateway.listen))?;
-        let gw_addr = gw_listener.local_addr()?;
-        let gateway = Gateway::new(&GatewayConfig {
-            id: format!("up-{gw_addr}"),
-            models: vec![],
-            ..cfg.gateway.clone()
-        })?;
-        // Serve only once the routes are loaded: a restarted gateway must
-        // not answer 404 for models the store routes.
-        initial_routes(store.as_ref(), &gateway);
-        let api_listener = tokio::net::TcpListener::bind(cfg.api.listen)
-            .await
-            .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
-        let api_addr = api_listener.local_addr()?;
-        let ctx = Context {
-            store: Arc::clone(&store),
-            http: HttpClient::new(Duration::from_secs(2)),
-            gateway_ttl: cfg.controller.gateway_ttl,
-            tick: cfg.controller.tick,
-            clock: Arc::new(system_clock),
-            local_gateway: Some(Arc::new(crate::follow::PushToGateway(gateway.clone()))),
-            metrics: Arc::new(ControllerMetrics::default()),
-            anchor: anchor(&cfg.audit, &args.data, store.as_ref())?,
-        };
-        let state = ApiState {
-            ctx: ctx.clone(),
-            token: token(&cfg.api)?,
-            require_token: cfg.api.require_token,
-            allowed_hosts: rollgate_controller::api::allowed_hosts(
-                api_addr,
-                &cfg.api.allowed_hosts,
-            ),
-        };
-        rollgate_controller::api::check_binding(api_addr, &state).map_err(anyhow::Error::msg)?;
+        let gateway = bind(cfg.gateway.listen, "the gateway").await?;
+        let api = bind(cfg.api.listen, "the API").await?;
+        let gw_addr = gateway.local_addr()?;
+        let running = assemble::start(
+            Assembly {
+                store,
+                data: &args.data,
+                gateway: Some(GatewayPart {
+                    listener: gateway,
+                    config: cfg.gateway.clone(),
+                    id: Some(format!("up-{gw_addr}")),
+                    follow_every: cfg.controller.follow_interval,
+                }),
+                control: Some(ControlPart {
+                    listener: api,
+                    api: cfg.api.clone(),
+                    controller: cfg.controller.clone(),
+                    audit: cfg.audit.clone(),
+                    clock: Arc::new(system_clock),
+                }),
+            },
+            wait,
+        )?;
+        let api_addr = running.api.map_or(String::new(), |a| a.to_string());
         tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
         println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
-        let follow = tokio::spawn(crate::follow::follow(
-            Arc::clone(&store),
-            gateway.clone(),
-            format!("up-{gw_addr}"),
-            format!("http://{gw_addr}/rollgate/stats"),
-            cfg.controller.follow_interval,
-            wait(),
-        ));
-        let serve_gw = tokio::spawn(rollgate_gateway::serve(gw_listener, gateway, wait()));
-        let controller = tokio::spawn(rollgate_controller::run(ctx, wait()));
-        let api = tokio::spawn(rollgate_controller::api::serve(api_listener, state, wait()));
         shutdown_signal().await;
         let _ = stop.send(true);
-        let _ = tokio::join!(follow, serve_gw, controller, api);
+        running.join().await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {what} on {addr}"))
 }
 
 #[derive(Args, Debug)]
@@ -314,44 +297,30 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     let store = open_store(&args.data)?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
-        let listener = tokio::net::TcpListener::bind(cfg.api.listen)
-            .await
-            .with_context(|| format!("binding the API on {}", cfg.api.listen))?;
-        let addr = listener.local_addr()?;
-        let ctx = Context {
-            anchor: anchor(&cfg.audit, &args.data, store.as_ref())?,
-            store,
-            http: HttpClient::new(Duration::from_secs(2)),
-            gateway_ttl: cfg.controller.gateway_ttl,
-            tick: cfg.controller.tick,
-            clock: Arc::new(system_clock),
-            local_gateway: None,
-            metrics: Arc::new(ControllerMetrics::default()),
-        };
-        let state = ApiState {
-            ctx: ctx.clone(),
-            token: token(&cfg.api)?,
-            require_token: cfg.api.require_token,
-            allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &cfg.api.allowed_hosts),
-        };
-        rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
+        let api = bind(cfg.api.listen, "the API").await?;
+        let running = assemble::start(
+            Assembly {
+                store,
+                data: &args.data,
+                gateway: None,
+                control: Some(ControlPart {
+                    listener: api,
+                    api: cfg.api.clone(),
+                    controller: cfg.controller.clone(),
+                    audit: cfg.audit.clone(),
+                    clock: Arc::new(system_clock),
+                }),
+            },
+            wait,
+        )?;
+        let addr = running.api.map_or(String::new(), |a| a.to_string());
         println!("rollgate controller: admin API http://{addr}");
-        let controller = tokio::spawn(rollgate_controller::run(ctx, wait()));
-        let api = tokio::spawn(rollgate_controller::api::serve(listener, state, wait()));
         shutdown_signal().await;
         let _ = stop.send(true);
-        let _ = tokio::join!(controller, api);
+        running.join().await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Loads the store's routes before the gateway serves. A failure is logged
-/// and the follower keeps trying: the gateway still serves what it can.
-fn initial_routes(store: &dyn rollgate_store::Store, gateway: &Gateway) {
-    if let Err(e) = crate::follow::sync_once(store, gateway) {
-        tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
-    }
 }
 
 /// A gateway that follows the store at `data` (used by `rollgate gateway --data`).
@@ -365,34 +334,30 @@ pub fn gateway_following_store(
     let store = open_store(data)?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
-        let addr = listener.local_addr()?;
-        let id = id.unwrap_or_else(|| format!("gateway-{addr}"));
-        let gateway = Gateway::new(&GatewayConfig {
-            id: id.clone(),
-            models: vec![],
-            ..config.clone()
-        })?;
-        // Serve only once the routes are loaded.
-        initial_routes(store.as_ref(), &gateway);
-        println!(
-            "rollgate gateway: http://{addr} following the store in {}",
-            data.display()
-        );
-        let follow = tokio::spawn(crate::follow::follow(
-            Arc::clone(&store),
-            gateway.clone(),
-            id,
-            format!("http://{addr}/rollgate/stats"),
-            follow_every,
-            wait(),
-        ));
-        let serve = tokio::spawn(rollgate_gateway::serve(listener, gateway, wait()));
+        let listener = bind(config.listen, "the gateway").await?;
+        let running = assemble::start(
+            Assembly {
+                store,
+                data,
+                gateway: Some(GatewayPart {
+                    listener,
+                    config: config.clone(),
+                    id,
+                    follow_every,
+                }),
+                control: None,
+            },
+            wait,
+        )?;
+        if let Some((addr, _)) = &running.gateway {
+            println!(
+                "rollgate gateway: http://{addr} following the store in {}",
+                data.display()
+            );
+        }
         shutdown_signal().await;
         let _ = stop.send(true);
-        let _ = tokio::join!(follow, serve);
+        running.join().await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,143 @@
+//! One assembly of the long-running parts for every entry point: `up`,
+//! `controller`, `gateway --data` and the demo each start the subset they
+//! run, the same way. The gateway and the controller meet here and in the
+//! store, never in each other's crates.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient};
+use rollgate_core::Timestamp;
+use rollgate_gateway::{Gateway, GatewayConfig};
+use rollgate_store::Store;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::follow::PushToGateway;
+use crate::serve::{ApiConfig, AuditConfig, ControllerConfig};
+
+/// A gateway that follows the store.
+pub struct GatewayPart {
+    pub listener: TcpListener,
+    pub config: GatewayConfig,
+    /// Names it in its stats and heartbeats (default: `gateway-<addr>`).
+    pub id: Option<String>,
+    pub follow_every: Duration,
+}
+
+/// The controller and the admin API.
+pub struct ControlPart {
+    pub listener: TcpListener,
+    pub api: ApiConfig,
+    pub controller: ControllerConfig,
+    pub audit: AuditConfig,
+    pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+}
+
+/// What one process runs on `store` (its data directory: `data`).
+pub struct Assembly<'a> {
+    pub store: Arc<dyn Store>,
+    pub data: &'a Path,
+    pub gateway: Option<GatewayPart>,
+    pub control: Option<ControlPart>,
+}
+
+/// The started parts.
+pub struct Running {
+    /// The gateway's address and handle, if one runs.
+    pub gateway: Option<(SocketAddr, Gateway)>,
+    /// The admin API's address, if it runs.
+    pub api: Option<SocketAddr>,
+    /// Every task; each ends when the shutdown signal fires.
+    pub tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Waits for every part to stop.
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Logs a part's failure: one part ending in error must not hide others.
+async fn logged(part: &'static str, run: impl Future<Output = std::io::Result<()>>) {
+    if let Err(e) = run.await {
+        tracing::error!(%part, error = %e, "stopped with an error");
+    }
+}
+
+/// Starts `a`'s parts; each stops when a future from `wait` resolves.
+pub fn start<W, F>(a: Assembly, wait: W) -> anyhow::Result<Running>
+where
+    W: Fn() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut tasks = Vec::new();
+    let mut gateway = None;
+    if let Some(g) = a.gateway {
+        let addr = g.listener.local_addr()?;
+        let id = g.id.unwrap_or_else(|| format!("gateway-{addr}"));
+        let gw = Gateway::new(&GatewayConfig {
+            id: id.clone(),
+            models: vec![],
+            ..g.config
+        })?;
+        // Serve only once the routes are loaded: a restarted gateway must
+        // not answer 404 for models the store routes.
+        if let Err(e) = crate::follow::sync_once(a.store.as_ref(), &gw) {
+            tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
+        }
+        tasks.push(tokio::spawn(crate::follow::follow(
+            Arc::clone(&a.store),
+            gw.clone(),
+            id,
+            format!("http://{addr}/rollgate/stats"),
+            g.follow_every,
+            wait(),
+        )));
+        tasks.push(tokio::spawn(logged(
+            "gateway",
+            rollgate_gateway::serve(g.listener, gw.clone(), wait()),
+        )));
+        gateway = Some((addr, gw));
+    }
+    let mut api = None;
+    if let Some(c) = a.control {
+        let addr = c.listener.local_addr()?;
+        let ctx = Context {
+            anchor: crate::serve::anchor(&c.audit, a.data, a.store.as_ref())?,
+            store: Arc::clone(&a.store),
+            http: HttpClient::new(Duration::from_secs(2)),
+            gateway_ttl: c.controller.gateway_ttl,
+            tick: c.controller.tick,
+            clock: c.clock,
+            local_gateway: gateway
+                .as_ref()
+                .map(|(_, g)| Arc::new(PushToGateway(g.clone())) as _),
+            metrics: Arc::new(ControllerMetrics::default()),
+        };
+        let state = ApiState {
+            ctx: ctx.clone(),
+            token: crate::serve::token(&c.api)?,
+            require_token: c.api.require_token,
+            allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &c.api.allowed_hosts),
+        };
+        rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
+        tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
+        tasks.push(tokio::spawn(logged(
+            "admin API",
+            rollgate_controller::api::serve(c.listener, state, wait()),
+        )));
+        api = Some(addr);
+    }
+    Ok(Running {
+        gateway,
+        api,
+        tasks,
+    })
+}
