@@ -6,7 +6,9 @@
 //! **Who may act.** A request is made by an identity with a role: a named
 //! token (`Authorization: Bearer rgt_…`, made with `POST /api/v1/tokens`,
 //! stored hashed, revoked at once), the shared token (`ROLLGATE_TOKEN`, an
-//! admin named `token`), or — only when no token is required, which needs a
+//! admin named `token`), an OIDC token from the team's identity provider
+//! (`[api.oidc]`: a JWT verified against its JWKS, the role from a claim),
+//! or — only when no token is required, which needs a
 //! loopback address — `local`, an admin. `viewer` reads; `operator` also
 //! starts, pauses, resumes and aborts rollouts; `admin` may do everything.
 //! The audit actor is the identity; a name the client sends in
@@ -151,6 +153,8 @@ pub struct ApiState {
     /// Every request must carry a token, named or shared. Without one (and
     /// only on loopback) a request without a token is the `local` admin.
     pub require_token: bool,
+    /// OIDC tokens from the team's identity provider, if configured.
+    pub oidc: Option<Arc<crate::oidc::Oidc>>,
     /// `Host` (and `Origin` authority) values a state-changing request may
     /// carry ([`allowed_hosts`]); empty: not checked.
     pub allowed_hosts: Arc<[String]>,
@@ -678,12 +682,28 @@ async fn authorize(State(s): State<ApiState>, mut req: Request<Body>, next: Next
         }
         Some(t) => {
             let hash = secret_hash(&t);
-            match blocking(&s.ctx.store, move |st| st.token_by_hash(&hash)).await {
+            let named = match blocking(&s.ctx.store, move |st| st.token_by_hash(&hash)).await {
                 Ok(found) => found.map(|t| Identity {
                     name: t.name,
                     role: t.role,
                 }),
                 Err(e) => return ApiError::from(e).into_response(),
+            };
+            match (named, &s.oidc) {
+                (Some(id), _) => Some(id),
+                // A JWT: three dot-separated parts.
+                (None, Some(oidc)) if t.split('.').count() == 3 => match oidc.identity(&t).await {
+                    Ok((name, role)) => Some(Identity { name, role }),
+                    Err(e) => {
+                        return ApiError::new(
+                            StatusCode::UNAUTHORIZED,
+                            "unauthorized",
+                            format!("OIDC token refused: {e}"),
+                        )
+                        .into_response();
+                    }
+                },
+                (None, _) => None,
             }
         }
         None if !s.token_required() => Some(Identity {

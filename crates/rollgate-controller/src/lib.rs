@@ -12,6 +12,7 @@
 pub mod api;
 pub mod http;
 pub mod metrics;
+pub mod oidc;
 pub mod reconcile;
 
 pub use api::{ApiState, router};

@@ -162,6 +162,7 @@ fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
         },
         token: None,
         require_token: false,
+        oidc: None,
         allowed_hosts: rollgate_controller::api::allowed_hosts(
             "127.0.0.1:7070".parse().expect("addr"),
             &[],

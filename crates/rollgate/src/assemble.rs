@@ -125,6 +125,12 @@ where
             ctx: ctx.clone(),
             token: crate::serve::token(&c.api)?,
             require_token: c.api.require_token,
+            oidc: match &c.api.oidc {
+                Some(o) => Some(Arc::new(
+                    rollgate_controller::oidc::Oidc::new(o.clone()).map_err(anyhow::Error::msg)?,
+                )),
+                None => None,
+            },
             allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &c.api.allowed_hosts),
         };
         rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;

@@ -90,6 +90,8 @@ pub struct ApiConfig {
     /// named tokens are used. Without a token required, requests without
     /// one are the `local` admin, which only a loopback address allows.
     pub require_token: bool,
+    /// Accept OIDC tokens from this identity provider (`[api.oidc]`).
+    pub oidc: Option<rollgate_controller::oidc::OidcConfig>,
     /// More `Host` names state-changing requests may use (e.g. a proxy's
     /// `rollgate.internal:443`), beside the API's own address.
     pub allowed_hosts: Vec<String>,
@@ -101,6 +103,7 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             token_file: None,
             require_token: false,
+            oidc: None,
             allowed_hosts: Vec::new(),
         }
     }

@@ -1,0 +1,239 @@
+//! OIDC tokens against a JWKS served on loopback, with Ed25519 keys the test
+//! generates: a valid token acts with its claimed role and its `sub` as the
+//! actor; a wrong audience or issuer, an expired token and one signed by
+//! another key are refused; a rotated key is fetched when a token names it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use base64::Engine;
+use http::Request;
+use http_body_util::BodyExt;
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use rollgate_controller::oidc::{Oidc, OidcConfig};
+use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient, router};
+use rollgate_core::Timestamp;
+use rollgate_store::{ModelSpec, RevisionSpec, SqliteStore, Store};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// A fresh Ed25519 key: its signing key and its public JWK under `kid`.
+fn key(kid: &str) -> (EncodingKey, Value) {
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).expect("keygen");
+    let pair = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("pair");
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+    (
+        EncodingKey::from_ed_der(pkcs8.as_ref()),
+        json!({ "kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": "EdDSA", "use": "sig" }),
+    )
+}
+
+fn token(key: &EncodingKey, kid: &str, claims: Value) -> String {
+    let mut h = Header::new(Algorithm::EdDSA);
+    h.kid = Some(kid.into());
+    encode(&h, &claims, key).expect("sign")
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Serves `keys` (changeable) as a JWKS on loopback; counts the fetches.
+async fn jwks(keys: Arc<std::sync::Mutex<Vec<Value>>>, fetches: Arc<AtomicUsize>) -> String {
+    let app = axum::Router::new().route(
+        "/jwks",
+        axum::routing::get(move || {
+            let keys = Arc::clone(&keys);
+            let fetches = Arc::clone(&fetches);
+            async move {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                let keys = keys.lock().map(|k| k.clone()).unwrap_or_default();
+                axum::Json(json!({ "keys": keys }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}/jwks")
+}
+
+async fn call(app: &axum::Router, path: &str, bearer: &str) -> (u16, Value) {
+    let method = if path.ends_with("/pause") {
+        "POST"
+    } else {
+        "GET"
+    };
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1:7070")
+        .header("authorization", format!("Bearer {bearer}"));
+    let body = if method == "POST" {
+        req = req.header("content-type", "application/json");
+        Body::from("{}")
+    } else {
+        Body::empty()
+    };
+    let resp = app
+        .clone()
+        .oneshot(req.body(body).expect("request"))
+        .await
+        .expect("infallible");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn oidc_tokens_are_verified_against_the_providers_keys() {
+    let (k1, jwk1) = key("k1");
+    let (k2, jwk2) = key("k2");
+    let (stranger, _) = key("k1");
+    let keys = Arc::new(std::sync::Mutex::new(vec![jwk1]));
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let url = jwks(Arc::clone(&keys), Arc::clone(&fetches)).await;
+    let oidc = Oidc::new(OidcConfig {
+        issuer: "https://idp.example".into(),
+        audience: "rollgate".into(),
+        jwks_url: url,
+        name_claim: "sub".into(),
+        role_claim: "rollgate_role".into(),
+    })
+    .expect("oidc");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    store
+        .create_model("m", &ModelSpec::default(), "setup")
+        .expect("model");
+    let rev = |port: u16| {
+        let spec = RevisionSpec {
+            upstream: format!("http://127.0.0.1:{port}"),
+            ..RevisionSpec::default()
+        };
+        store
+            .register_revision("m", &spec, "setup")
+            .expect("revision")
+    };
+    let champion = rev(9001);
+    store
+        .set_champion("m", &champion.id, "setup", "first")
+        .expect("champion");
+    store
+        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
+        .expect("rollout");
+    let now = Timestamp(0);
+    let app = router(ApiState {
+        ctx: Context {
+            store: Arc::new(store),
+            http: HttpClient::new(Duration::from_secs(1)),
+            gateway_ttl: Duration::from_secs(5),
+            tick: Duration::from_secs(1),
+            clock: Arc::new(move || now),
+            local_gateway: None,
+            metrics: Arc::new(ControllerMetrics::default()),
+            anchor: None,
+        },
+        token: None,
+        require_token: true,
+        oidc: Some(Arc::new(oidc)),
+        allowed_hosts: rollgate_controller::api::allowed_hosts(
+            "127.0.0.1:7070".parse().expect("addr"),
+            &[],
+        ),
+    });
+    let claims = |role: &str| {
+        json!({ "iss": "https://idp.example", "aud": "rollgate", "sub": "alice@example.com",
+                "rollgate_role": role, "exp": now_s() + 3600 })
+    };
+
+    // An operator pauses, and is the actor.
+    let (s, v) = call(
+        &app,
+        "/api/v1/rollouts/1/pause",
+        &token(&k1, "k1", claims("operator")),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, audit) = call(
+        &app,
+        "/api/v1/audit?rollout=1",
+        &token(&k1, "k1", claims("viewer")),
+    )
+    .await;
+    let paused = audit
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["kind"] == "paused"))
+        .expect("paused");
+    assert_eq!(paused["actor"], "alice@example.com");
+    // A viewer reads but may not pause.
+    let (s, v) = call(
+        &app,
+        "/api/v1/rollouts/1/pause",
+        &token(&k1, "k1", claims("viewer")),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (403, Some("forbidden_role"))
+    );
+
+    // Refused: wrong audience, wrong issuer, expired, another key, no role.
+    let mut wrong_aud = claims("admin");
+    wrong_aud["aud"] = json!("someone-else");
+    let mut wrong_iss = claims("admin");
+    wrong_iss["iss"] = json!("https://evil.example");
+    let mut expired = claims("admin");
+    expired["exp"] = json!(now_s() - 3600);
+    let mut no_role = claims("admin");
+    no_role
+        .as_object_mut()
+        .expect("object")
+        .remove("rollgate_role");
+    for (what, t) in [
+        ("audience", token(&k1, "k1", wrong_aud)),
+        ("issuer", token(&k1, "k1", wrong_iss)),
+        ("expired", token(&k1, "k1", expired)),
+        ("another key", token(&stranger, "k1", claims("admin"))),
+        ("no role", token(&k1, "k1", no_role)),
+        ("not a JWT", "a.b.c".to_string()),
+    ] {
+        let (s, v) = call(&app, "/api/v1/models", &t).await;
+        assert_eq!(s, 401, "{what}: {v}");
+    }
+
+    // The provider rotates to k2: a token naming it fetches the set again.
+    let before = fetches.load(Ordering::SeqCst);
+    keys.lock().expect("keys").push(jwk2);
+    tokio::time::pause();
+    tokio::time::advance(rollgate_controller::oidc::REFETCH_AFTER + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let (s, v) = call(&app, "/api/v1/models", &token(&k2, "k2", claims("viewer"))).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(fetches.load(Ordering::SeqCst), before + 1);
+    // Made-up key ids do not make it fetch again within the interval.
+    for i in 0..5 {
+        let (s, _) = call(
+            &app,
+            "/api/v1/models",
+            &token(&k2, &format!("x{i}"), claims("viewer")),
+        )
+        .await;
+        assert_eq!(s, 401);
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), before + 1);
+}
