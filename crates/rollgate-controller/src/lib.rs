@@ -19,5 +19,6 @@ pub use api::{ApiState, router};
 pub use http::HttpClient;
 pub use metrics::ControllerMetrics;
 pub use reconcile::{
-    Action, Anchor, Context, RoutePush, checkpoint, error_policy, push_routes, reconcile, run,
+    Action, Anchor, Context, PRUNE_EVERY, Retention, RoutePush, checkpoint, error_policy, prune,
+    push_routes, reconcile, run,
 };

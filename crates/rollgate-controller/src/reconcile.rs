@@ -65,6 +65,51 @@ pub struct Context {
     pub metrics: Arc<ControllerMetrics>,
     /// Signs the audit chain's head after every pass that moved it.
     pub anchor: Option<Arc<Anchor>>,
+    /// Prunes old evaluation records' bodies.
+    pub retention: Option<Arc<Retention>>,
+}
+
+/// Audit retention: evaluation records older than `keep` lose their bodies
+/// (their digests keep the chain whole; decisions are never pruned).
+#[derive(Debug)]
+pub struct Retention {
+    pub keep: Duration,
+    last: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+/// Retention runs at most this often.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+impl Retention {
+    pub fn new(keep: Duration) -> Retention {
+        Retention {
+            keep,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// Prunes evaluations past retention, at most once per [`PRUNE_EVERY`].
+pub async fn prune(ctx: &Context) {
+    let Some(r) = &ctx.retention else {
+        return;
+    };
+    {
+        let Ok(mut last) = r.last.lock() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < PRUNE_EVERY) {
+            return;
+        }
+        *last = Some(now);
+    }
+    let before = Timestamp((ctx.clock)().0.saturating_sub(r.keep.as_millis() as u64));
+    match blocking(&ctx.store, move |s| s.prune_evaluations(before)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(records = n, "pruned evaluation records past retention"),
+        Err(e) => tracing::warn!(error = %e, "pruning the audit log failed"),
+    }
 }
 
 /// Where the controller pushes routing at once, beside what gateways read
@@ -352,6 +397,7 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
             }
         }
         checkpoint(&ctx).await;
+        prune(&ctx).await;
         tokio::select! {
             () = tokio::time::sleep(ctx.tick) => {}
             () = &mut shutdown => return,

@@ -159,6 +159,7 @@ fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
             local_gateway: None,
             metrics: Arc::new(ControllerMetrics::default()),
             anchor: None,
+            retention: None,
         },
         token: None,
         require_token: false,

@@ -99,6 +99,7 @@ fn context(store: Arc<dyn Store>) -> Context {
         local_gateway: None,
         metrics: Arc::new(ControllerMetrics::default()),
         anchor: None,
+        retention: None,
     }
 }
 

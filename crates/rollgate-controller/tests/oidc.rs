@@ -147,6 +147,7 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
             local_gateway: None,
             metrics: Arc::new(ControllerMetrics::default()),
             anchor: None,
+            retention: None,
         },
         token: None,
         require_token: true,

@@ -3,6 +3,12 @@
 //! Each record carries the hash of the previous one; its own hash covers
 //! every field but itself. Editing, deleting or reordering a record breaks
 //! the chain at a point `verify` reports.
+//!
+//! Records written since retention exists hash their body through its
+//! digest (`body_digest`), so an old evaluation's body can be pruned — the
+//! digest, and with it the chain, stays — while its kind, time and actor
+//! stay covered. Only `evaluated` records may be pruned: decisions are
+//! kept in full for ever. Older records (no digest) hash the body itself.
 
 use rollgate_core::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -26,22 +32,49 @@ pub struct AuditRecord {
     /// e.g. `evaluated`, `rolled_back`, `champion_set`, `revision_registered`.
     pub kind: String,
     pub body: serde_json::Value,
+    /// SHA-256 of the body's canonical JSON (records written since
+    /// retention exists; `None` for older ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_digest: Option<String>,
+    /// The body was pruned by retention (its digest remains).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pruned: bool,
     pub prev_hash: String,
     pub hash: String,
 }
 
+/// What a pruned record's body becomes.
+pub const PRUNED_BODY: &str = r#"{"pruned":true}"#;
+
+/// SHA-256 of a body's canonical JSON.
+pub fn body_digest(body: &serde_json::Value) -> String {
+    hex(&Sha256::digest(body.to_string().as_bytes()))
+}
+
 impl AuditRecord {
-    /// SHA-256 over the previous hash and the canonical JSON of every other field.
+    /// SHA-256 over the previous hash and the canonical JSON of every other
+    /// field (the body by its digest, when the record has one).
     pub fn compute_hash(&self) -> String {
-        let content = serde_json::json!({
-            "seq": self.seq,
-            "at": self.at,
-            "actor": self.actor,
-            "model": self.model,
-            "rollout": self.rollout,
-            "kind": self.kind,
-            "body": self.body,
-        });
+        let content = match &self.body_digest {
+            Some(digest) => serde_json::json!({
+                "seq": self.seq,
+                "at": self.at,
+                "actor": self.actor,
+                "model": self.model,
+                "rollout": self.rollout,
+                "kind": self.kind,
+                "body_digest": digest,
+            }),
+            None => serde_json::json!({
+                "seq": self.seq,
+                "at": self.at,
+                "actor": self.actor,
+                "model": self.model,
+                "rollout": self.rollout,
+                "kind": self.kind,
+                "body": self.body,
+            }),
+        };
         let mut h = Sha256::new();
         h.update(self.prev_hash.as_bytes());
         h.update(b"\n");
@@ -108,6 +141,17 @@ pub fn verify_chain<'a>(records: impl IntoIterator<Item = &'a AuditRecord>) -> C
             Some("prev_hash does not match the previous record".to_string())
         } else if r.compute_hash() != r.hash {
             Some("content does not match its hash (edited)".to_string())
+        } else if r.pruned && (r.kind != "evaluated" || r.body_digest.is_none()) {
+            Some(format!(
+                "a {:?} record was pruned: only evaluations may be",
+                r.kind
+            ))
+        } else if !r.pruned
+            && r.body_digest
+                .as_ref()
+                .is_some_and(|d| *d != body_digest(&r.body))
+        {
+            Some("body does not match its digest (edited)".to_string())
         } else {
             None
         };

@@ -17,7 +17,10 @@ mod registry;
 mod sqlite;
 mod tokens;
 
-pub use audit::{AuditFilter, AuditRecord, ChainBreak, ChainReport, verify_chain, write_jsonl};
+pub use audit::{
+    AuditFilter, AuditRecord, ChainBreak, ChainReport, PRUNED_BODY, body_digest, verify_chain,
+    write_jsonl,
+};
 pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
     read_sink, verify_anchors, verify_store_anchors,
@@ -186,6 +189,10 @@ pub trait Store: Send + Sync {
 
     // --- audit ----------------------------------------------------------
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+    /// Retention: prunes the bodies of evaluation records written before
+    /// `before` (their digests keep the chain whole; decisions are never
+    /// pruned). Returns how many.
+    fn prune_evaluations(&self, before: Timestamp) -> Result<u64>;
     /// The chain's last record, `(seq, hash)`.
     fn audit_head(&self) -> Result<Option<(u64, String)>>;
     /// The hashes of the records at `seqs` that exist.

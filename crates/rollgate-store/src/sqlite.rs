@@ -106,6 +106,22 @@ CREATE TRIGGER checkpoints_are_append_only_update BEFORE UPDATE ON checkpoints
 CREATE TRIGGER checkpoints_are_append_only_delete BEFORE DELETE ON checkpoints
     BEGIN SELECT RAISE(ABORT, 'checkpoints are append-only'); END;
 "#,
+    // Retention: bodies hashed by digest; an old evaluation's body may be
+    // pruned, nothing else may change.
+    r#"
+ALTER TABLE audit ADD COLUMN body_digest TEXT;
+ALTER TABLE audit ADD COLUMN pruned INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX audit_by_kind_at ON audit(kind, at) WHERE pruned = 0;
+DROP TRIGGER audit_is_append_only_update;
+CREATE TRIGGER audit_is_append_only_update BEFORE UPDATE ON audit
+    WHEN NOT (OLD.kind = 'evaluated' AND OLD.pruned = 0 AND OLD.body_digest IS NOT NULL
+              AND NEW.pruned = 1 AND NEW.body = '{"pruned":true}'
+              AND NEW.seq IS OLD.seq AND NEW.at IS OLD.at AND NEW.actor IS OLD.actor
+              AND NEW.model IS OLD.model AND NEW.rollout IS OLD.rollout
+              AND NEW.kind IS OLD.kind AND NEW.prev_hash IS OLD.prev_hash
+              AND NEW.hash IS OLD.hash AND NEW.body_digest IS OLD.body_digest)
+    BEGIN SELECT RAISE(ABORT, 'audit log is append-only (only old evaluations may be pruned)'); END;
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {
@@ -253,14 +269,16 @@ fn append_audit(
         model: model.to_string(),
         rollout,
         kind: kind.to_string(),
+        body_digest: Some(crate::audit::body_digest(&body)),
         body,
+        pruned: false,
         prev_hash,
         hash: String::new(),
     };
     rec.hash = rec.compute_hash();
     tx.execute(
-        "INSERT INTO audit (seq, at, actor, model, rollout, kind, body, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO audit (seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             rec.seq,
             rec.at.0,
@@ -270,7 +288,8 @@ fn append_audit(
             rec.kind,
             rec.body.to_string(),
             rec.prev_hash,
-            rec.hash
+            rec.hash,
+            rec.body_digest
         ],
     )?;
     Ok(())
@@ -322,7 +341,8 @@ fn rollout_row(r: &Row) -> rusqlite::Result<RolloutRecord> {
     })
 }
 
-const AUDIT_COLS: &str = "seq, at, actor, model, rollout, kind, body, prev_hash, hash";
+const AUDIT_COLS: &str =
+    "seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest, pruned";
 fn audit_row(r: &Row) -> rusqlite::Result<AuditRecord> {
     Ok(AuditRecord {
         seq: r.get(0)?,
@@ -341,6 +361,8 @@ fn audit_row(r: &Row) -> rusqlite::Result<AuditRecord> {
         },
         prev_hash: r.get(7)?,
         hash: r.get(8)?,
+        body_digest: r.get(9)?,
+        pruned: r.get::<_, i64>(10)? != 0,
     })
 }
 
@@ -1053,6 +1075,17 @@ impl Store for SqliteStore {
             )
             .optional()?
             .transpose()
+        })
+    }
+
+    fn prune_evaluations(&self, before: Timestamp) -> Result<u64> {
+        self.write(|tx, _| {
+            let n = tx.execute(
+                "UPDATE audit SET body = ?2, pruned = 1
+                 WHERE kind = 'evaluated' AND pruned = 0 AND at < ?1 AND body_digest IS NOT NULL",
+                params![before.0, crate::audit::PRUNED_BODY],
+            )?;
+            Ok(n as u64)
         })
     }
 

@@ -586,8 +586,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 5,
-        "one per migration: tokens (4) and checkpoints (5) are the latest"
+        v, 6,
+        "one per migration: tokens (4), checkpoints (5) and retention (6) are the latest"
     );
 }
 
@@ -937,4 +937,134 @@ fn signed_checkpoints_detect_truncation_rehashing_and_deleted_or_forged_checkpoi
         .expect("append");
     let r = report(store.as_ref(), &sink);
     assert!(r.problems[0].problem.contains("not signed"), "{r:?}");
+}
+
+/// Retention prunes old evaluations' bodies and nothing else: the chain
+/// still verifies (bodies are hashed by digest), decisions keep their
+/// bodies, the database refuses any other change, and editing a pruned
+/// record — or passing a decision off as a pruned evaluation — breaks the
+/// chain.
+#[test]
+fn retention_prunes_old_evaluations_only_and_the_chain_still_verifies() {
+    use rollgate_core::{Actor, AuditEvent, AuditKind};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tick = Arc::new(AtomicU64::new(1_000));
+    let clock = Arc::clone(&tick);
+    let store = SqliteStore::open_dir(dir.path())
+        .expect("open")
+        .with_clock(move || Timestamp(clock.load(Ordering::SeqCst)));
+    let ids = model_with_champion(&store, 1);
+    let r = store
+        .create_rollout("risk", &ids[1], &Plan::default(), "alice")
+        .expect("rollout");
+    let event = |kind| Effect::Audit {
+        event: Box::new(AuditEvent {
+            kind,
+            actor: Actor::Controller,
+            from: Phase::Pending,
+            to: Phase::Pending,
+            verdict: None,
+            note: Some("evidence".into()),
+        }),
+    };
+    let mut version = r.version;
+    for (at, kind) in [
+        (2_000, AuditKind::Evaluated),
+        (3_000, AuditKind::Paused),
+        (4_000, AuditKind::Evaluated),
+        (9_000, AuditKind::Evaluated),
+    ] {
+        tick.store(at, Ordering::SeqCst);
+        let rec = store
+            .apply(TransitionWrite {
+                rollout: r.id,
+                expected_version: version,
+                state: &r.state,
+                effects: &[event(kind)],
+                actor: "controller",
+            })
+            .expect("apply");
+        version = rec.version;
+    }
+    assert_eq!(store.prune_evaluations(Timestamp(5_000)).expect("prune"), 2);
+    assert_eq!(store.prune_evaluations(Timestamp(5_000)).expect("again"), 0);
+    let all = store.audit(&AuditFilter::default()).expect("audit");
+    let pruned: Vec<(&str, u64)> = all
+        .iter()
+        .filter(|r| r.pruned)
+        .map(|r| (r.kind.as_str(), r.at.0))
+        .collect();
+    assert_eq!(pruned, [("evaluated", 2_000), ("evaluated", 4_000)]);
+    assert!(
+        all.iter()
+            .filter(|r| !r.pruned)
+            .all(|r| r.body != serde_json::json!({ "pruned": true }))
+    );
+    assert!(store.verify_audit().expect("verify").is_intact());
+
+    // Nothing else may change, even to look like a pruning.
+    let c = rusqlite::Connection::open(dir.path().join("rollgate.db")).expect("raw");
+    let paused = all.iter().find(|r| r.kind == "paused").expect("paused").seq;
+    for sql in [
+        "UPDATE audit SET body = '{\"pruned\":true}', pruned = 1 WHERE seq = ?1",
+        "UPDATE audit SET actor = 'mallory' WHERE seq = ?1",
+    ] {
+        assert!(c.execute(sql, [paused]).is_err(), "{sql}");
+    }
+    let first = pruned_seq(&all, 0);
+    assert!(
+        c.execute("UPDATE audit SET actor = 'mallory' WHERE seq = ?1", [first])
+            .is_err()
+    );
+
+    // With the triggers dropped: both frauds are caught.
+    let c = raw(dir.path());
+    c.execute(
+        "UPDATE audit SET body = '{\"pruned\":true}', pruned = 1, kind = 'evaluated' WHERE seq = ?1",
+        [paused],
+    )
+    .expect("tamper");
+    let b = store
+        .verify_audit()
+        .expect("verify")
+        .first_break
+        .expect("broken");
+    assert_eq!(b.seq, paused, "{b:?}");
+}
+
+fn pruned_seq(all: &[rollgate_store::AuditRecord], i: usize) -> u64 {
+    all.iter().filter(|r| r.pruned).nth(i).expect("pruned").seq
+}
+
+/// Records written before retention existed hash their body itself (no
+/// digest): they still verify, and retention never prunes them.
+#[test]
+fn records_from_before_retention_still_verify_and_are_never_pruned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite(dir.path());
+    model_with_champion(store.as_ref(), 2);
+    let mut records = store.audit(&AuditFilter::default()).expect("records");
+    let c = raw(dir.path());
+    // As the older version wrote it (no digests), and every record an
+    // evaluation, the kind retention could prune.
+    let mut last = "0".repeat(64);
+    for r in &mut records {
+        r.body_digest = None;
+        r.kind = "evaluated".into();
+        r.prev_hash = last.clone();
+        r.hash = r.compute_hash();
+        last = r.hash.clone();
+        c.execute(
+            "UPDATE audit SET body_digest = NULL, kind = 'evaluated', prev_hash = ?2, hash = ?3 WHERE seq = ?1",
+            rusqlite::params![r.seq, r.prev_hash, r.hash],
+        )
+        .expect("rewrite");
+    }
+    assert!(store.verify_audit().expect("verify").is_intact());
+    assert_eq!(
+        store
+            .prune_evaluations(Timestamp(u64::MAX >> 2))
+            .expect("prune"),
+        0
+    );
 }

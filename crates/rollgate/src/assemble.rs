@@ -120,6 +120,10 @@ where
                 .as_ref()
                 .map(|(_, g)| Arc::new(PushToGateway(g.clone())) as _),
             metrics: Arc::new(ControllerMetrics::default()),
+            retention: c
+                .audit
+                .retain_evaluations
+                .map(|keep| Arc::new(rollgate_controller::Retention::new(keep))),
         };
         let state = ApiState {
             ctx: ctx.clone(),

@@ -42,6 +42,10 @@ pub struct AuditConfig {
     /// Where checkpoints are appended outside the store (JSON Lines);
     /// default `<data>/checkpoints.jsonl`.
     pub checkpoint_sink: Option<PathBuf>,
+    /// Evaluation records older than this lose their bodies (decisions are
+    /// kept in full; the chain still verifies). Unset: kept for ever.
+    #[serde(default, with = "humantime_serde")]
+    pub retain_evaluations: Option<Duration>,
 }
 
 impl Default for AuditConfig {
@@ -50,6 +54,7 @@ impl Default for AuditConfig {
             checkpoints: true,
             checkpoint_key_file: None,
             checkpoint_sink: None,
+            retain_evaluations: None,
         }
     }
 }
