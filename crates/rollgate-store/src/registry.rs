@@ -93,9 +93,19 @@ pub struct RevisionSpec {
     /// gateway rewrites `/v1/models/{model}` and `/v2/models/{model}` to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_name: Option<String>,
+    /// Environment of the model server (recorded with the revision).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// `env` names whose values are secret, beside those that look secret
+    /// ([`SECRET_ENV_MARKS`]): never shown by the API or written to the
+    /// audit log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<String>,
 }
+
+/// An `env` name containing one of these (in any case) is always secret.
+pub const SECRET_ENV_MARKS: [&str; 6] =
+    ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL"];
 
 /// Header names whose values are always secret.
 const ALWAYS_SECRET: [&str; 4] = [
@@ -134,11 +144,24 @@ impl RevisionSpec {
                 .any(|s| s.eq_ignore_ascii_case(name))
     }
 
-    /// The spec with every secret header value replaced by [`REDACTED`].
+    /// Whether the `env` variable `name`'s value is secret.
+    pub fn is_secret_env(&self, name: &str) -> bool {
+        let upper = name.to_ascii_uppercase();
+        SECRET_ENV_MARKS.iter().any(|m| upper.contains(m))
+            || self.secret_env.iter().any(|s| s.eq_ignore_ascii_case(name))
+    }
+
+    /// The spec with every secret header and `env` value replaced by
+    /// [`REDACTED`].
     pub fn redacted(&self) -> RevisionSpec {
         let mut out = self.clone();
         for (k, v) in out.headers.iter_mut() {
             if self.is_secret(k) {
+                *v = REDACTED.to_string();
+            }
+        }
+        for (k, v) in out.env.iter_mut() {
+            if self.is_secret_env(k) {
                 *v = REDACTED.to_string();
             }
         }
@@ -175,6 +198,14 @@ impl RevisionSpec {
             .collect();
         secret_headers.sort();
         secret_headers.dedup();
+        let mut secret_env: Vec<String> = self
+            .secret_env
+            .iter()
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        secret_env.sort();
+        secret_env.dedup();
         if self.timeout_ms == Some(0) {
             return Err(StoreError::Invalid(
                 "revision.timeout_ms must be positive".into(),
@@ -189,6 +220,7 @@ impl RevisionSpec {
             secret_headers,
             served_name,
             env: self.env.clone(),
+            secret_env,
         })
     }
 
@@ -284,6 +316,7 @@ mod tests {
             secret_headers: vec![" ".into()],
             served_name: Some(" ".into()),
             env: BTreeMap::new(),
+            secret_env: vec![" ".into()],
         };
         assert_eq!(
             plain.identity("m").expect("valid"),
@@ -368,5 +401,22 @@ mod tests {
         bad.headers.clear();
         bad.served_name = Some("a/b".into());
         assert!(bad.normalised().is_err());
+    }
+
+    /// Secret env values never leave the store: names that look secret and
+    /// names listed in `secret_env` are redacted, the rest shown.
+    #[test]
+    fn secret_env_values_are_redacted() {
+        let mut s = spec("http://127.0.0.1:9001");
+        s.env.insert("HF_TOKEN".into(), "hf_abc".into());
+        s.env.insert("db_password".into(), "hunter2".into());
+        s.env.insert("INTERNAL_URL".into(), "http://vault/x".into());
+        s.env.insert("THREADS".into(), "4".into());
+        s.secret_env = vec!["internal_url".into()];
+        let shown = serde_json::to_string(&s.redacted()).expect("json");
+        for secret in ["hf_abc", "hunter2", "vault"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("\"THREADS\":\"4\""), "{shown}");
     }
 }
