@@ -2,16 +2,15 @@
 //! router (no socket), so the documentation cannot drift from the code.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use http::Request;
-use http_body_util::BodyExt;
-use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient, router};
+use rollgate_controller::router;
 use rollgate_core::Timestamp;
 use rollgate_store::SqliteStore;
 use serde_json::Value;
-use tower::ServiceExt;
+
+mod common;
 
 #[derive(Debug)]
 struct Example {
@@ -106,7 +105,7 @@ async fn every_documented_example_holds() {
     let store = SqliteStore::open_dir(dir.path())
         .expect("store")
         .with_clock(move || fixed);
-    let state = api_state(store, fixed);
+    let state = common::api_state(Arc::new(store), fixed);
     let app = router(state);
     for ex in examples {
         let mut req = Request::builder().method(ex.method.as_str()).uri(&ex.path);
@@ -123,14 +122,7 @@ async fn every_documented_example_holds() {
             }
             (None, _) => Body::empty(),
         };
-        let resp = app
-            .clone()
-            .oneshot(req.body(body).expect("request"))
-            .await
-            .expect("infallible");
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-        let actual: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let (status, actual) = common::send(&app, req.body(body).expect("request")).await;
         assert_eq!(
             status, ex.status,
             "docs/api.md line {}: {} {}: {actual}",
@@ -147,30 +139,6 @@ async fn every_documented_example_holds() {
     }
 }
 
-/// The API over `store`, at a fixed clock, answering as `127.0.0.1:7070`.
-fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
-    ApiState {
-        ctx: Context {
-            store: Arc::new(store),
-            http: HttpClient::new(Duration::from_secs(1)),
-            gateway_ttl: Duration::from_secs(5),
-            tick: Duration::from_secs(1),
-            clock: Arc::new(move || now),
-            local_gateway: None,
-            metrics: Arc::new(ControllerMetrics::default()),
-            anchor: None,
-            retention: None,
-        },
-        token: None,
-        require_token: false,
-        oidc: None,
-        allowed_hosts: rollgate_controller::api::allowed_hosts(
-            "127.0.0.1:7070".parse().expect("addr"),
-            &[],
-        ),
-    }
-}
-
 /// A web page cannot change state: a cross-site form (`text/plain`, a
 /// foreign `Origin`), a DNS-rebinding page (its own name in `Host`) and an
 /// empty-body post are refused; the CLI's requests pass.
@@ -178,7 +146,7 @@ fn api_state(store: SqliteStore, now: Timestamp) -> ApiState {
 async fn writes_from_web_pages_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open_dir(dir.path()).expect("store");
-    let state = api_state(store, Timestamp(0));
+    let state = common::api_state(Arc::new(store), Timestamp(0));
     let app = router(state);
     let send = |host: &str, origin: Option<&str>, content_type: Option<&str>, body: &str| {
         let mut req = Request::builder()
@@ -194,10 +162,7 @@ async fn writes_from_web_pages_are_refused() {
         let req = req.body(Body::from(body.to_string())).expect("request");
         let app = app.clone();
         async move {
-            let resp = app.oneshot(req).await.expect("infallible");
-            let status = resp.status().as_u16();
-            let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (status, v) = common::send(&app, req).await;
             (
                 status,
                 v["error"]["code"].as_str().unwrap_or("").to_string(),
@@ -271,85 +236,27 @@ async fn writes_from_web_pages_are_refused() {
     }
 }
 
-/// One request as `token` (if any) would send it; returns the status and
-/// the JSON answer.
-async fn call(
-    app: &axum::Router,
-    (method, path): (&str, &str),
-    token: Option<&str>,
-    actor: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "127.0.0.1:7070");
-    if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
-    }
-    if let Some(a) = actor {
-        req = req.header("x-rollgate-actor", a);
-    }
-    let body = match body {
-        Some(v) => {
-            req = req.header("content-type", "application/json");
-            Body::from(v.to_string())
-        }
-        None => Body::empty(),
-    };
-    let resp = app
-        .clone()
-        .oneshot(req.body(body).expect("request"))
-        .await
-        .expect("infallible");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
-
 /// Named tokens with roles: the shared token (an admin) makes them; a
 /// viewer reads but cannot pause; an operator pauses but cannot promote; the
 /// audit actor is the token's name, a claimed name only "on behalf of"; a
 /// revoked token is refused on the very next request.
 #[tokio::test]
 async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate() {
-    use rollgate_store::{ModelSpec, RevisionSpec, Store};
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open_dir(dir.path()).expect("store");
-    let rev = |port: u16| {
-        let spec = RevisionSpec {
-            upstream: format!("http://127.0.0.1:{port}"),
-            ..RevisionSpec::default()
-        };
-        store
-            .register_revision("m", &spec, "setup")
-            .expect("revision")
-    };
-    store
-        .create_model("m", &ModelSpec::default(), "setup")
-        .expect("model");
-    let champion = rev(9001);
-    store
-        .set_champion("m", &champion.id, "setup", "first")
-        .expect("champion");
-    store
-        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
-        .expect("rollout");
-    let mut state = api_state(store, Timestamp(0));
+    common::model_in_rollout(&store);
+    let mut state = common::api_state(Arc::new(store), Timestamp(0));
     state.token = Some("shared-secret".into());
     let app = router(state);
 
     assert_eq!(
-        call(&app, ("GET", "/api/v1/models"), None, None, None)
+        common::call(&app, ("GET", "/api/v1/models"), None, None, None)
             .await
             .0,
         401
     );
     assert_eq!(
-        call(
+        common::call(
             &app,
             ("GET", "/api/v1/models"),
             Some("rgt_guess"),
@@ -362,7 +269,7 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     );
     let mut secrets = std::collections::BTreeMap::new();
     for (name, role) in [("vera", "viewer"), ("otto", "operator")] {
-        let (status, v) = call(
+        let (status, v) = common::call(
             &app,
             ("POST", "/api/v1/tokens"),
             Some("shared-secret"),
@@ -376,16 +283,18 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     }
     let (vera, otto) = (secrets["vera"].as_str(), secrets["otto"].as_str());
     let pause = ("POST", "/api/v1/rollouts/1/pause");
-    let (status, v) = call(&app, ("GET", "/api/v1/rollouts/1"), Some(vera), None, None).await;
+    let (status, v) =
+        common::call(&app, ("GET", "/api/v1/rollouts/1"), Some(vera), None, None).await;
     assert_eq!(status, 200, "{v}");
-    let (status, v) = call(&app, pause, Some(vera), None, Some(serde_json::json!({}))).await;
+    let (status, v) =
+        common::call(&app, pause, Some(vera), None, Some(serde_json::json!({}))).await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),
         (403, Some("forbidden_role"))
     );
     // The operator may not make tokens or promote, but may pause, and is
     // the actor whatever name it claims.
-    let (status, _) = call(
+    let (status, _) = common::call(
         &app,
         ("POST", "/api/v1/tokens"),
         Some(otto),
@@ -394,7 +303,7 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     )
     .await;
     assert_eq!(status, 403);
-    let (status, _) = call(
+    let (status, _) = common::call(
         &app,
         ("POST", "/api/v1/rollouts/1/promote"),
         Some(otto),
@@ -403,7 +312,7 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     )
     .await;
     assert_eq!(status, 403);
-    let (status, v) = call(
+    let (status, v) = common::call(
         &app,
         pause,
         Some(otto),
@@ -412,7 +321,7 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     )
     .await;
     assert_eq!(status, 200, "{v}");
-    let (_, audit) = call(
+    let (_, audit) = common::call(
         &app,
         ("GET", "/api/v1/audit?rollout=1"),
         Some(vera),
@@ -426,7 +335,7 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
         .expect("paused record");
     assert_eq!(paused["actor"], "otto (on behalf of controller)");
     // Revoked: refused on the next request, no restart.
-    let (status, _) = call(
+    let (status, _) = common::call(
         &app,
         ("DELETE", "/api/v1/tokens/otto"),
         Some("shared-secret"),
@@ -436,10 +345,11 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     .await;
     assert_eq!(status, 200);
     let resume = ("POST", "/api/v1/rollouts/1/resume");
-    let (status, _) = call(&app, resume, Some(otto), None, Some(serde_json::json!({}))).await;
+    let (status, _) =
+        common::call(&app, resume, Some(otto), None, Some(serde_json::json!({}))).await;
     assert_eq!(status, 401);
     // The token list shows no secret and no hash.
-    let (_, list) = call(&app, ("GET", "/api/v1/tokens"), Some(vera), None, None).await;
+    let (_, list) = common::call(&app, ("GET", "/api/v1/tokens"), Some(vera), None, None).await;
     let text = list.to_string();
     assert!(!text.contains(otto) && !text.contains("hash"), "{text}");
 }

@@ -12,11 +12,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rollgate_controller::reconcile::exposure;
-use rollgate_controller::{Context, ControllerMetrics, HttpClient};
+use rollgate_controller::{Context, HttpClient};
 use rollgate_core::GatewaySnapshot;
 use rollgate_core::{FailureClass, SeriesReport, Snapshot, Timestamp};
 use rollgate_store::{SqliteStore, Store};
 use tokio::net::TcpListener;
+
+mod common;
 
 /// A stand-in gateway answering `GET /rollgate/stats` with `snap`.
 async fn gateway(snap: GatewaySnapshot) -> String {
@@ -90,17 +92,10 @@ fn requests_in(e: &rollgate_core::Exposure, series: &str, epoch: u32) -> Option<
 }
 
 fn context(store: Arc<dyn Store>) -> Context {
-    Context {
-        store,
-        http: HttpClient::new(Duration::from_secs(2)),
-        gateway_ttl: Duration::from_secs(60),
-        tick: Duration::from_secs(1),
-        clock: Arc::new(|| Timestamp(0)),
-        local_gateway: None,
-        metrics: Arc::new(ControllerMetrics::default()),
-        anchor: None,
-        retention: None,
-    }
+    let mut ctx = common::context(store, Timestamp(0));
+    ctx.gateway_ttl = Duration::from_secs(60);
+    ctx.http = HttpClient::new(Duration::from_secs(2));
+    ctx
 }
 
 #[tokio::test]

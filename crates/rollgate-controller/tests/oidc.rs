@@ -7,18 +7,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use base64::Engine;
-use http::Request;
-use http_body_util::BodyExt;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use rollgate_controller::oidc::{Oidc, OidcConfig};
-use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient, router};
+use rollgate_controller::router;
 use rollgate_core::Timestamp;
-use rollgate_store::{ModelSpec, RevisionSpec, SqliteStore, Store};
+use rollgate_store::SqliteStore;
 use serde_json::{Value, json};
-use tower::ServiceExt;
+
+mod common;
 
 /// A fresh Ed25519 key: its signing key and its public JWK under `kid`.
 fn key(kid: &str) -> (EncodingKey, Value) {
@@ -69,33 +67,12 @@ async fn jwks(keys: Arc<std::sync::Mutex<Vec<Value>>>, fetches: Arc<AtomicUsize>
 }
 
 async fn call(app: &axum::Router, path: &str, bearer: &str) -> (u16, Value) {
-    let method = if path.ends_with("/pause") {
-        "POST"
+    let (method, body) = if path.ends_with("/pause") {
+        ("POST", Some(json!({})))
     } else {
-        "GET"
+        ("GET", None)
     };
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "127.0.0.1:7070")
-        .header("authorization", format!("Bearer {bearer}"));
-    let body = if method == "POST" {
-        req = req.header("content-type", "application/json");
-        Body::from("{}")
-    } else {
-        Body::empty()
-    };
-    let resp = app
-        .clone()
-        .oneshot(req.body(body).expect("request"))
-        .await
-        .expect("infallible");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::call(app, (method, path), Some(bearer), None, body).await
 }
 
 #[tokio::test]
@@ -117,46 +94,11 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqliteStore::open_dir(dir.path()).expect("store");
-    store
-        .create_model("m", &ModelSpec::default(), "setup")
-        .expect("model");
-    let rev = |port: u16| {
-        let spec = RevisionSpec {
-            upstream: format!("http://127.0.0.1:{port}"),
-            ..RevisionSpec::default()
-        };
-        store
-            .register_revision("m", &spec, "setup")
-            .expect("revision")
-    };
-    let champion = rev(9001);
-    store
-        .set_champion("m", &champion.id, "setup", "first")
-        .expect("champion");
-    store
-        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
-        .expect("rollout");
-    let now = Timestamp(0);
-    let app = router(ApiState {
-        ctx: Context {
-            store: Arc::new(store),
-            http: HttpClient::new(Duration::from_secs(1)),
-            gateway_ttl: Duration::from_secs(5),
-            tick: Duration::from_secs(1),
-            clock: Arc::new(move || now),
-            local_gateway: None,
-            metrics: Arc::new(ControllerMetrics::default()),
-            anchor: None,
-            retention: None,
-        },
-        token: None,
-        require_token: true,
-        oidc: Some(Arc::new(oidc)),
-        allowed_hosts: rollgate_controller::api::allowed_hosts(
-            "127.0.0.1:7070".parse().expect("addr"),
-            &[],
-        ),
-    });
+    common::model_in_rollout(&store);
+    let mut state = common::api_state(Arc::new(store), Timestamp(0));
+    state.require_token = true;
+    state.oidc = Some(Arc::new(oidc));
+    let app = router(state);
     let claims = |role: &str| {
         json!({ "iss": "https://idp.example", "aud": "rollgate", "sub": "alice@example.com",
                 "rollgate_role": role, "exp": now_s() + 3600 })

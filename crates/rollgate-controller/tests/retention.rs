@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollgate_controller::{Context, ControllerMetrics, HttpClient, PRUNE_EVERY, Retention, prune};
-use rollgate_core::{Actor, AuditEvent, AuditKind, Effect, Phase, Plan, Timestamp};
-use rollgate_store::{AuditFilter, ModelSpec, RevisionSpec, SqliteStore, Store, TransitionWrite};
+use rollgate_controller::{PRUNE_EVERY, Retention, prune};
+use rollgate_core::{Actor, AuditEvent, AuditKind, Effect, Phase, Timestamp};
+use rollgate_store::{AuditFilter, SqliteStore, Store, TransitionWrite};
+
+mod common;
 
 fn evaluated(store: &dyn Store, id: i64) {
     let r = store.rollout(id).expect("rollout");
@@ -36,27 +38,7 @@ fn evaluated(store: &dyn Store, id: i64) {
 async fn retention_prunes_old_evaluations_at_most_once_a_minute() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
-    store
-        .create_model("m", &ModelSpec::default(), "t")
-        .expect("model");
-    let rev = |port: u16| {
-        let spec = RevisionSpec {
-            upstream: format!("http://127.0.0.1:{port}"),
-            ..RevisionSpec::default()
-        };
-        store
-            .register_revision("m", &spec, "t")
-            .expect("revision")
-            .id
-    };
-    let champion = rev(9001);
-    store
-        .set_champion("m", &champion, "t", "first")
-        .expect("champion");
-    let id = store
-        .create_rollout("m", &rev(9002), &Plan::default(), "t")
-        .expect("rollout")
-        .id;
+    let id = common::model_in_rollout(store.as_ref());
     evaluated(store.as_ref(), id);
     // The controller's clock is a day past every record; keep an hour.
     let newest = store
@@ -67,17 +49,8 @@ async fn retention_prunes_old_evaluations_at_most_once_a_minute() {
         .max()
         .unwrap_or(0);
     let day_later = newest + 86_400_000;
-    let ctx = Context {
-        store: Arc::clone(&store),
-        http: HttpClient::new(Duration::from_secs(1)),
-        gateway_ttl: Duration::from_secs(5),
-        tick: Duration::from_secs(1),
-        clock: Arc::new(move || Timestamp(day_later)),
-        local_gateway: None,
-        metrics: Arc::new(ControllerMetrics::default()),
-        anchor: None,
-        retention: Some(Arc::new(Retention::new(Duration::from_secs(3600)))),
-    };
+    let mut ctx = common::context(Arc::clone(&store), Timestamp(day_later));
+    ctx.retention = Some(Arc::new(Retention::new(Duration::from_secs(3600))));
     let pruned = |s: &dyn Store| {
         s.audit(&AuditFilter::default())
             .expect("audit")

@@ -55,26 +55,20 @@ impl AuditRecord {
     /// SHA-256 over the previous hash and the canonical JSON of every other
     /// field (the body by its digest, when the record has one).
     pub fn compute_hash(&self) -> String {
-        let content = match &self.body_digest {
-            Some(digest) => serde_json::json!({
-                "seq": self.seq,
-                "at": self.at,
-                "actor": self.actor,
-                "model": self.model,
-                "rollout": self.rollout,
-                "kind": self.kind,
-                "body_digest": digest,
-            }),
-            None => serde_json::json!({
-                "seq": self.seq,
-                "at": self.at,
-                "actor": self.actor,
-                "model": self.model,
-                "rollout": self.rollout,
-                "kind": self.kind,
-                "body": self.body,
-            }),
-        };
+        let mut content = serde_json::json!({
+            "seq": self.seq,
+            "at": self.at,
+            "actor": self.actor,
+            "model": self.model,
+            "rollout": self.rollout,
+            "kind": self.kind,
+        });
+        if let Some(fields) = content.as_object_mut() {
+            match &self.body_digest {
+                Some(digest) => fields.insert("body_digest".into(), digest.clone().into()),
+                None => fields.insert("body".into(), self.body.clone()),
+            };
+        }
         let mut h = Sha256::new();
         h.update(self.prev_hash.as_bytes());
         h.update(b"\n");

@@ -423,6 +423,16 @@ fn a_failed_transaction_leaves_no_partial_state_or_orphan_audit_record() {
     });
 }
 
+/// Every audit record's kind, in order.
+fn audit_kinds(store: &dyn Store) -> Vec<String> {
+    store
+        .audit(&AuditFilter::default())
+        .expect("audit")
+        .into_iter()
+        .map(|r| r.kind)
+        .collect()
+}
+
 /// Opens the SQLite file directly, bypassing the store, as an attacker or a
 /// buggy tool would.
 fn raw(dir: &Path) -> rusqlite::Connection {
@@ -763,12 +773,7 @@ fn a_model_changes_or_goes_only_without_an_active_rollout_and_a_deleted_one_reme
             .expect("again");
         assert_eq!(again.champion, None);
         assert!(store.revision(&ids[1]).expect("kept").blocked);
-        let kinds: Vec<String> = store
-            .audit(&AuditFilter::default())
-            .expect("audit")
-            .into_iter()
-            .map(|r| r.kind)
-            .collect();
+        let kinds = audit_kinds(store);
         assert!(kinds.contains(&"model_deleted".to_string()), "{kinds:?}");
         assert_eq!(store.verify_audit().expect("verify").first_break, None);
     });
@@ -835,12 +840,7 @@ fn tokens_keep_only_a_hash_are_named_once_and_stop_at_revocation() {
         assert_eq!(store.tokens().expect("list").len(), 1);
         // The audit log names both acts; the secret and its hash are in
         // neither the log nor anywhere but the tokens table.
-        let kinds: Vec<String> = store
-            .audit(&AuditFilter::default())
-            .expect("audit")
-            .into_iter()
-            .map(|r| r.kind)
-            .collect();
+        let kinds = audit_kinds(store);
         assert_eq!(kinds, ["token_created", "token_revoked"]);
         let log = format!("{:?}", store.audit(&AuditFilter::default()));
         assert!(!log.contains(&hash) && !log.contains("rgt_secret"), "{log}");

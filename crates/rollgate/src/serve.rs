@@ -252,13 +252,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                     id: Some(format!("up-{gw_addr}")),
                     follow_every: cfg.controller.follow_interval,
                 }),
-                control: Some(ControlPart {
-                    listener: api,
-                    api: cfg.api.clone(),
-                    controller: cfg.controller.clone(),
-                    audit: cfg.audit.clone(),
-                    clock: Arc::new(system_clock),
-                }),
+                control: Some(control_part(&cfg, api)),
             },
             wait,
         )?;
@@ -271,6 +265,17 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The controller and API of `cfg`, on the wall clock.
+fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> ControlPart {
+    ControlPart {
+        listener,
+        api: cfg.api.clone(),
+        controller: cfg.controller.clone(),
+        audit: cfg.audit.clone(),
+        clock: Arc::new(system_clock),
+    }
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
@@ -311,13 +316,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
                 store,
                 data: &args.data,
                 gateway: None,
-                control: Some(ControlPart {
-                    listener: api,
-                    api: cfg.api.clone(),
-                    controller: cfg.controller.clone(),
-                    audit: cfg.audit.clone(),
-                    clock: Arc::new(system_clock),
-                }),
+                control: Some(control_part(&cfg, api)),
             },
             wait,
         )?;

@@ -376,12 +376,17 @@ async fn setup(
 }
 
 async fn start_rollout(c: &HttpClient, ctl: &Proc, cand: &str) -> i64 {
+    start_rollout_with(c, ctl, cand, plan()).await
+}
+
+/// Starts a rollout of `cand` on model `m` under `plan`; returns its id.
+async fn start_rollout_with(c: &HttpClient, ctl: &Proc, cand: &str, plan: Value) -> i64 {
     let (s, r) = api(
         c,
         ctl,
         "POST",
         "/api/v1/rollouts",
-        Some(json!({ "model": "m", "revision": cand, "plan": plan() })),
+        Some(json!({ "model": "m", "revision": cand, "plan": plan })),
     )
     .await;
     assert_eq!(s, 201, "{r}");
@@ -1158,16 +1163,7 @@ async fn an_outage_late_in_the_last_stage_holds_then_promotes_without_rejecting(
     let mut p = plan();
     p["min_stage_duration"] = json!("8s");
     p["evidence_timeout"] = json!("40s");
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/rollouts",
-        Some(json!({ "model": "m", "revision": cand, "plan": p })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    let id = r["id"].as_i64().expect("id");
+    let id = start_rollout_with(&c, &ctl, &cand, p).await;
     // Healthy for 3 s of the 50% stage, then both arms fail everything.
     wait_for(&c, &ctl, id, Duration::from_secs(60), |r| {
         r["state"]["phase"]["weight_percent"] == 50
@@ -1737,16 +1733,7 @@ async fn store_outage_while_the_candidate_dies(outage: Outage) {
     p["steps"] = json!([50]);
     p["min_stage_duration"] = json!("10m");
     p["evidence_timeout"] = json!("20m");
-    let (s, r) = api(
-        &c,
-        &up,
-        "POST",
-        "/api/v1/rollouts",
-        Some(json!({ "model": "m", "revision": cand, "plan": p })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    let id = r["id"].as_i64().expect("id");
+    let id = start_rollout_with(&c, &up, &cand, p).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&gw, Arc::clone(&stop));
     wait_for(&c, &up, id, Duration::from_secs(30), |r| {

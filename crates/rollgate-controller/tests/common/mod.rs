@@ -1,0 +1,110 @@
+//! What the controller's integration tests share: an API over a store at a
+//! fixed clock, a model in a rollout, and one request through the router.
+// Each test crate uses its own part of this module.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use rollgate_controller::{ApiState, Context, ControllerMetrics, HttpClient};
+use rollgate_core::Timestamp;
+use rollgate_store::{ModelSpec, RevisionSpec, Store};
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// A controller context over `store`, its clock stopped at `now`.
+pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
+    Context {
+        store,
+        http: HttpClient::new(Duration::from_secs(1)),
+        gateway_ttl: Duration::from_secs(5),
+        tick: Duration::from_secs(1),
+        clock: Arc::new(move || now),
+        local_gateway: None,
+        metrics: Arc::new(ControllerMetrics::default()),
+        anchor: None,
+        retention: None,
+    }
+}
+
+/// The API over `store` at `now`, answering as `127.0.0.1:7070`, no token.
+pub fn api_state(store: Arc<dyn Store>, now: Timestamp) -> ApiState {
+    ApiState {
+        ctx: context(store, now),
+        token: None,
+        require_token: false,
+        oidc: None,
+        allowed_hosts: rollgate_controller::api::allowed_hosts(
+            "127.0.0.1:7070".parse().expect("addr"),
+            &[],
+        ),
+    }
+}
+
+/// Model `m` with a champion and a candidate in rollout 1 (default plan).
+pub fn model_in_rollout(store: &dyn Store) -> i64 {
+    let rev = |port: u16| {
+        let spec = RevisionSpec {
+            upstream: format!("http://127.0.0.1:{port}"),
+            ..RevisionSpec::default()
+        };
+        store
+            .register_revision("m", &spec, "setup")
+            .expect("revision")
+    };
+    store
+        .create_model("m", &ModelSpec::default(), "setup")
+        .expect("model");
+    let champion = rev(9001);
+    store
+        .set_champion("m", &champion.id, "setup", "first")
+        .expect("champion");
+    store
+        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
+        .expect("rollout")
+        .id
+}
+
+/// Sends `req` through the router: the status and the JSON answer
+/// (`Null` if it is not JSON).
+pub async fn send(app: &axum::Router, req: Request<Body>) -> (u16, Value) {
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// One request from `127.0.0.1:7070`'s clients: with `bearer` and a
+/// claimed `actor` if given, a JSON body if given.
+pub async fn call(
+    app: &axum::Router,
+    (method, path): (&str, &str),
+    bearer: Option<&str>,
+    actor: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "127.0.0.1:7070");
+    if let Some(t) = bearer {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(a) = actor {
+        req = req.header("x-rollgate-actor", a);
+    }
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    send(app, req.body(body).expect("request")).await
+}
