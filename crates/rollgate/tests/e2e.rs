@@ -1029,6 +1029,7 @@ async fn a_cut_audit_tail_is_caught_by_the_controllers_signed_checkpoints() {
     let sink = std::fs::read_to_string(dir.path().join("data/checkpoints.jsonl")).expect("sink");
     assert!(sink.contains("\"seq\":3"), "{sink}");
     let db = rusqlite::Connection::open(dir.path().join("data/rollgate.db")).expect("raw");
+    db.busy_timeout(Duration::from_secs(10)).expect("busy timeout");
     db.execute_batch("DROP TRIGGER audit_is_append_only_delete; DELETE FROM audit WHERE seq = 3;")
         .expect("tamper");
     let (code, out, _) = cli(ctl.addr(), &["audit", "verify"]);
@@ -1672,6 +1673,9 @@ impl Outage {
             }
             Outage::Locked => {
                 let c = rusqlite::Connection::open(data.join("rollgate.db")).expect("open");
+                // Wait our turn: the process writes heartbeats all the time.
+                c.busy_timeout(Duration::from_secs(10))
+                    .expect("busy timeout");
                 c.execute_batch(
                     "BEGIN IMMEDIATE; INSERT INTO gateways VALUES ('lock-holder', '-', 0);",
                 )
