@@ -1029,7 +1029,8 @@ async fn a_cut_audit_tail_is_caught_by_the_controllers_signed_checkpoints() {
     let sink = std::fs::read_to_string(dir.path().join("data/checkpoints.jsonl")).expect("sink");
     assert!(sink.contains("\"seq\":3"), "{sink}");
     let db = rusqlite::Connection::open(dir.path().join("data/rollgate.db")).expect("raw");
-    db.busy_timeout(Duration::from_secs(10)).expect("busy timeout");
+    db.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
     db.execute_batch("DROP TRIGGER audit_is_append_only_delete; DELETE FROM audit WHERE seq = 3;")
         .expect("tamper");
     let (code, out, _) = cli(ctl.addr(), &["audit", "verify"]);
