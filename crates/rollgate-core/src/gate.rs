@@ -220,6 +220,14 @@ impl GateVerdict {
         self.reason == Reason::GrossBreach
     }
 
+    /// Below its sample floor (or waiting for the champion's).
+    pub fn starving(&self) -> bool {
+        matches!(
+            self.reason,
+            Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
+        )
+    }
+
     pub fn metrics_missing(&self) -> bool {
         matches!(self.reason, Reason::MetricsMissing { .. })
     }

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gate::{GateKind, GateVerdict, Outcome, Reason};
+use crate::gate::{GateKind, GateVerdict, Outcome};
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
 use crate::snapshot::RevisionStats;
@@ -89,14 +89,6 @@ fn kinds(gates: &[GateVerdict], keep: impl Fn(&GateVerdict) -> bool) -> Vec<Gate
     gates.iter().filter(|g| keep(g)).map(|g| g.gate).collect()
 }
 
-/// A gate below its sample floor (or waiting for the champion's).
-fn starving(g: &GateVerdict) -> bool {
-    matches!(
-        g.reason,
-        Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
-    )
-}
-
 /// A gate that has not shown the candidate within budget, for a reason
 /// other than a missing metric (which rule 5 judges).
 fn unproven(g: &GateVerdict) -> bool {
@@ -149,7 +141,7 @@ pub fn waiting_stage_fails_at_deadline(
     elapsed: Duration,
 ) -> Decision {
     let waiting = match advance {
-        Advance::OnTime => kinds(gates, starving),
+        Advance::OnTime => kinds(gates, GateVerdict::starving),
         Advance::OnEvidence => kinds(gates, unproven),
     };
     if waiting.is_empty() {
@@ -206,7 +198,7 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::Evidence;
+    use crate::gate::{Evidence, Reason};
     use proptest::prelude::*;
 
     const KINDS: [GateKind; 5] = [
@@ -331,7 +323,7 @@ mod tests {
             }
             if outcome == Outcome::Pass {
                 prop_assert!(elapsed >= plan.min_stage_duration);
-                prop_assert!(!g.iter().any(|v| v.outcome == Outcome::Fail || v.metrics_missing() || starving(v)));
+                prop_assert!(!g.iter().any(|v| v.outcome == Outcome::Fail || v.metrics_missing() || v.starving()));
                 // Only an all-pass reads as passed; anything else names
                 // the gates that proved nothing.
                 let all = g.iter().all(|v| v.outcome == Outcome::Pass);

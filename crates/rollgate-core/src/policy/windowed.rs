@@ -246,12 +246,7 @@ pub fn check_window(
     let outage = champion_health(plan, window.revision(champion)).outage;
     let breached = !outage && gates.iter().any(|g| g.outcome == Outcome::Fail);
     let gross = breached && gates.iter().any(GateVerdict::is_gross);
-    let judged = gates.iter().all(|g| {
-        !matches!(
-            g.reason,
-            Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
-        )
-    });
+    let judged = !gates.iter().any(GateVerdict::starving);
     WindowCheck {
         gates,
         breached,
