@@ -74,6 +74,9 @@ impl From<StoreError> for ApiError {
             StoreError::VersionConflict { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "version_conflict", e.to_string())
             }
+            StoreError::Fenced { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "not_leader", e.to_string())
+            }
             StoreError::Invalid(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", m),
             StoreError::Database(_) | StoreError::Corrupt(_) => {
                 tracing::error!(error = %e, "store failure");

@@ -312,6 +312,7 @@ pub async fn commit(
             state: &state,
             effects: &effects,
             actor: &actor,
+            fence: None,
         }) {
             Ok(r) => Ok(Some(r)),
             Err(StoreError::VersionConflict { .. }) => Ok(None),

@@ -7,7 +7,7 @@ use axum::body::Body;
 use http::Request;
 use rollgate_controller::router;
 use rollgate_core::Timestamp;
-use rollgate_store::SqliteStore;
+use rollgate_store::SqlStore;
 use serde_json::Value;
 
 mod common;
@@ -102,7 +102,7 @@ async fn every_documented_example_holds() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let fixed = Timestamp(1_767_225_600_000);
-    let store = SqliteStore::open_dir(dir.path())
+    let store = SqlStore::open_dir(dir.path())
         .expect("store")
         .with_clock(move || fixed);
     let state = common::api_state(Arc::new(store), fixed);
@@ -145,7 +145,7 @@ async fn every_documented_example_holds() {
 #[tokio::test]
 async fn writes_from_web_pages_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let store = SqlStore::open_dir(dir.path()).expect("store");
     let state = common::api_state(Arc::new(store), Timestamp(0));
     let app = router(state);
     let send = |host: &str, origin: Option<&str>, content_type: Option<&str>, body: &str| {
@@ -243,7 +243,7 @@ async fn writes_from_web_pages_are_refused() {
 #[tokio::test]
 async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let store = SqlStore::open_dir(dir.path()).expect("store");
     common::model_in_rollout(&store);
     let mut state = common::api_state(Arc::new(store), Timestamp(0));
     state.token = Some("shared-secret".into());

@@ -15,7 +15,7 @@ use rollgate_controller::reconcile::exposure;
 use rollgate_controller::{Context, HttpClient};
 use rollgate_core::GatewaySnapshot;
 use rollgate_core::{FailureClass, SeriesReport, Snapshot, Timestamp};
-use rollgate_store::{SqliteStore, Store};
+use rollgate_store::{SqlStore, Store};
 use tokio::net::TcpListener;
 
 mod common;
@@ -101,7 +101,7 @@ fn context(store: Arc<dyn Store>) -> Context {
 #[tokio::test]
 async fn every_live_gateway_process_is_its_own_series_of_this_rollouts_epochs() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
     store
         .heartbeat("a", &gateway(replica("a", "b1", 30, 3)).await)
         .expect("heartbeat");
@@ -122,7 +122,7 @@ async fn every_live_gateway_process_is_its_own_series_of_this_rollouts_epochs() 
 #[tokio::test]
 async fn a_silent_gateway_adds_nothing_and_no_gateway_means_no_stats() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
     store
         .heartbeat("a", &gateway(replica("a", "b1", 30, 3)).await)
         .expect("heartbeat");
@@ -141,14 +141,14 @@ async fn a_silent_gateway_adds_nothing_and_no_gateway_means_no_stats() {
     assert_eq!(requests_in(&e, "a/b1", 2), Some(30));
     // Only silent gateways, or none at all, is no stats.
     let silent: Arc<dyn Store> =
-        Arc::new(SqliteStore::open_dir(&dir.path().join("silent")).expect("store"));
+        Arc::new(SqlStore::open_dir(&dir.path().join("silent")).expect("store"));
     silent.heartbeat("b", &dead).expect("heartbeat");
     assert_eq!(
         exposure(&context(silent), "m", 7).await.expect("store"),
         None
     );
     let empty: Arc<dyn Store> =
-        Arc::new(SqliteStore::open_dir(&dir.path().join("empty")).expect("store"));
+        Arc::new(SqlStore::open_dir(&dir.path().join("empty")).expect("store"));
     assert_eq!(
         exposure(&context(empty), "m", 7).await.expect("store"),
         None
@@ -158,7 +158,7 @@ async fn a_silent_gateway_adds_nothing_and_no_gateway_means_no_stats() {
 #[tokio::test]
 async fn a_gateway_without_a_boot_id_is_one_pooled_series() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
     let mut old = replica("", "", 30, 3);
     old.epochs.clear();
     let url = gateway(old).await;

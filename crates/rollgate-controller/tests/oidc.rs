@@ -13,7 +13,7 @@ use ring::signature::{Ed25519KeyPair, KeyPair};
 use rollgate_controller::oidc::{Oidc, OidcConfig};
 use rollgate_controller::router;
 use rollgate_core::Timestamp;
-use rollgate_store::SqliteStore;
+use rollgate_store::SqlStore;
 use serde_json::{Value, json};
 
 mod common;
@@ -93,7 +93,7 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
     .expect("oidc");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open_dir(dir.path()).expect("store");
+    let store = SqlStore::open_dir(dir.path()).expect("store");
     common::model_in_rollout(&store);
     let mut state = common::api_state(Arc::new(store), Timestamp(0));
     state.require_token = true;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rollgate_controller::{PRUNE_EVERY, Retention, prune};
 use rollgate_core::{Actor, AuditEvent, AuditKind, Effect, Phase, Timestamp};
-use rollgate_store::{AuditFilter, SqliteStore, Store, TransitionWrite};
+use rollgate_store::{AuditFilter, SqlStore, Store, TransitionWrite};
 
 mod common;
 
@@ -30,6 +30,7 @@ fn evaluated(store: &dyn Store, id: i64) {
             state: &r.state,
             effects: &effects,
             actor: "controller",
+            fence: None,
         })
         .expect("apply");
 }
@@ -37,7 +38,7 @@ fn evaluated(store: &dyn Store, id: i64) {
 #[tokio::test(start_paused = true)]
 async fn retention_prunes_old_evaluations_at_most_once_a_minute() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(dir.path()).expect("store"));
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
     let id = common::model_in_rollout(store.as_ref());
     evaluated(store.as_ref(), id);
     // The controller's clock is a day past every record; keep an hour.

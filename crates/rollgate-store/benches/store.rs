@@ -14,7 +14,7 @@ use rollgate_core::windowed::{StageInput, evaluate};
 use rollgate_core::{
     Actor, AuditEvent, AuditKind, Effect, FailureClass, Phase, Plan, Snapshot, Timestamp,
 };
-use rollgate_store::{ModelSpec, RevisionSpec, SqliteStore, Store, TransitionWrite};
+use rollgate_store::{ModelSpec, RevisionSpec, SqlStore, Store, TransitionWrite};
 
 fn verdict_effect() -> Effect {
     let mut w = Snapshot::default();
@@ -49,8 +49,8 @@ fn verdict_effect() -> Effect {
 }
 
 /// A store with `models` models, each with an active rollout; returns rollout ids.
-fn setup(dir: &std::path::Path, models: usize) -> (SqliteStore, Vec<i64>) {
-    let store = SqliteStore::open_dir(dir).expect("open");
+fn setup(dir: &std::path::Path, models: usize) -> (SqlStore, Vec<i64>) {
+    let store = SqlStore::open_dir(dir).expect("open");
     let mut ids = Vec::new();
     for m in 0..models {
         let name = format!("m{m}");
@@ -108,6 +108,7 @@ fn run(name: &'static str, batch: usize, total: u64, effect: &Effect) -> Row {
                 state: &r.state,
                 effects,
                 actor: "controller",
+                fence: None,
             })
             .collect();
         let out = if batch == 1 {

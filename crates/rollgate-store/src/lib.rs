@@ -1,19 +1,26 @@
 //! rollgate's durable state: the model registry, rollout records and the
 //! append-only, hash-chained audit log.
 //!
-//! One [`Store`] interface; [`SqliteStore`] (embedded, WAL, versioned
-//! migrations) is the default. The interface speaks in domain terms only
-//! (no SQL, no SQLite types) so a shared-database implementation can follow,
-//! and the conformance tests in `tests/` are written once against the trait.
+//! One [`Store`] interface, implemented once ([`SqlStore`]) over two
+//! engines: embedded SQLite (WAL, one host; the default) and PostgreSQL
+//! (shared by gateways and controllers on many hosts), each with its own
+//! versioned migrations. The interface speaks in domain terms only (no SQL),
+//! and the conformance tests in `tests/` are written once against it and run
+//! on both engines.
 //!
 //! Every state change is one transaction: a rollout transition, its registry
 //! effects and its audit records commit together or not at all. Rollout
 //! writers compare-and-swap on a version number, so two controllers can never
-//! both advance one rollout.
+//! both advance one rollout; a controller's commits also carry the fencing
+//! token of the lease it leads by, so one that paused and lost the lease can
+//! never commit again.
 
 mod audit;
 mod checkpoint;
+mod postgres;
 mod registry;
+#[macro_use]
+mod sql;
 mod sqlite;
 mod tokens;
 
@@ -25,8 +32,9 @@ pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
     read_sink, verify_anchors, verify_store_anchors,
 };
+pub use postgres::scratch_database;
 pub use registry::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
-pub use sqlite::SqliteStore;
+pub use sql::SqlStore;
 pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};
 
 use rollgate_core::{Effect, RolloutSpec, RolloutState, Routing, Timestamp};
@@ -47,6 +55,13 @@ pub enum StoreError {
     Rejected { revision: String, rejections: u32 },
     #[error("rollout {id} changed underneath (expected version {expected}, found {found})")]
     VersionConflict { id: i64, expected: u64, found: u64 },
+    /// A write made under a lease that another holder has since taken.
+    #[error("lease {lease:?} token {token} was superseded (now {current:?}): another holder leads")]
+    Fenced {
+        lease: String,
+        token: u64,
+        current: Option<u64>,
+    },
     #[error("invalid input: {0}")]
     Invalid(String),
     /// The backing database failed. Boxed so that no implementation's error
@@ -107,6 +122,30 @@ pub struct TransitionWrite<'a> {
     pub effects: &'a [Effect],
     /// Who caused it: `controller` or an operator's name.
     pub actor: &'a str,
+    /// The lease the writer leads by: the write lands only while its token
+    /// is current. Operators' writes carry none (the version guards them).
+    pub fence: Option<Fence>,
+}
+
+/// A lease's fencing token: increases every time the lease changes holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub lease: String,
+    pub token: u64,
+}
+
+/// A held lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub fence: Fence,
+    pub holder: String,
+    pub expires_at: Timestamp,
+}
+
+/// Whether a store location names a PostgreSQL database (else it is a
+/// SQLite data directory).
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
 /// The store interface. Methods are synchronous (an embedded database is);
@@ -169,6 +208,25 @@ pub trait Store: Send + Sync {
     fn gateways(&self, seen_within: std::time::Duration) -> Result<Vec<GatewayInfo>>;
     /// What every gateway must route, read at one instant.
     fn routes(&self) -> Result<Vec<ModelRoutes>>;
+    /// A counter every change to [`Store::routes`] increases: a follower
+    /// polls it and reads the routes only when it moved.
+    fn routes_version(&self) -> Result<u64>;
+
+    // --- leases ---------------------------------------------------------
+    /// Takes lease `name` for `holder` until `ttl` from now, or renews it if
+    /// `holder` has it. `None` while another holder's lease is unexpired.
+    /// The token increases with every change of holder.
+    fn acquire_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<Lease>>;
+    /// Ends a lease now (if `fence` still holds it), so another takes over
+    /// at once.
+    fn release_lease(&self, fence: &Fence) -> Result<()>;
+    /// The lease `name` as stored (expired or not).
+    fn lease(&self, name: &str) -> Result<Option<Lease>>;
 
     // --- API tokens -----------------------------------------------------
     /// Adds a named token; only the hash of its secret is stored. Names are

@@ -14,7 +14,7 @@ use rollgate_core::{
     step,
 };
 use rollgate_store::{
-    AuditFilter, ModelSpec, RevisionSpec, RevisionState, SqliteStore, Store, StoreError,
+    AuditFilter, ModelSpec, RevisionSpec, RevisionState, SqlStore, Store, StoreError,
     TransitionWrite,
 };
 
@@ -23,14 +23,53 @@ type Open = fn(&Path) -> Arc<dyn Store>;
 fn sqlite(dir: &Path) -> Arc<dyn Store> {
     let tick = AtomicU64::new(1_700_000_000_000);
     Arc::new(
-        SqliteStore::open_dir(dir)
+        SqlStore::open_dir(dir)
             .expect("open sqlite")
             .with_clock(move || Timestamp(tick.fetch_add(1, Ordering::Relaxed))),
     )
 }
 
+/// The PostgreSQL server the suite runs on (`tests/postgres/start.sh`
+/// starts one). In CI it must be there; locally the suite says it skipped it.
+fn postgres_server() -> Option<String> {
+    match std::env::var("ROLLGATE_TEST_POSTGRES") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var_os("CI").is_some() => panic!(
+            "ROLLGATE_TEST_POSTGRES is not set: CI starts PostgreSQL with tests/postgres/start.sh"
+        ),
+        Err(_) => {
+            eprintln!(
+                "-- postgres skipped: ROLLGATE_TEST_POSTGRES is unset (see tests/postgres/start.sh)"
+            );
+            None
+        }
+    }
+}
+
+/// A store on a fresh database of the test server.
+fn postgres(_: &Path) -> Arc<dyn Store> {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let server = postgres_server().expect("checked by implementations()");
+    let name = format!(
+        "rg_store_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let url = rollgate_store::scratch_database(&server, &name).expect("scratch database");
+    let tick = AtomicU64::new(1_700_000_000_000);
+    Arc::new(
+        SqlStore::connect(&url)
+            .expect("connect postgres")
+            .with_clock(move || Timestamp(tick.fetch_add(1, Ordering::Relaxed))),
+    )
+}
+
 fn implementations() -> Vec<(&'static str, Open)> {
-    vec![("sqlite", sqlite)]
+    let mut all: Vec<(&'static str, Open)> = vec![("sqlite", sqlite)];
+    if postgres_server().is_some() {
+        all.push(("postgres", postgres));
+    }
+    all
 }
 
 /// Runs `test` against every implementation, each in a fresh data directory.
@@ -99,6 +138,7 @@ fn act(store: &dyn Store, id: i64, action: OperatorAction) -> rollgate_store::Ro
             state: &t.state,
             effects: &t.effects,
             actor: "alice",
+            fence: None,
         })
         .expect("apply")
 }
@@ -123,6 +163,7 @@ fn roll_back(store: &dyn Store, id: i64) {
             state: &state,
             effects: &effects,
             actor: "controller",
+            fence: None,
         })
         .expect("rollback");
 }
@@ -372,6 +413,7 @@ fn a_stale_writer_gets_a_version_conflict() {
             state: &state,
             effects: &[],
             actor,
+            fence: None,
         };
         store.apply(write("controller-1")).expect("first writer");
         assert!(matches!(
@@ -404,6 +446,7 @@ fn a_failed_transaction_leaves_no_partial_state_or_orphan_audit_record() {
             state: &rolled,
             effects: &effects,
             actor: "controller",
+            fence: None,
         };
         let stale = TransitionWrite {
             expected_version: r.version + 7,
@@ -540,6 +583,7 @@ fn routes_follow_rollouts_and_gateways_heartbeat() {
                 state: &state,
                 effects: &[Effect::SetRouting { routing }],
                 actor: "controller",
+                fence: None,
             })
             .expect("apply");
         let routes = store.routes().expect("routes");
@@ -596,8 +640,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 6,
-        "one per migration: tokens (4), checkpoints (5) and retention (6) are the latest"
+        v, 7,
+        "one per migration: checkpoints (5), retention (6) and leases (7) are the latest"
     );
 }
 
@@ -609,7 +653,7 @@ fn child_writer() {
     let Ok(dir) = std::env::var("ROLLGATE_CHILD_DIR") else {
         return;
     };
-    let store = SqliteStore::open_dir(Path::new(&dir)).expect("open");
+    let store = SqlStore::open_dir(Path::new(&dir)).expect("open");
     let ids = model_with_champion(&store, 1);
     let r = store
         .create_rollout("risk", &ids[1], &Plan::default(), "child")
@@ -634,6 +678,7 @@ fn child_writer() {
                 state: &state,
                 effects: &effects,
                 actor: "child",
+                fence: None,
             })
             .expect("apply");
         version = rec.version;
@@ -950,7 +995,7 @@ fn retention_prunes_old_evaluations_only_and_the_chain_still_verifies() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tick = Arc::new(AtomicU64::new(1_000));
     let clock = Arc::clone(&tick);
-    let store = SqliteStore::open_dir(dir.path())
+    let store = SqlStore::open_dir(dir.path())
         .expect("open")
         .with_clock(move || Timestamp(clock.load(Ordering::SeqCst)));
     let ids = model_with_champion(&store, 1);
@@ -982,6 +1027,7 @@ fn retention_prunes_old_evaluations_only_and_the_chain_still_verifies() {
                 state: &r.state,
                 effects: &[event(kind)],
                 actor: "controller",
+                fence: None,
             })
             .expect("apply");
         version = rec.version;
@@ -1067,4 +1113,215 @@ fn records_from_before_retention_still_verify_and_are_never_pruned() {
             .expect("prune"),
         0
     );
+}
+
+#[test]
+fn one_holder_leads_and_a_superseded_token_can_never_commit() {
+    for_each_store(|store, _| {
+        let ids = model_with_champion(store, 1);
+        let r = store
+            .create_rollout("risk", &ids[1], &Plan::default(), "a")
+            .expect("rollout");
+        // The test clock advances 1 ms per store call.
+        let ttl = Duration::from_millis(50);
+        let a = store
+            .acquire_lease("controller", "a", ttl)
+            .expect("acquire")
+            .expect("free lease");
+        assert_eq!(a.fence.token, 1);
+        assert_eq!(
+            store.acquire_lease("controller", "b", ttl).expect("b"),
+            None
+        );
+        // Renewing keeps the token: nobody else held it in between.
+        let renewed = store
+            .acquire_lease("controller", "a", ttl)
+            .expect("renew")
+            .expect("own lease");
+        assert_eq!(renewed.fence, a.fence);
+        let paused = RolloutState {
+            paused: true,
+            ..r.state.clone()
+        };
+        let write = |version, fence: &rollgate_store::Fence| TransitionWrite {
+            rollout: r.id,
+            expected_version: version,
+            state: &paused,
+            effects: &[],
+            actor: "controller",
+            fence: Some(fence.clone()),
+        };
+        let v1 = store.apply(write(0, &a.fence)).expect("leader commits");
+        // `a` stops renewing (paused past its lease); `b` takes over.
+        let b = loop {
+            if let Some(b) = store.acquire_lease("controller", "b", ttl).expect("b") {
+                break b;
+            }
+        };
+        assert_eq!(b.fence.token, 2);
+        assert_eq!(
+            store.lease("controller").expect("lease").map(|l| l.holder),
+            Some("b".to_string())
+        );
+        // `a` comes back and commits what it computed before: refused, and
+        // nothing of it lands, not even in the audit log.
+        let audit_before = store.audit_head().expect("head");
+        assert!(matches!(
+            store.apply(write(v1.version, &a.fence)),
+            Err(StoreError::Fenced {
+                token: 1,
+                current: Some(2),
+                ..
+            })
+        ));
+        assert!(matches!(
+            store.apply_batch(&[write(v1.version, &a.fence)]),
+            Err(StoreError::Fenced { .. })
+        ));
+        assert_eq!(store.audit_head().expect("head"), audit_before);
+        assert_eq!(store.rollout(r.id).expect("rollout").version, v1.version);
+        // Nor can it take the lease back while `b` holds it.
+        assert_eq!(
+            store.acquire_lease("controller", "a", ttl).expect("a"),
+            None
+        );
+        store
+            .apply(write(v1.version, &b.fence))
+            .expect("new leader commits");
+        // A released lease is free at once; its next holder gets a new token.
+        store
+            .release_lease(&a.fence)
+            .expect("stale release is a no-op");
+        assert_eq!(
+            store.acquire_lease("controller", "c", ttl).expect("c"),
+            None
+        );
+        store.release_lease(&b.fence).expect("release");
+        let c = store
+            .acquire_lease("controller", "c", ttl)
+            .expect("c")
+            .expect("released lease");
+        assert_eq!(c.fence.token, 3);
+        assert!(store.verify_audit().expect("verify").is_intact());
+    });
+}
+
+#[test]
+fn the_routes_version_moves_with_every_routing_change_only() {
+    for_each_store(|store, _| {
+        let v0 = store.routes_version().expect("version");
+        let ids = model_with_champion(store, 1);
+        let v1 = store.routes_version().expect("version");
+        assert!(v1 > v0, "a model and its champion change routing");
+        store
+            .heartbeat("gw", "http://127.0.0.1:1")
+            .expect("heartbeat");
+        store
+            .register_revision("risk", &rev(7), "alice")
+            .expect("revision");
+        assert_eq!(store.routes_version().expect("version"), v1);
+        let r = store
+            .create_rollout("risk", &ids[1], &Plan::default(), "a")
+            .expect("rollout");
+        let v2 = store.routes_version().expect("version");
+        assert!(v2 > v1);
+        act(
+            store,
+            r.id,
+            OperatorAction::Abort {
+                reason: "test".into(),
+            },
+        );
+        assert!(store.routes_version().expect("version") > v2);
+    });
+}
+
+/// A raw connection to a fresh PostgreSQL store's database, bypassing the
+/// store as an attacker or a buggy tool would.
+fn raw_postgres() -> Option<(Arc<dyn Store>, postgres::Client)> {
+    raw_postgres_named(&format!("rg_raw_{}", std::process::id()))
+}
+
+#[test]
+fn postgres_states_the_invariants_in_its_own_constraints() {
+    let Some((store, mut c)) = raw_postgres() else {
+        return;
+    };
+    let ids = model_with_champion(store.as_ref(), 1);
+    // The audit log and its checkpoints refuse change, whatever the client.
+    for sql in [
+        "UPDATE audit SET actor = 'mallory' WHERE seq = 1",
+        "DELETE FROM audit WHERE seq = 1",
+        "TRUNCATE audit",
+    ] {
+        let e = c.batch_execute(sql).expect_err(sql);
+        let message = e.as_db_error().map(|d| d.message().to_string());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.contains("append-only")),
+            "{sql}: {e:?}"
+        );
+    }
+    c.batch_execute("INSERT INTO checkpoints (seq, hash, at, mac) VALUES (1, 'h', 1, 'm')")
+        .expect("append");
+    assert!(c.batch_execute("UPDATE checkpoints SET mac = 'x'").is_err());
+    assert!(c.batch_execute("DELETE FROM checkpoints").is_err());
+    // One champion per model, one active rollout per model.
+    let second = format!(
+        "UPDATE revisions SET state = 'champion' WHERE id = '{}'",
+        ids[1]
+    );
+    assert!(c.batch_execute(&second).is_err(), "two champions");
+    store
+        .create_rollout("risk", &ids[1], &Plan::default(), "a")
+        .expect("rollout");
+    let dup = "INSERT INTO rollouts (model, spec, state, phase, active, routing, version, created_at, updated_at)
+               SELECT model, spec, state, phase, active, routing, version, created_at, updated_at FROM rollouts";
+    assert!(c.batch_execute(dup).is_err(), "two active rollouts");
+    assert!(store.verify_audit().expect("verify").is_intact());
+}
+
+#[test]
+fn postgres_migrates_once_and_refuses_a_newer_schema() {
+    let Some((_, mut c)) = raw_postgres_named("rg_migrate") else {
+        return;
+    };
+    let version = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT version FROM rollgate_schema", &[])
+            .expect("version")
+            .get(0)
+    };
+    let v = version(&mut c);
+    assert!(v >= 1);
+    let url = database_url("rg_migrate");
+    // Several processes opening at once migrate once (an advisory lock).
+    let openers: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || SqlStore::connect(&url).map(|_| ()))
+        })
+        .collect();
+    for o in openers {
+        o.join().expect("thread").expect("open");
+    }
+    assert_eq!(version(&mut c), v);
+    c.batch_execute("UPDATE rollgate_schema SET version = version + 1")
+        .expect("bump");
+    let e = SqlStore::connect(&url).expect_err("newer schema");
+    assert!(e.to_string().contains("newer than this rollgate"), "{e}");
+}
+
+fn database_url(name: &str) -> String {
+    let server = postgres_server().expect("server");
+    let base = server.rsplit_once('/').expect("url with a database").0;
+    format!("{base}/{name}")
+}
+
+fn raw_postgres_named(name: &str) -> Option<(Arc<dyn Store>, postgres::Client)> {
+    let server = postgres_server()?;
+    let url = rollgate_store::scratch_database(&server, name).expect("scratch");
+    let store: Arc<dyn Store> = Arc::new(SqlStore::connect(&url).expect("connect"));
+    let client = postgres::Client::connect(&url, postgres::NoTls).expect("raw connect");
+    Some((store, client))
 }

@@ -18,7 +18,7 @@ use rollgate_gateway::GatewayConfig;
 use rollgate_modelkit::model::{LinearModel, train_zoo};
 use rollgate_modelkit::server::{Faults, ServerConfig};
 use rollgate_modelkit::traffic::{TrafficConfig, run as run_traffic};
-use rollgate_store::{ModelSpec, RevisionSpec, SqliteStore, Store};
+use rollgate_store::{ModelSpec, RevisionSpec, SqlStore, Store};
 use tokio::sync::watch;
 
 use crate::report;
@@ -252,7 +252,7 @@ async fn demo(
         )
         .await?,
     ];
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open_dir(&dir.join("data"))?);
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(&dir.join("data"))?);
     let data = dir.join("data");
     let running = crate::assemble::start(
         crate::assemble::Assembly {

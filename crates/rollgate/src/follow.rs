@@ -234,7 +234,7 @@ mod tests {
     use super::*;
     use rollgate_core::{Plan, Routing, Timestamp};
     use rollgate_gateway::GatewayConfig;
-    use rollgate_store::SqliteStore;
+    use rollgate_store::SqlStore;
     use rollgate_store::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
 
     fn revision(id: &str, spec: RevisionSpec) -> Revision {
@@ -383,7 +383,7 @@ mod tests {
     async fn a_bad_spec_from_an_older_version_isolates_one_model() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let store = SqliteStore::open_dir(dir.path()).expect("store");
+            let store = SqlStore::open_dir(dir.path()).expect("store");
             for name in ["good", "legacy"] {
                 store
                     .create_model(name, &ModelSpec::default(), "t")
@@ -413,7 +413,7 @@ mod tests {
         drop(db);
 
         // A gateway following the store, as after a restart.
-        let store = SqliteStore::open_dir(dir.path()).expect("reopen");
+        let store = SqlStore::open_dir(dir.path()).expect("reopen");
         let gateway = Gateway::new(&GatewayConfig::default()).expect("gateway");
         sync_once(&store, &gateway).expect("the follower loads the store");
         let s = gateway.snapshot();

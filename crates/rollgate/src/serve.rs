@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use clap::Args;
 use rollgate_core::Timestamp;
 use rollgate_gateway::GatewayConfig;
-use rollgate_store::{SqliteStore, Store};
+use rollgate_store::{SqlStore, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -192,7 +192,7 @@ pub async fn shutdown_signal() {
 }
 
 fn open_store(data: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    let store = SqliteStore::open_dir(data)
+    let store = SqlStore::open_dir(data)
         .with_context(|| format!("opening the store in {}", data.display()))?;
     Ok(Arc::new(store))
 }

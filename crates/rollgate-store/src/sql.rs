@@ -1,0 +1,1291 @@
+//! The store's logic, written once over a minimal SQL interface ([`Db`]) so
+//! that the embedded engine (SQLite, `sqlite.rs`) and the shared one
+//! (PostgreSQL, `postgres.rs`) run the same transactions, and the
+//! conformance suite tests both.
+//!
+//! Statements are written with `?N` placeholders and in the common subset of
+//! the two dialects; each engine keeps its own migrations, and its schema
+//! enforces the invariants on its own, whatever the code does: one champion
+//! and one candidate per model, one active rollout per model, an audit table
+//! that refuses UPDATE and DELETE.
+//!
+//! Writes are serialised (SQLite: one IMMEDIATE transaction at a time;
+//! PostgreSQL: a transaction-scoped advisory lock), because the audit log is
+//! one hash chain: each record names the one before it.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rollgate_core::{Effect, Plan, RolloutSpec, RolloutState, Routing, Timestamp};
+
+use crate::audit::{AuditFilter, AuditRecord, ChainReport, GENESIS, verify_chain};
+use crate::checkpoint::Checkpoint;
+use crate::registry::{Model, ModelSpec, Revision, RevisionSpec, RevisionState};
+use crate::tokens::{ApiToken, Role, valid_token_name};
+use crate::{
+    Fence, GatewayInfo, Lease, ModelRoutes, Result, RolloutRecord, Store, StoreError,
+    TransitionWrite,
+};
+
+/// A value bound to or read from a statement: the three types the schema
+/// uses (integers, text and NULL), the same in both engines.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Val {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl From<i64> for Val {
+    fn from(v: i64) -> Self {
+        Val::Int(v)
+    }
+}
+impl From<u64> for Val {
+    fn from(v: u64) -> Self {
+        // Timestamps, versions and sequence numbers; beyond i64 nothing exists.
+        Val::Int(i64::try_from(v).unwrap_or(i64::MAX))
+    }
+}
+impl From<u32> for Val {
+    fn from(v: u32) -> Self {
+        Val::Int(i64::from(v))
+    }
+}
+impl From<bool> for Val {
+    fn from(v: bool) -> Self {
+        Val::Int(i64::from(v))
+    }
+}
+impl From<&str> for Val {
+    fn from(v: &str) -> Self {
+        Val::Text(v.to_string())
+    }
+}
+impl From<String> for Val {
+    fn from(v: String) -> Self {
+        Val::Text(v)
+    }
+}
+impl From<&String> for Val {
+    fn from(v: &String) -> Self {
+        Val::Text(v.clone())
+    }
+}
+impl<T: Into<Val>> From<Option<T>> for Val {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Val::Null, Into::into)
+    }
+}
+
+/// Binds values: `p![a, b]` is `&[Val::from(a), Val::from(b)]`.
+macro_rules! p {
+    ($($v:expr),* $(,)?) => { &[$($crate::sql::Val::from($v)),*] };
+}
+
+/// One result row.
+#[derive(Debug)]
+pub(crate) struct Row(pub(crate) Vec<Val>);
+
+fn bad_column(i: usize, want: &str, got: &Val) -> StoreError {
+    StoreError::Database(format!("stored data: column {i} is {got:?}, expected {want}").into())
+}
+
+impl Row {
+    fn get(&self, i: usize) -> &Val {
+        self.0.get(i).unwrap_or(&Val::Null)
+    }
+    fn i64(&self, i: usize) -> Result<i64> {
+        match self.get(i) {
+            Val::Int(v) => Ok(*v),
+            v => Err(bad_column(i, "an integer", v)),
+        }
+    }
+    fn u64(&self, i: usize) -> Result<u64> {
+        let v = self.i64(i)?;
+        u64::try_from(v).map_err(|_| bad_column(i, "a non-negative integer", &Val::Int(v)))
+    }
+    fn u32(&self, i: usize) -> Result<u32> {
+        let v = self.i64(i)?;
+        u32::try_from(v).map_err(|_| bad_column(i, "a small integer", &Val::Int(v)))
+    }
+    fn bool(&self, i: usize) -> Result<bool> {
+        Ok(self.i64(i)? != 0)
+    }
+    fn opt_u64(&self, i: usize) -> Result<Option<u64>> {
+        match self.get(i) {
+            Val::Null => Ok(None),
+            _ => self.u64(i).map(Some),
+        }
+    }
+    fn opt_i64(&self, i: usize) -> Result<Option<i64>> {
+        match self.get(i) {
+            Val::Null => Ok(None),
+            _ => self.i64(i).map(Some),
+        }
+    }
+    fn text(&self, i: usize) -> Result<String> {
+        match self.get(i) {
+            Val::Text(s) => Ok(s.clone()),
+            v => Err(bad_column(i, "text", v)),
+        }
+    }
+    fn opt_text(&self, i: usize) -> Result<Option<String>> {
+        match self.get(i) {
+            Val::Null => Ok(None),
+            _ => self.text(i).map(Some),
+        }
+    }
+    fn ts(&self, i: usize) -> Result<Timestamp> {
+        self.u64(i).map(Timestamp)
+    }
+    fn json<T: serde::de::DeserializeOwned>(&self, i: usize) -> Result<T> {
+        Ok(serde_json::from_str(&self.text(i)?)?)
+    }
+}
+
+/// One open transaction (or connection) of an engine.
+pub(crate) trait Db {
+    /// Runs a statement; returns how many rows it changed.
+    fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
+    /// Runs a query; returns every row.
+    fn rows(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
+}
+
+impl dyn Db + '_ {
+    /// The first row, if any.
+    fn row(&mut self, sql: &str, params: &[Val]) -> Result<Option<Row>> {
+        Ok(self.rows(sql, params)?.into_iter().next())
+    }
+}
+
+/// What a [`Db`] callback does inside an engine's transaction.
+pub(crate) type Work<'a> = &'a mut dyn FnMut(&mut dyn Db) -> Result<()>;
+
+/// A database engine: how to run a serialised write transaction and a
+/// consistent read.
+pub(crate) trait Engine: Send + Sync {
+    /// Runs `work` in one write transaction, serialised with every other
+    /// writer; commits if it returns Ok and rolls back entirely if not.
+    fn write(&self, work: Work) -> Result<()>;
+    /// Runs `work` on one consistent snapshot of the database.
+    fn read(&self, work: Work) -> Result<()>;
+    /// `sqlite` or `postgres`.
+    fn name(&self) -> &'static str;
+}
+
+pub(crate) type Clock = Box<dyn Fn() -> Timestamp + Send + Sync>;
+
+pub(crate) fn system_clock() -> Timestamp {
+    Timestamp(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+/// The [`Store`]: rollgate's logic over a SQL engine. Open it with
+/// [`SqlStore::open_dir`] (embedded SQLite, the default) or
+/// [`SqlStore::connect`] (a PostgreSQL URL), or [`SqlStore::open`] for either.
+pub struct SqlStore {
+    engine: Box<dyn Engine>,
+    clock: Clock,
+}
+
+impl std::fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("engine", &self.engine.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlStore {
+    pub(crate) fn with_engine(engine: Box<dyn Engine>) -> SqlStore {
+        SqlStore {
+            engine,
+            clock: Box::new(system_clock),
+        }
+    }
+
+    /// Opens the store at `location`: a `postgres://` (or `postgresql://`)
+    /// URL, or else the SQLite data directory.
+    pub fn open(location: &str) -> Result<SqlStore> {
+        if crate::is_postgres_url(location) {
+            SqlStore::connect(location)
+        } else {
+            SqlStore::open_dir(std::path::Path::new(location))
+        }
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    /// Replaces the wall clock (tests pass a fixed or stepping one).
+    pub fn with_clock(mut self, clock: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    /// Runs `f` in one serialised write transaction at one instant.
+    fn write<T>(&self, f: impl FnOnce(&mut dyn Db, Timestamp) -> Result<T>) -> Result<T> {
+        let now = (self.clock)();
+        let mut f = Some(f);
+        let mut out = None;
+        self.engine.write(&mut |db| {
+            if let Some(f) = f.take() {
+                out = Some(f(db, now)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or_else(|| StoreError::Database("the engine ran no transaction".into()))
+    }
+
+    /// Runs `f` on one consistent snapshot.
+    fn read<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.engine.read(&mut |db| {
+            if let Some(f) = f.take() {
+                out = Some(f(db)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or_else(|| StoreError::Database("the engine ran no transaction".into()))
+    }
+}
+
+const TOKEN_COLS: &str = "name, role, created_at, created_by, revoked_at";
+
+/// A token row; an unknown role (a hand-edited database) is corrupt data.
+fn token_row(r: &Row) -> Result<ApiToken> {
+    let role = r
+        .text(1)?
+        .parse::<Role>()
+        .map_err(|e| StoreError::Invalid(format!("stored token: {e}")))?;
+    Ok(ApiToken {
+        name: r.text(0)?,
+        role,
+        created_at: r.ts(2)?,
+        created_by: r.text(3)?,
+        revoked_at: r.opt_u64(4)?.map(Timestamp),
+    })
+}
+
+/// Appends one audit record, chained to the last one, inside the write.
+fn append_audit(
+    db: &mut dyn Db,
+    at: Timestamp,
+    actor: &str,
+    model: &str,
+    rollout: Option<i64>,
+    kind: &str,
+    body: serde_json::Value,
+) -> Result<()> {
+    let (prev_seq, prev_hash) = match audit_head_in(db)? {
+        Some(head) => head,
+        None => (0, GENESIS.to_string()),
+    };
+    let mut rec = AuditRecord {
+        seq: prev_seq + 1,
+        at,
+        actor: actor.to_string(),
+        model: model.to_string(),
+        rollout,
+        kind: kind.to_string(),
+        body_digest: Some(crate::audit::body_digest(&body)),
+        body,
+        pruned: false,
+        prev_hash,
+        hash: String::new(),
+    };
+    rec.hash = rec.compute_hash();
+    db.exec(
+        "INSERT INTO audit (seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        p![
+            rec.seq,
+            rec.at.0,
+            &rec.actor,
+            &rec.model,
+            rec.rollout,
+            &rec.kind,
+            rec.body.to_string(),
+            &rec.prev_hash,
+            &rec.hash,
+            rec.body_digest
+        ],
+    )?;
+    Ok(())
+}
+
+fn audit_head_in(db: &mut dyn Db) -> Result<Option<(u64, String)>> {
+    db.row("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1", &[])?
+        .map(|r| Ok((r.u64(0)?, r.text(1)?)))
+        .transpose()
+}
+
+const MODEL_COLS: &str = "name, spec, champion, created_at";
+fn model_row(r: &Row) -> Result<Model> {
+    Ok(Model {
+        name: r.text(0)?,
+        spec: r.json(1)?,
+        champion: r.opt_text(2)?,
+        created_at: r.ts(3)?,
+    })
+}
+
+const REVISION_COLS: &str = "id, model, spec, state, rejections, blocked, created_at";
+fn revision_row(r: &Row) -> Result<Revision> {
+    let state = r.text(3)?;
+    Ok(Revision {
+        id: r.text(0)?,
+        model: r.text(1)?,
+        spec: r.json(2)?,
+        state: RevisionState::parse(&state).ok_or_else(|| {
+            StoreError::Database(format!("stored data: unknown revision state {state:?}").into())
+        })?,
+        rejections: r.u32(4)?,
+        blocked: r.bool(5)?,
+        created_at: r.ts(6)?,
+    })
+}
+
+const ROLLOUT_COLS: &str = "id, spec, state, routing, version, created_at, updated_at";
+fn rollout_row(r: &Row) -> Result<RolloutRecord> {
+    Ok(RolloutRecord {
+        id: r.i64(0)?,
+        spec: r.json(1)?,
+        state: r.json(2)?,
+        routing: r.json(3)?,
+        version: r.u64(4)?,
+        created_at: r.ts(5)?,
+        updated_at: r.ts(6)?,
+    })
+}
+
+const AUDIT_COLS: &str =
+    "seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest, pruned";
+fn audit_row(r: &Row) -> Result<AuditRecord> {
+    Ok(AuditRecord {
+        seq: r.u64(0)?,
+        at: r.ts(1)?,
+        actor: r.text(2)?,
+        model: r.text(3)?,
+        rollout: r.opt_i64(4)?,
+        kind: r.text(5)?,
+        // A body that is not JSON (edited in the database) is shown as
+        // what it is; its hash no longer matches, so verification names
+        // the record instead of failing as a whole.
+        body: {
+            let text = r.text(6)?;
+            serde_json::from_str(&text)
+                .unwrap_or_else(|_| serde_json::json!({ "unreadable_body": text }))
+        },
+        prev_hash: r.text(7)?,
+        hash: r.text(8)?,
+        body_digest: r.opt_text(9)?,
+        pruned: r.bool(10)?,
+    })
+}
+
+fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> Result<T>) -> Result<Vec<T>> {
+    rows.iter().map(f).collect()
+}
+
+fn get_model(db: &mut dyn Db, name: &str) -> Result<Model> {
+    db.row(
+        &format!("SELECT {MODEL_COLS} FROM models WHERE name = ?1 AND deleted_at IS NULL"),
+        p![name],
+    )?
+    .map(|r| model_row(&r))
+    .transpose()?
+    .ok_or_else(|| StoreError::NotFound {
+        what: "model",
+        name: name.to_string(),
+    })
+}
+
+fn get_revision(db: &mut dyn Db, id: &str) -> Result<Revision> {
+    db.row(
+        &format!("SELECT {REVISION_COLS} FROM revisions WHERE id = ?1"),
+        p![id],
+    )?
+    .map(|r| revision_row(&r))
+    .transpose()?
+    .ok_or_else(|| StoreError::NotFound {
+        what: "revision",
+        name: id.to_string(),
+    })
+}
+
+fn get_rollout(db: &mut dyn Db, id: i64) -> Result<RolloutRecord> {
+    db.row(
+        &format!("SELECT {ROLLOUT_COLS} FROM rollouts WHERE id = ?1"),
+        p![id],
+    )?
+    .map(|r| rollout_row(&r))
+    .transpose()?
+    .ok_or_else(|| StoreError::NotFound {
+        what: "rollout",
+        name: id.to_string(),
+    })
+}
+
+/// The revision `id`, which must belong to `model`.
+fn revision_of(db: &mut dyn Db, model: &str, id: &str) -> Result<Revision> {
+    let rev = get_revision(db, id)?;
+    if rev.model != model {
+        return Err(StoreError::Invalid(format!(
+            "revision {id} belongs to model {:?}, not {model:?}",
+            rev.model
+        )));
+    }
+    Ok(rev)
+}
+
+/// A rejected revision stays out until an operator unblocks it.
+fn not_blocked(rev: &Revision) -> Result<()> {
+    if rev.blocked {
+        return Err(StoreError::Rejected {
+            revision: rev.id.clone(),
+            rejections: rev.rejections,
+        });
+    }
+    Ok(())
+}
+
+fn set_state(db: &mut dyn Db, revision: &str, state: RevisionState) -> Result<()> {
+    db.exec(
+        "UPDATE revisions SET state = ?2 WHERE id = ?1",
+        p![revision, state.as_str()],
+    )?;
+    Ok(())
+}
+
+fn active_rollout(db: &mut dyn Db, model: &str) -> Result<Option<i64>> {
+    db.row(
+        "SELECT id FROM rollouts WHERE model = ?1 AND active = 1",
+        p![model],
+    )?
+    .map(|r| r.i64(0))
+    .transpose()
+}
+
+fn require_reason(reason: &str, what: &str) -> Result<String> {
+    let r = reason.trim();
+    if r.is_empty() {
+        Err(StoreError::Invalid(format!(
+            "{what} requires a non-empty reason"
+        )))
+    } else {
+        Ok(r.to_string())
+    }
+}
+
+/// Champion hand-over inside the write: the old champion is archived in the
+/// same transaction, so there is never a moment with two champions or none.
+fn promote_in(
+    db: &mut dyn Db,
+    now: Timestamp,
+    model: &Model,
+    to: &str,
+    actor: &str,
+    body: serde_json::Value,
+    rollout: Option<i64>,
+) -> Result<()> {
+    if let Some(old) = &model.champion {
+        set_state(db, old, RevisionState::Archived)?;
+    }
+    set_state(db, to, RevisionState::Champion)?;
+    db.exec(
+        "UPDATE models SET champion = ?2 WHERE name = ?1",
+        p![&model.name, to],
+    )?;
+    append_audit(db, now, actor, &model.name, rollout, "champion_set", body)
+}
+
+/// The fencing check: a write made under a lease lands only while that
+/// lease's token is still the current one.
+fn check_fence(db: &mut dyn Db, fence: &Fence) -> Result<()> {
+    let current = db
+        .row("SELECT token FROM leases WHERE name = ?1", p![&fence.lease])?
+        .map(|r| r.u64(0))
+        .transpose()?;
+    if current != Some(fence.token) {
+        return Err(StoreError::Fenced {
+            lease: fence.lease.clone(),
+            token: fence.token,
+            current,
+        });
+    }
+    Ok(())
+}
+
+fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<RolloutRecord> {
+    if let Some(fence) = &w.fence {
+        check_fence(db, fence)?;
+    }
+    let current = get_rollout(db, w.rollout)?;
+    if current.version != w.expected_version {
+        return Err(StoreError::VersionConflict {
+            id: w.rollout,
+            expected: w.expected_version,
+            found: current.version,
+        });
+    }
+    let spec = &current.spec;
+    let mut routing = current.routing;
+    for effect in w.effects {
+        match effect {
+            Effect::SetRouting { routing: r } => routing = *r,
+            Effect::PromoteCandidate => {
+                let model = get_model(db, &spec.model)?;
+                let body = serde_json::json!({
+                    "from": model.champion, "to": spec.candidate, "rollout": w.rollout
+                });
+                promote_in(
+                    db,
+                    now,
+                    &model,
+                    &spec.candidate,
+                    w.actor,
+                    body,
+                    Some(w.rollout),
+                )?;
+                routing = Routing::CHAMPION_ONLY;
+            }
+            Effect::RejectCandidate => {
+                db.exec(
+                    "UPDATE revisions SET state = 'rejected', rejections = rejections + 1, blocked = 1
+                     WHERE id = ?1",
+                    p![&spec.candidate],
+                )?;
+                let rev = get_revision(db, &spec.candidate)?;
+                append_audit(
+                    db,
+                    now,
+                    w.actor,
+                    &spec.model,
+                    Some(w.rollout),
+                    "revision_rejected",
+                    serde_json::json!({ "revision": rev.id, "rejections": rev.rejections }),
+                )?;
+            }
+            Effect::Audit { event } => {
+                let kind = serde_json::to_value(event.kind)?;
+                let kind = kind.as_str().unwrap_or("event").to_string();
+                append_audit(
+                    db,
+                    now,
+                    w.actor,
+                    &spec.model,
+                    Some(w.rollout),
+                    &kind,
+                    serde_json::to_value(event)?,
+                )?;
+            }
+        }
+    }
+    let terminal = w.state.phase.is_terminal();
+    if terminal {
+        // An aborted rollout frees its candidate; promoted and rejected ones
+        // were moved by their effects.
+        db.exec(
+            "UPDATE revisions SET state = 'available' WHERE id = ?1 AND state = 'candidate'",
+            p![&spec.candidate],
+        )?;
+    }
+    let version = current.version + 1;
+    db.exec(
+        "UPDATE rollouts SET state = ?2, phase = ?3, active = ?4, routing = ?5, version = ?6, updated_at = ?7
+         WHERE id = ?1",
+        p![
+            w.rollout,
+            serde_json::to_string(w.state)?,
+            w.state.phase.name(),
+            !terminal,
+            serde_json::to_string(&routing)?,
+            version,
+            now.0
+        ],
+    )?;
+    bump_routes_version(db)?;
+    Ok(RolloutRecord {
+        state: w.state.clone(),
+        routing,
+        version,
+        updated_at: now,
+        ..current
+    })
+}
+
+/// Every change to what gateways route bumps one counter, so a follower
+/// polls one row and reads the routes only when they changed.
+fn bump_routes_version(db: &mut dyn Db) -> Result<()> {
+    db.exec(
+        "UPDATE routes_version SET version = version + 1 WHERE id = 1",
+        &[],
+    )?;
+    Ok(())
+}
+
+/// A json model's path must not be another model's.
+fn path_is_free(db: &mut dyn Db, name: &str, spec: &ModelSpec) -> Result<()> {
+    let Some(path) = &spec.json_path else {
+        return Ok(());
+    };
+    let rows = db.rows(
+        "SELECT name, spec FROM models WHERE deleted_at IS NULL AND name != ?1",
+        p![name],
+    )?;
+    for row in rows {
+        let (other, spec): (String, ModelSpec) = (row.text(0)?, row.json(1)?);
+        if spec.json_path.as_deref() == Some(path.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "model.json_path: {path:?} is already the path of model {other:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn valid_name(name: &str) -> Result<()> {
+    rollgate_core::spec::check_model_name(name)
+        .map_err(|e| StoreError::Invalid(format!("model {}", e.message)))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Store for SqlStore {
+    fn create_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model> {
+        valid_name(name)?;
+        spec.validate()?;
+        self.write(|db, now| {
+            if let Ok(existing) = get_model(db, name) {
+                return if existing.spec == *spec {
+                    Ok(existing)
+                } else {
+                    Err(StoreError::Conflict(format!(
+                        "model {name:?} exists with a different spec (change it with PUT /api/v1/models/{name})"
+                    )))
+                };
+            }
+            path_is_free(db, name, spec)?;
+            let deleted = db
+                .row("SELECT 1 FROM models WHERE name = ?1", p![name])?
+                .is_some();
+            if deleted {
+                // A deleted model created again: its revisions (and their
+                // rejections) are still there; it starts without a champion.
+                db.exec(
+                    "UPDATE models SET spec = ?2, champion = NULL, deleted_at = NULL WHERE name = ?1",
+                    p![name, serde_json::to_string(spec)?],
+                )?;
+            } else {
+                db.exec(
+                    "INSERT INTO models (name, spec, champion, created_at) VALUES (?1, ?2, NULL, ?3)",
+                    p![name, serde_json::to_string(spec)?, now.0],
+                )?;
+            }
+            bump_routes_version(db)?;
+            append_audit(
+                db,
+                now,
+                actor,
+                name,
+                None,
+                "model_created",
+                serde_json::to_value(spec)?,
+            )?;
+            get_model(db, name)
+        })
+    }
+
+    fn update_model(&self, name: &str, spec: &ModelSpec, actor: &str) -> Result<Model> {
+        spec.validate()?;
+        self.write(|db, now| {
+            let before = get_model(db, name)?;
+            if before.spec == *spec {
+                return Ok(before);
+            }
+            if let Some(id) = active_rollout(db, name)? {
+                return Err(StoreError::Conflict(format!(
+                    "model {name:?} has an active rollout ({id}); its spec changes once the rollout ends"
+                )));
+            }
+            path_is_free(db, name, spec)?;
+            db.exec(
+                "UPDATE models SET spec = ?2 WHERE name = ?1",
+                p![name, serde_json::to_string(spec)?],
+            )?;
+            bump_routes_version(db)?;
+            append_audit(
+                db,
+                now,
+                actor,
+                name,
+                None,
+                "model_updated",
+                serde_json::json!({ "from": before.spec, "to": spec }),
+            )?;
+            get_model(db, name)
+        })
+    }
+
+    fn delete_model(&self, name: &str, actor: &str, reason: &str) -> Result<()> {
+        let reason = require_reason(reason, "deleting a model")?;
+        self.write(|db, now| {
+            let model = get_model(db, name)?;
+            if let Some(id) = active_rollout(db, name)? {
+                return Err(StoreError::Conflict(format!(
+                    "model {name:?} has an active rollout ({id}); abort it first"
+                )));
+            }
+            db.exec(
+                "UPDATE models SET champion = NULL, deleted_at = ?2 WHERE name = ?1",
+                p![name, now.0],
+            )?;
+            db.exec(
+                "UPDATE revisions SET state = 'archived' WHERE model = ?1 AND state = 'champion'",
+                p![name],
+            )?;
+            bump_routes_version(db)?;
+            append_audit(
+                db,
+                now,
+                actor,
+                name,
+                None,
+                "model_deleted",
+                serde_json::json!({ "reason": reason, "spec": model.spec, "champion": model.champion }),
+            )?;
+            Ok(())
+        })
+    }
+
+    fn model(&self, name: &str) -> Result<Model> {
+        self.read(|db| get_model(db, name))
+    }
+
+    fn models(&self) -> Result<Vec<Model>> {
+        self.read(|db| {
+            let rows = db.rows(
+                &format!("SELECT {MODEL_COLS} FROM models WHERE deleted_at IS NULL ORDER BY name"),
+                &[],
+            )?;
+            all(rows, model_row)
+        })
+    }
+
+    fn register_revision(&self, model: &str, spec: &RevisionSpec, actor: &str) -> Result<Revision> {
+        let normalised = spec.normalised()?;
+        let id = spec.identity(model)?;
+        self.write(|db, now| {
+            get_model(db, model)?;
+            if let Ok(existing) = get_revision(db, &id) {
+                return Ok(existing);
+            }
+            db.exec(
+                "INSERT INTO revisions (id, model, spec, state, created_at) VALUES (?1, ?2, ?3, 'available', ?4)",
+                p![&id, model, serde_json::to_string(&normalised)?, now.0],
+            )?;
+            append_audit(
+                db,
+                now,
+                actor,
+                model,
+                None,
+                "revision_registered",
+                serde_json::json!({ "revision": id, "spec": normalised.redacted() }),
+            )?;
+            get_revision(db, &id)
+        })
+    }
+
+    fn revision(&self, id: &str) -> Result<Revision> {
+        self.read(|db| get_revision(db, id))
+    }
+
+    fn revisions(&self, model: &str) -> Result<Vec<Revision>> {
+        self.read(|db| {
+            get_model(db, model)?;
+            let rows = db.rows(
+                &format!(
+                    "SELECT {REVISION_COLS} FROM revisions WHERE model = ?1 ORDER BY created_at, id"
+                ),
+                p![model],
+            )?;
+            all(rows, revision_row)
+        })
+    }
+
+    fn set_champion(
+        &self,
+        model: &str,
+        revision: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Revision> {
+        let reason = require_reason(reason, "setting the champion")?;
+        self.write(|db, now| {
+            let m = get_model(db, model)?;
+            let rev = revision_of(db, model, revision)?;
+            if let Some(id) = active_rollout(db, model)? {
+                return Err(StoreError::Conflict(format!(
+                    "rollout {id} is active on model {model:?}; promote or abort it instead"
+                )));
+            }
+            not_blocked(&rev)?;
+            if m.champion.as_deref() == Some(revision) {
+                return Ok(rev);
+            }
+            let body = serde_json::json!({ "from": m.champion, "to": revision, "reason": reason });
+            promote_in(db, now, &m, revision, actor, body, None)?;
+            bump_routes_version(db)?;
+            get_revision(db, revision)
+        })
+    }
+
+    fn unblock(&self, revision: &str, actor: &str, reason: &str) -> Result<Revision> {
+        let reason = require_reason(reason, "unblocking a revision")?;
+        self.write(|db, now| {
+            let rev = get_revision(db, revision)?;
+            if !rev.blocked {
+                return Err(StoreError::Conflict(format!("revision {revision} is not blocked")));
+            }
+            db.exec(
+                "UPDATE revisions SET blocked = 0, state = 'available' WHERE id = ?1",
+                p![revision],
+            )?;
+            append_audit(
+                db,
+                now,
+                actor,
+                &rev.model,
+                None,
+                "revision_unblocked",
+                serde_json::json!({ "revision": revision, "rejections": rev.rejections, "reason": reason }),
+            )?;
+            get_revision(db, revision)
+        })
+    }
+
+    fn create_rollout(
+        &self,
+        model: &str,
+        candidate: &str,
+        plan: &Plan,
+        actor: &str,
+    ) -> Result<RolloutRecord> {
+        plan.validate()
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.write(|db, now| {
+            let m = get_model(db, model)?;
+            let rev = revision_of(db, model, candidate)?;
+            let Some(champion) = m.champion.clone() else {
+                return Err(StoreError::Conflict(format!(
+                    "model {model:?} has no champion yet; set one first"
+                )));
+            };
+            if champion == candidate {
+                return Err(StoreError::Conflict(format!(
+                    "revision {candidate} is already the champion of {model:?}"
+                )));
+            }
+            not_blocked(&rev)?;
+            if let Some(id) = active_rollout(db, model)? {
+                return Err(StoreError::Conflict(format!(
+                    "rollout {id} is already active on model {model:?}"
+                )));
+            }
+            let spec = RolloutSpec {
+                model: model.to_string(),
+                champion,
+                candidate: candidate.to_string(),
+                plan: plan.clone(),
+            };
+            let state = RolloutState::new(now);
+            set_state(db, candidate, RevisionState::Candidate)?;
+            let id = db
+                .row(
+                    "INSERT INTO rollouts (model, spec, state, phase, active, routing, version, created_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, 1, ?5, 0, ?6, ?6) RETURNING id",
+                    p![
+                        model,
+                        serde_json::to_string(&spec)?,
+                        serde_json::to_string(&state)?,
+                        state.phase.name(),
+                        serde_json::to_string(&Routing::CHAMPION_ONLY)?,
+                        now.0
+                    ],
+                )?
+                .ok_or_else(|| StoreError::Database("INSERT returned no id".into()))?
+                .i64(0)?;
+            bump_routes_version(db)?;
+            append_audit(
+                db,
+                now,
+                actor,
+                model,
+                Some(id),
+                "rollout_created",
+                serde_json::json!({ "champion": spec.champion, "candidate": candidate, "plan": plan }),
+            )?;
+            get_rollout(db, id)
+        })
+    }
+
+    fn rollout(&self, id: i64) -> Result<RolloutRecord> {
+        self.read(|db| get_rollout(db, id))
+    }
+
+    fn rollouts(&self, active_only: bool) -> Result<Vec<RolloutRecord>> {
+        self.read(|db| {
+            let rows = db.rows(
+                &format!(
+                    "SELECT {ROLLOUT_COLS} FROM rollouts WHERE (?1 = 0 OR active = 1) ORDER BY id DESC"
+                ),
+                p![active_only],
+            )?;
+            all(rows, rollout_row)
+        })
+    }
+
+    fn apply(&self, write: TransitionWrite) -> Result<RolloutRecord> {
+        self.write(|db, now| apply_in(db, now, &write))
+    }
+
+    fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>> {
+        self.write(|db, now| writes.iter().map(|w| apply_in(db, now, w)).collect())
+    }
+
+    fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
+        self.read(|db| {
+            let rows = db.rows(
+                &format!(
+                    "SELECT {AUDIT_COLS} FROM audit
+                     WHERE (CAST(?1 AS TEXT) IS NULL OR model = ?1)
+                       AND (CAST(?2 AS BIGINT) IS NULL OR rollout = ?2) AND seq > ?3
+                     ORDER BY seq LIMIT ?4"
+                ),
+                p![
+                    filter.model.as_deref(),
+                    filter.rollout,
+                    filter.after_seq.unwrap_or(0),
+                    filter.limit.unwrap_or(u64::MAX)
+                ],
+            )?;
+            all(rows, audit_row)
+        })
+    }
+
+    fn heartbeat(&self, id: &str, stats_url: &str) -> Result<()> {
+        self.write(|db, now| {
+            db.exec(
+                "INSERT INTO gateways (id, stats_url, last_seen) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET stats_url = excluded.stats_url, last_seen = excluded.last_seen",
+                p![id, stats_url, now.0],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn gateways(&self, seen_within: Duration) -> Result<Vec<GatewayInfo>> {
+        let since = (self.clock)().0.saturating_sub(millis(seen_within));
+        self.read(|db| {
+            let rows = db.rows(
+                "SELECT id, stats_url, last_seen FROM gateways WHERE last_seen >= ?1 ORDER BY id",
+                p![since],
+            )?;
+            all(rows, |r| {
+                Ok(GatewayInfo {
+                    id: r.text(0)?,
+                    stats_url: r.text(1)?,
+                    last_seen: r.ts(2)?,
+                })
+            })
+        })
+    }
+
+    fn routes_version(&self) -> Result<u64> {
+        self.read(|db| {
+            db.row("SELECT version FROM routes_version WHERE id = 1", &[])?
+                .map_or(Ok(0), |r| r.u64(0))
+        })
+    }
+
+    fn routes(&self) -> Result<Vec<ModelRoutes>> {
+        // One snapshot: the routing of every model at one instant.
+        self.read(|db| {
+            let models = all(
+                db.rows(
+                    &format!(
+                        "SELECT {MODEL_COLS} FROM models WHERE deleted_at IS NULL ORDER BY name"
+                    ),
+                    &[],
+                )?,
+                model_row,
+            )?;
+            let mut out = Vec::with_capacity(models.len());
+            for model in models {
+                let champion = match &model.champion {
+                    Some(id) => Some(get_revision(db, id)?),
+                    None => None,
+                };
+                let rollout = match active_rollout(db, &model.name)? {
+                    Some(id) => {
+                        let r = get_rollout(db, id)?;
+                        Some((get_revision(db, &r.spec.candidate)?, r.routing, r.id))
+                    }
+                    None => None,
+                };
+                out.push(ModelRoutes {
+                    model,
+                    champion,
+                    rollout,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn acquire_lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Lease>> {
+        self.write(|db, now| {
+            let expires_at = Timestamp(now.0.saturating_add(millis(ttl)));
+            let current = db
+                .row(
+                    "SELECT holder, token, expires_at FROM leases WHERE name = ?1",
+                    p![name],
+                )?
+                .map(|r| Ok::<_, StoreError>((r.text(0)?, r.u64(1)?, r.ts(2)?)))
+                .transpose()?;
+            let token = match current {
+                None => {
+                    db.exec(
+                        "INSERT INTO leases (name, holder, token, expires_at) VALUES (?1, ?2, 1, ?3)",
+                        p![name, holder, expires_at.0],
+                    )?;
+                    1
+                }
+                // Renewing one's own lease keeps its token: nobody else held
+                // it in between.
+                Some((h, token, _)) if h == holder => {
+                    db.exec(
+                        "UPDATE leases SET expires_at = ?2 WHERE name = ?1",
+                        p![name, expires_at.0],
+                    )?;
+                    token
+                }
+                Some((_, token, until)) if until <= now => {
+                    db.exec(
+                        "UPDATE leases SET holder = ?2, token = ?3, expires_at = ?4 WHERE name = ?1",
+                        p![name, holder, token + 1, expires_at.0],
+                    )?;
+                    token + 1
+                }
+                Some(_) => return Ok(None),
+            };
+            Ok(Some(Lease {
+                fence: Fence {
+                    lease: name.to_string(),
+                    token,
+                },
+                holder: holder.to_string(),
+                expires_at,
+            }))
+        })
+    }
+
+    fn release_lease(&self, fence: &Fence) -> Result<()> {
+        self.write(|db, now| {
+            db.exec(
+                "UPDATE leases SET expires_at = ?3 WHERE name = ?1 AND token = ?2",
+                p![&fence.lease, fence.token, now.0],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn lease(&self, name: &str) -> Result<Option<Lease>> {
+        self.read(|db| {
+            db.row(
+                "SELECT holder, token, expires_at FROM leases WHERE name = ?1",
+                p![name],
+            )?
+            .map(|r| {
+                Ok(Lease {
+                    fence: Fence {
+                        lease: name.to_string(),
+                        token: r.u64(1)?,
+                    },
+                    holder: r.text(0)?,
+                    expires_at: r.ts(2)?,
+                })
+            })
+            .transpose()
+        })
+    }
+
+    fn create_token(
+        &self,
+        name: &str,
+        role: Role,
+        secret_hash: &str,
+        actor: &str,
+    ) -> Result<ApiToken> {
+        if !valid_token_name(name) {
+            return Err(StoreError::Invalid(format!(
+                "token name {name:?}: use 1-64 of A-Z a-z 0-9 . _ @ -"
+            )));
+        }
+        self.write(|db, now| {
+            if db
+                .row("SELECT 1 FROM tokens WHERE name = ?1", p![name])?
+                .is_some()
+            {
+                return Err(StoreError::Conflict(format!(
+                    "token name {name:?} is taken (names are never reused, even revoked ones)"
+                )));
+            }
+            db.exec(
+                "INSERT INTO tokens (name, role, hash, created_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5)",
+                p![name, role.as_str(), secret_hash, now.0, actor],
+            )?;
+            append_audit(
+                db,
+                now,
+                actor,
+                "",
+                None,
+                "token_created",
+                serde_json::json!({ "name": name, "role": role }),
+            )?;
+            Ok(ApiToken {
+                name: name.to_string(),
+                role,
+                created_at: now,
+                created_by: actor.to_string(),
+                revoked_at: None,
+            })
+        })
+    }
+
+    fn tokens(&self) -> Result<Vec<ApiToken>> {
+        self.read(|db| {
+            let rows = db.rows(
+                &format!("SELECT {TOKEN_COLS} FROM tokens ORDER BY name"),
+                &[],
+            )?;
+            all(rows, token_row)
+        })
+    }
+
+    fn revoke_token(&self, name: &str, actor: &str) -> Result<ApiToken> {
+        self.write(|db, now| {
+            let changed = db.exec(
+                "UPDATE tokens SET revoked_at = ?2 WHERE name = ?1 AND revoked_at IS NULL",
+                p![name, now.0],
+            )?;
+            let token = db
+                .row(
+                    &format!("SELECT {TOKEN_COLS} FROM tokens WHERE name = ?1"),
+                    p![name],
+                )?
+                .map(|r| token_row(&r))
+                .transpose()?
+                .ok_or_else(|| StoreError::NotFound {
+                    what: "token",
+                    name: name.to_string(),
+                })?;
+            if changed == 1 {
+                append_audit(
+                    db,
+                    now,
+                    actor,
+                    "",
+                    None,
+                    "token_revoked",
+                    serde_json::json!({ "name": name, "role": token.role }),
+                )?;
+            }
+            Ok(token)
+        })
+    }
+
+    fn token_by_hash(&self, secret_hash: &str) -> Result<Option<ApiToken>> {
+        self.read(|db| {
+            db.row(
+                &format!("SELECT {TOKEN_COLS} FROM tokens WHERE hash = ?1 AND revoked_at IS NULL"),
+                p![secret_hash],
+            )?
+            .map(|r| token_row(&r))
+            .transpose()
+        })
+    }
+
+    fn prune_evaluations(&self, before: Timestamp) -> Result<u64> {
+        self.write(|db, _| {
+            db.exec(
+                "UPDATE audit SET body = ?2, pruned = 1
+                 WHERE kind = 'evaluated' AND pruned = 0 AND at < ?1 AND body_digest IS NOT NULL",
+                p![before.0, crate::audit::PRUNED_BODY],
+            )
+        })
+    }
+
+    fn audit_head(&self) -> Result<Option<(u64, String)>> {
+        self.read(audit_head_in)
+    }
+
+    fn audit_hashes(&self, seqs: &[u64]) -> Result<std::collections::BTreeMap<u64, String>> {
+        self.read(|db| {
+            let mut out = std::collections::BTreeMap::new();
+            for &seq in seqs {
+                if let Some(r) = db.row("SELECT hash FROM audit WHERE seq = ?1", p![seq])? {
+                    out.insert(seq, r.text(0)?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn add_checkpoint(&self, cp: &Checkpoint) -> Result<()> {
+        self.write(|db, _| {
+            db.exec(
+                "INSERT INTO checkpoints (seq, hash, at, mac) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (seq) DO NOTHING",
+                p![cp.seq, &cp.hash, cp.at.0, &cp.mac],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
+        self.read(|db| {
+            let rows = db.rows(
+                "SELECT seq, hash, at, mac FROM checkpoints ORDER BY seq",
+                &[],
+            )?;
+            all(rows, |r| {
+                Ok(Checkpoint {
+                    seq: r.u64(0)?,
+                    hash: r.text(1)?,
+                    at: r.ts(2)?,
+                    mac: r.text(3)?,
+                })
+            })
+        })
+    }
+
+    fn verify_audit(&self) -> Result<ChainReport> {
+        let records = self.read(|db| {
+            let rows = db.rows(&format!("SELECT {AUDIT_COLS} FROM audit ORDER BY seq"), &[])?;
+            all(rows, audit_row)
+        })?;
+        Ok(verify_chain(&records))
+    }
+}
