@@ -500,7 +500,7 @@ async fn rollout_action(
             },
             (s.ctx.clock)(),
         )?;
-        if let Some(done) = commit(&s.ctx, &rec, t.state, t.effects, &who).await? {
+        if let Some(done) = commit(&s.ctx, &rec, t.state, t.effects, &who, None).await? {
             return Ok(Json(done));
         }
     }

@@ -11,14 +11,16 @@
 
 pub mod api;
 pub mod http;
+pub mod lead;
 pub mod metrics;
 pub mod oidc;
 pub mod reconcile;
 
 pub use api::{ApiState, router};
 pub use http::HttpClient;
+pub use lead::{CONTROLLER_LEASE, Leader, holder_id};
 pub use metrics::ControllerMetrics;
 pub use reconcile::{
-    Action, Anchor, Context, PRUNE_EVERY, Retention, RoutePush, checkpoint, error_policy, prune,
-    push_routes, reconcile, run,
+    Action, Anchor, Context, PRUNE_EVERY, Retention, RoutePush, Schedule, checkpoint, error_policy,
+    prune, push_routes, reconcile, run,
 };

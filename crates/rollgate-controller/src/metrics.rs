@@ -25,6 +25,7 @@ pub struct ControllerMetrics {
     active: Family<PhaseLabel, Gauge>,
     evaluations: Counter,
     rollbacks: Family<ReasonLabel, Counter>,
+    leader: Gauge,
 }
 
 impl std::fmt::Debug for ControllerMetrics {
@@ -54,16 +55,27 @@ impl Default for ControllerMetrics {
             "Rollbacks by reason.",
             rollbacks.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "rollgate_controller_leader",
+            "1 while this controller holds the lease and reconciles, 0 while it stands by.",
+            leader.clone(),
+        );
         ControllerMetrics {
             registry: Mutex::new(registry),
             active,
             evaluations,
             rollbacks,
+            leader,
         }
     }
 }
 
 impl ControllerMetrics {
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
     pub fn evaluation(&self) {
         self.evaluations.inc();
     }

@@ -16,10 +16,11 @@ use rollgate_core::{
     Timestamp, step,
 };
 use rollgate_store::{
-    Model, ModelRoutes, Revision, RolloutRecord, Store, StoreError, TransitionWrite,
+    Fence, Model, ModelRoutes, Revision, RolloutRecord, Store, StoreError, TransitionWrite,
 };
 
 use crate::http::HttpClient;
+use crate::lead::Leader;
 use crate::metrics::ControllerMetrics;
 
 /// What to do after a pass.
@@ -67,6 +68,11 @@ pub struct Context {
     pub anchor: Option<Arc<Anchor>>,
     /// Prunes old evaluation records' bodies.
     pub retention: Option<Arc<Retention>>,
+    /// Whether this controller leads (holds the store's lease); only the
+    /// leader reconciles, and its commits carry the lease's fence.
+    pub leader: Arc<Leader>,
+    /// At most this many rollouts are reconciled at once.
+    pub concurrency: usize,
 }
 
 /// Audit retention: evaluation records older than `keep` lose their bodies
@@ -295,13 +301,16 @@ async fn pre_route_to_champion(
     .await;
 }
 
-/// Commits a transition; a lost race is not an error.
+/// Commits a transition (under `fence`, for the leader's own decisions);
+/// a lost race is not an error, and a fenced commit makes this controller
+/// stand by.
 pub async fn commit(
     ctx: &Context,
     rec: &RolloutRecord,
     state: RolloutState,
     effects: Vec<Effect>,
     actor: &str,
+    fence: Option<Fence>,
 ) -> Result<Option<RolloutRecord>, Error> {
     pre_route_to_champion(ctx, rec, &effects, &state).await;
     let (id, version, actor) = (rec.id, rec.version, actor.to_string());
@@ -312,14 +321,21 @@ pub async fn commit(
             state: &state,
             effects: &effects,
             actor: &actor,
-            fence: None,
+            fence,
         }) {
             Ok(r) => Ok(Some(r)),
             Err(StoreError::VersionConflict { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     })
-    .await?;
+    .await;
+    let out = match out {
+        Err(Error::Store(StoreError::Fenced { .. })) => {
+            ctx.leader.step_down();
+            None
+        }
+        other => other?,
+    };
     if out.is_some() {
         push_routes(ctx).await;
     }
@@ -356,9 +372,13 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     if t.state == rec.state && t.effects.is_empty() {
         return Ok(Action::requeue(ctx.tick));
     }
+    // Only the leader's decisions commit, each under its fence.
+    let Some(fence) = ctx.leader.fence() else {
+        return Ok(Action::requeue(ctx.tick));
+    };
     let evaluated = t.state.evaluations > rec.state.evaluations;
     let next = t.state.phase.clone();
-    if let Some(done) = commit(ctx, &rec, t.state, t.effects, "controller").await? {
+    if let Some(done) = commit(ctx, &rec, t.state, t.effects, "controller", Some(fence)).await? {
         if evaluated {
             ctx.metrics.evaluation();
         }
@@ -372,36 +392,132 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(ctx.tick))
 }
 
-/// On an error, retry after a short back-off: the store is the truth, so a
-/// later pass simply starts again from it.
-pub fn error_policy(err: &Error, ctx: &Context) -> Action {
-    tracing::warn!(error = %err, "reconcile failed; retrying");
-    Action::requeue(ctx.tick.max(Duration::from_millis(500)))
+/// On an error, retry after a back-off that doubles with each consecutive
+/// failure of the rollout (from one tick, at least 500 ms, up to 30 s): the
+/// store is the truth, so a later pass simply starts again from it.
+pub fn error_policy(err: &Error, ctx: &Context, failures: u32) -> Action {
+    tracing::warn!(error = %err, failures, "reconcile failed; retrying");
+    let base = ctx.tick.max(Duration::from_millis(500));
+    let factor = 1u32 << failures.saturating_sub(1).min(6);
+    Action::requeue((base * factor).min(Duration::from_secs(30)))
 }
 
-/// Reconciles every active rollout each tick until `shutdown` resolves.
-pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    loop {
-        let active = blocking(&ctx.store, |s| s.rollouts(true)).await;
-        match active {
-            Ok(rollouts) => {
-                ctx.metrics.set_active(&rollouts);
-                for r in rollouts {
-                    if let Err(e) = reconcile(r.id, &ctx).await {
-                        let _ = error_policy(&e, &ctx);
-                    }
-                }
+/// When each active rollout is due, from the `Action` its last pass
+/// returned, and how many of its passes failed in a row.
+#[derive(Debug, Default)]
+pub struct Schedule {
+    due: std::collections::HashMap<i64, tokio::time::Instant>,
+    failures: std::collections::HashMap<i64, u32>,
+}
+
+impl Schedule {
+    /// The active rollouts due at `now` (new ones are due at once), in
+    /// order; forgets rollouts no longer active.
+    pub fn due(&mut self, active: &[RolloutRecord], now: tokio::time::Instant) -> Vec<i64> {
+        let live: std::collections::HashSet<i64> = active.iter().map(|r| r.id).collect();
+        self.due.retain(|id, _| live.contains(id));
+        self.failures.retain(|id, _| live.contains(id));
+        active
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| self.due.get(id).is_none_or(|t| *t <= now))
+            .collect()
+    }
+
+    /// Records a pass's outcome.
+    pub fn done(
+        &mut self,
+        id: i64,
+        outcome: Result<Action, Error>,
+        ctx: &Context,
+        now: tokio::time::Instant,
+    ) {
+        let action = match outcome {
+            Ok(a) => {
+                self.failures.remove(&id);
+                a
             }
             Err(e) => {
-                let _ = error_policy(&e, &ctx);
+                let n = self.failures.entry(id).or_insert(0);
+                *n += 1;
+                error_policy(&e, ctx, *n)
+            }
+        };
+        match action {
+            Action::Requeue(d) => {
+                self.due.insert(id, now + d);
+            }
+            // Finished: it leaves the active list, and the schedule with it.
+            Action::AwaitChange => {
+                self.due.remove(&id);
             }
         }
-        checkpoint(&ctx).await;
-        prune(&ctx).await;
+    }
+
+    /// The earliest time a rollout is due.
+    pub fn next(&self) -> Option<tokio::time::Instant> {
+        self.due.values().min().copied()
+    }
+}
+
+/// Keeps the lease: renews it while leading, tries to take it while
+/// standing by.
+async fn keep_lease(ctx: Context) {
+    loop {
+        let lead = ctx.leader.campaign(&ctx.store).await;
+        ctx.metrics.set_leader(lead);
+        tokio::time::sleep(ctx.leader.renew_every()).await;
+    }
+}
+
+/// Reconciles the active rollouts when each is due, at most
+/// `ctx.concurrency` at once, while this controller leads; signs and prunes
+/// the audit log; until `shutdown` resolves. Then hands the lease over.
+pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) {
+    use futures::stream::StreamExt as _;
+    tokio::pin!(shutdown);
+    let lease = tokio::spawn(keep_lease(ctx.clone()));
+    let mut schedule = Schedule::default();
+    loop {
+        if ctx.leader.fence().is_some() {
+            match blocking(&ctx.store, |s| s.rollouts(true)).await {
+                Ok(rollouts) => {
+                    ctx.metrics.set_active(&rollouts);
+                    let now = tokio::time::Instant::now();
+                    let due = schedule.due(&rollouts, now);
+                    let outcomes: Vec<(i64, Result<Action, Error>)> =
+                        futures::stream::iter(due)
+                            .map(|id| {
+                                let ctx = ctx.clone();
+                                async move { (id, reconcile(id, &ctx).await) }
+                            })
+                            .buffer_unordered(ctx.concurrency.max(1))
+                            .collect()
+                            .await;
+                    let now = tokio::time::Instant::now();
+                    for (id, outcome) in outcomes {
+                        schedule.done(id, outcome, &ctx, now);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing active rollouts failed; retrying");
+                }
+            }
+            checkpoint(&ctx).await;
+            prune(&ctx).await;
+        }
+        // Wake for the next due rollout, and at least every tick (new
+        // rollouts, leadership changes).
+        let wake = schedule
+            .next()
+            .unwrap_or_else(tokio::time::Instant::now)
+            .max(tokio::time::Instant::now() + Duration::from_millis(10))
+            .min(tokio::time::Instant::now() + ctx.tick);
         tokio::select! {
-            () = tokio::time::sleep(ctx.tick) => {}
-            () = &mut shutdown => return,
+            () = tokio::time::sleep_until(wake) => {}
+            () = &mut shutdown => break,
         }
     }
+    lease.abort();
+    ctx.leader.resign(&ctx.store).await;
 }

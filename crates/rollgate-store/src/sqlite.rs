@@ -183,23 +183,23 @@ impl Db for Lite<'_> {
     }
 }
 
-/// The SQLite engine: one connection; the mutex and IMMEDIATE transactions
-/// serialise writers (across processes too, by SQLite's own lock).
+/// The SQLite engine: a writer connection (its mutex and IMMEDIATE
+/// transactions serialise writers, across processes too by SQLite's own
+/// lock) and a reader, so reads never queue behind a write waiting for that
+/// lock (WAL lets readers run beside a writer).
 struct Sqlite {
-    conn: Mutex<Connection>,
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
 }
 
-impl Sqlite {
-    fn conn(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
-        self.conn
-            .lock()
-            .map_err(|_| StoreError::Conflict("store lock poisoned by an earlier panic".into()))
-    }
+fn locked(conn: &Mutex<Connection>) -> Result<std::sync::MutexGuard<'_, Connection>> {
+    conn.lock()
+        .map_err(|_| StoreError::Conflict("store lock poisoned by an earlier panic".into()))
 }
 
 impl Engine for Sqlite {
     fn write(&self, work: Work) -> Result<()> {
-        let mut conn = self.conn()?;
+        let mut conn = locked(&self.writer)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         work(&mut Lite(&tx))?;
         tx.commit()?;
@@ -207,7 +207,7 @@ impl Engine for Sqlite {
     }
 
     fn read(&self, work: Work) -> Result<()> {
-        let mut conn = self.conn()?;
+        let mut conn = locked(&self.reader)?;
         let tx = conn.transaction()?;
         work(&mut Lite(&tx))?;
         tx.commit()?;
@@ -233,15 +233,22 @@ impl SqlStore {
 
     /// Opens (creating if needed) the SQLite file at `path` and migrates it.
     pub fn open_file(path: &Path) -> Result<SqlStore> {
-        let mut conn = Connection::open(path)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.set_prepared_statement_cache_capacity(64);
-        migrate(&mut conn)?;
+        let connect = || -> Result<Connection> {
+            let conn = Connection::open(path)?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "FULL")?;
+            conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.set_prepared_statement_cache_capacity(64);
+            Ok(conn)
+        };
+        let mut writer = connect()?;
+        migrate(&mut writer)?;
+        let reader = connect()?;
+        reader.pragma_update(None, "query_only", "ON")?;
         Ok(SqlStore::with_engine(Box::new(Sqlite {
-            conn: Mutex::new(conn),
+            writer: Mutex::new(writer),
+            reader: Mutex::new(reader),
         })))
     }
 }

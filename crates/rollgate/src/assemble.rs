@@ -25,6 +25,9 @@ pub struct GatewayPart {
     pub config: GatewayConfig,
     /// Names it in its stats and heartbeats (default: `gateway-<addr>`).
     pub id: Option<String>,
+    /// The base URL the controller reaches its stats at (default: its
+    /// listen address).
+    pub advertise: Option<String>,
     pub follow_every: Duration,
 }
 
@@ -92,11 +95,20 @@ where
         if let Err(e) = crate::follow::sync_once(a.store.as_ref(), &gw) {
             tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
         }
+        let base = match g.advertise {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                if addr.ip().is_unspecified() {
+                    tracing::warn!(%addr, "listening on every address: set --advertise so controllers on other hosts reach this gateway's stats");
+                }
+                format!("http://{addr}")
+            }
+        };
         tasks.push(tokio::spawn(crate::follow::follow(
             Arc::clone(&a.store),
             gw.clone(),
             id,
-            format!("http://{addr}/rollgate/stats"),
+            format!("{base}/rollgate/stats"),
             g.follow_every,
             wait(),
         )));
@@ -124,6 +136,11 @@ where
                 .audit
                 .retain_evaluations
                 .map(|keep| Arc::new(rollgate_controller::Retention::new(keep))),
+            leader: Arc::new(rollgate_controller::Leader::new(
+                rollgate_controller::holder_id(),
+                c.controller.lease_ttl,
+            )),
+            concurrency: c.controller.concurrency,
         };
         let state = ApiState {
             ctx: ctx.clone(),

@@ -262,6 +262,7 @@ async fn demo(
                 listener: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
                 config: GatewayConfig::default(),
                 id: Some("demo-gateway".into()),
+                advertise: None,
                 follow_every: Duration::from_millis(200),
             }),
             control: Some(crate::assemble::ControlPart {

@@ -108,12 +108,23 @@ pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 /// rollback it decided meanwhile before the candidate is exposed again.
 pub const RESUME_AFTER: u32 = 3;
 
+/// What one cycle read of the routes.
+#[derive(Debug, Clone)]
+pub enum Read {
+    /// The routes, read because their version moved (or to resync).
+    Routes(Vec<ModelRoutes>),
+    /// The version did not move: the routes known are current.
+    Unchanged,
+    /// The store could not be read.
+    Failed,
+}
+
 /// Where a follower stands with the store.
 #[derive(Debug, Clone)]
 pub struct FollowState {
     /// The last routing read from the store.
     last: Option<Vec<ModelRoutes>>,
-    /// When a cycle last confirmed (routes read and heartbeat written).
+    /// When a cycle last confirmed (routes current and heartbeat written).
     confirmed_at: tokio::time::Instant,
     /// Consecutive confirmed cycles.
     streak: u32,
@@ -131,20 +142,24 @@ impl FollowState {
         }
     }
 
-    /// Takes one cycle's outcome (`routes` read, if they could be; whether
-    /// the heartbeat was written) and returns the routes to apply, if any
-    /// are known: the store's, or while held the same with no candidate
-    /// share (mirrors stay: they cannot hurt a user).
+    /// Takes one cycle's outcome (what was read; whether the heartbeat was
+    /// written) and returns the routes the gateway must now apply, if they
+    /// changed: the store's, or while held the same with no candidate share
+    /// (mirrors stay: they cannot hurt a user).
     pub fn step(
         &mut self,
-        routes: Option<Vec<ModelRoutes>>,
+        read: Read,
         heartbeat: bool,
         now: tokio::time::Instant,
     ) -> Option<Vec<ModelRoute>> {
-        let confirmed = routes.is_some() && heartbeat;
-        if let Some(r) = routes {
-            self.last = Some(r);
-        }
+        let (confirmed, mut changed) = match read {
+            Read::Routes(r) => {
+                self.last = Some(r);
+                (heartbeat, true)
+            }
+            Read::Unchanged => (heartbeat && self.last.is_some(), false),
+            Read::Failed => (false, false),
+        };
         if confirmed {
             self.streak += 1;
             self.confirmed_at = now;
@@ -153,8 +168,13 @@ impl FollowState {
         }
         if !self.held && now.duration_since(self.confirmed_at) >= UNCONFIRMED_AFTER {
             self.held = true;
+            changed = true;
         } else if self.held && self.streak >= RESUME_AFTER {
             self.held = false;
+            changed = true;
+        }
+        if !changed {
+            return None;
         }
         let mut out = gateway_routes(self.last.as_deref()?);
         if self.held {
@@ -166,10 +186,16 @@ impl FollowState {
     }
 }
 
-/// Follows the store until `shutdown` resolves: routes and heartbeat every
-/// `every`. Errors are logged and retried; the last good routing stays,
-/// without candidate shares once the store has not confirmed for
-/// [`UNCONFIRMED_AFTER`] (see [`FollowState`]).
+/// Routes are read again at least this often even when their version has
+/// not moved: a push the controller made to an in-process gateway before a
+/// commit that then failed is undone within this long.
+pub const RESYNC_EVERY: Duration = Duration::from_secs(10);
+
+/// Follows the store until `shutdown` resolves: every `every`, heartbeats
+/// and polls the routes' version, reading the routes only when it moved
+/// (or every [`RESYNC_EVERY`]). Errors are logged and retried; the last good
+/// routing stays, without candidate shares once the store has not confirmed
+/// for [`UNCONFIRMED_AFTER`] (see [`FollowState`]).
 pub async fn follow(
     store: Arc<dyn Store>,
     gateway: Gateway,
@@ -180,37 +206,56 @@ pub async fn follow(
 ) {
     tokio::pin!(shutdown);
     let mut state = FollowState::new(tokio::time::Instant::now());
+    let mut known: Option<u64> = None;
+    let mut read_at = tokio::time::Instant::now();
     // One store call at a time: a store that hangs (a held lock, a stuck
     // disk) is a cycle that did not confirm, not a follower that stops.
     let mut pending = None;
     loop {
         let call = pending.get_or_insert_with(|| {
             let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
-            tokio::task::spawn_blocking(move || (s.routes(), s.heartbeat(&i, &u)))
+            let current = known.filter(|_| read_at.elapsed() < RESYNC_EVERY);
+            tokio::task::spawn_blocking(move || {
+                let beat = s.heartbeat(&i, &u);
+                let read = s.routes_version().and_then(|v| match current {
+                    Some(k) if k == v => Ok((v, None)),
+                    _ => s.routes().map(|r| (v, Some(r))),
+                });
+                (read, beat)
+            })
         });
-        let (routes, beat) = match tokio::time::timeout(STALLED_AFTER, call).await {
-            Ok(Ok((routes, beat))) => {
+        let (read, beat) = match tokio::time::timeout(STALLED_AFTER, call).await {
+            Ok(Ok((read, beat))) => {
                 pending = None;
-                if let Err(e) = &routes {
-                    tracing::warn!(error = %e, "reading routes from the store failed");
-                }
                 if let Err(e) = &beat {
                     tracing::warn!(error = %e, "writing the heartbeat failed");
                 }
-                (routes.ok(), beat.is_ok())
+                let read = match read {
+                    Ok((v, Some(routes))) => {
+                        known = Some(v);
+                        read_at = tokio::time::Instant::now();
+                        Read::Routes(routes)
+                    }
+                    Ok((_, None)) => Read::Unchanged,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading routes from the store failed");
+                        Read::Failed
+                    }
+                };
+                (read, beat.is_ok())
             }
             Ok(Err(e)) => {
                 pending = None;
                 tracing::warn!(error = %e, "route follower task failed");
-                (None, false)
+                (Read::Failed, false)
             }
             Err(_) => {
                 tracing::warn!("the store has not answered for {STALLED_AFTER:?}");
-                (None, false)
+                (Read::Failed, false)
             }
         };
         let was_held = state.held;
-        if let Some(r) = state.step(routes, beat, tokio::time::Instant::now()) {
+        if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
             gateway.set_routes(&r);
         }
         if state.held != was_held {
@@ -348,29 +393,32 @@ mod tests {
             )
         };
         let mut f = FollowState::new(t0);
-        assert_eq!(f.step(None, false, at(0)), None, "nothing known yet");
+        assert_eq!(f.step(Read::Failed, false, at(0)), None, "nothing known yet");
         assert_eq!(
-            share(&f.step(Some(canary()), true, at(500))),
+            share(&f.step(Read::Routes(canary()), true, at(500))),
             (Some(2500), true)
         );
+        // Nothing moved: nothing to apply.
+        assert_eq!(f.step(Read::Unchanged, true, at(700)), None);
         // Disk full: routes still read, heartbeats fail.
-        for ms in [1000, 2000, 3000, 4000, 5400] {
-            let r = f.step(Some(canary()), false, at(ms));
+        for ms in [1000, 2000, 3000, 4000, 5100] {
+            let r = f.step(Read::Routes(canary()), false, at(ms));
             assert_eq!(share(&r), (Some(2500), true), "at {ms} ms");
         }
-        let r = f.step(Some(canary()), false, at(5500));
+        let r = f.step(Read::Unchanged, false, at(5700));
         assert!(f.held);
         assert_eq!(share(&r), (None, true), "5 s unconfirmed: held");
-        // Unreachable altogether: the last routes, still held.
-        assert_eq!(share(&f.step(None, false, at(9000))), (None, true));
+        // Unreachable altogether: the last routes stay, still held.
+        assert_eq!(f.step(Read::Failed, false, at(9000)), None);
+        assert!(f.held);
         // Back: held for two confirmed cycles, released at the third.
-        assert_eq!(share(&f.step(Some(canary()), true, at(9500))), (None, true));
         assert_eq!(
-            share(&f.step(Some(canary()), true, at(10_000))),
+            share(&f.step(Read::Routes(canary()), true, at(9500))),
             (None, true)
         );
+        assert_eq!(f.step(Read::Unchanged, true, at(10_000)), None);
         assert_eq!(
-            share(&f.step(Some(canary()), true, at(10_500))),
+            share(&f.step(Read::Unchanged, true, at(10_500))),
             (Some(2500), true)
         );
         assert!(!f.held);

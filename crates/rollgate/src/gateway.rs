@@ -10,8 +10,8 @@ use rollgate_gateway::{Gateway, GatewayConfig, serve};
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
     /// Gateway config (TOML): listen address, limits, mirror pool, routes.
-    /// Optional with --data (routes then come from the store).
-    #[arg(long, required_unless_present = "data")]
+    /// Optional with --data or --store (routes then come from the store).
+    #[arg(long, required_unless_present_any = ["data", "store"])]
     config: Option<PathBuf>,
     /// Overrides `listen` from the config.
     #[arg(long)]
@@ -23,9 +23,17 @@ pub struct GatewayArgs {
     /// instead of the config's static `models`.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Follow routes from this store: a `postgres://` URL (gateways on
+    /// other hosts) or a SQLite data directory.
+    #[arg(long, env = "ROLLGATE_STORE")]
+    store: Option<String>,
     /// Gateway id for heartbeats (default: derived from the listen address).
     #[arg(long)]
     id: Option<String>,
+    /// The base URL the controller reaches this gateway's stats at (default:
+    /// `http://<listen address>`).
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 /// Reads and validates a TOML config; errors name the line and the field.
@@ -76,12 +84,19 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
     if let Some(l) = args.listen {
         config.listen = l;
     }
-    if let Some(data) = &args.data {
+    if args.data.is_some() || args.store.is_some() {
         return crate::serve::gateway_following_store(
             config,
-            data,
-            args.id.clone(),
-            std::time::Duration::from_millis(500),
+            crate::serve::Follow {
+                data: args
+                    .data
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("rollgate-data")),
+                store: args.store.clone(),
+                id: args.id.clone(),
+                advertise: args.advertise.clone(),
+                every: std::time::Duration::from_millis(500),
+            },
         );
     }
     let _ = tracing_subscriber::fmt()

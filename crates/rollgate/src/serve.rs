@@ -22,6 +22,9 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpConfig {
+    /// Where the store is: a `postgres://` URL shared by several hosts, or a
+    /// SQLite data directory (default: `--data`). `--store` overrides it.
+    pub store: Option<String>,
     pub api: ApiConfig,
     pub controller: ControllerConfig,
     /// The gateway; its `models` are ignored: routes come from the store.
@@ -126,6 +129,13 @@ pub struct ControllerConfig {
     /// How often gateways reload routes from the store and heartbeat.
     #[serde(with = "humantime_serde")]
     pub follow_interval: Duration,
+    /// Several controllers may share a store: one leads by a lease of this
+    /// length, renewed every third of it; a standby takes over within about
+    /// this long (plus a renewal) after the leader dies.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// At most this many rollouts are reconciled at once.
+    pub concurrency: usize,
 }
 
 impl Default for ControllerConfig {
@@ -134,6 +144,8 @@ impl Default for ControllerConfig {
             tick: Duration::from_secs(1),
             gateway_ttl: Duration::from_secs(5),
             follow_interval: Duration::from_millis(500),
+            lease_ttl: Duration::from_secs(6),
+            concurrency: 16,
         }
     }
 }
@@ -191,9 +203,15 @@ pub async fn shutdown_signal() {
     }
 }
 
-fn open_store(data: &Path) -> anyhow::Result<Arc<dyn Store>> {
-    let store = SqlStore::open_dir(data)
-        .with_context(|| format!("opening the store in {}", data.display()))?;
+/// Opens the store at `location` (a `postgres://` URL or a SQLite data
+/// directory), else the SQLite database in `data`.
+pub fn open_store(data: &Path, location: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
+    let store = match location {
+        Some(l) => SqlStore::open(l).with_context(|| "opening the store".to_string())?,
+        None => SqlStore::open_dir(data)
+            .with_context(|| format!("opening the store in {}", data.display()))?,
+    };
+    tracing::info!(engine = store.engine(), "store open");
     Ok(Arc::new(store))
 }
 
@@ -224,9 +242,14 @@ pub struct UpArgs {
     /// Config file (TOML): [api], [controller], [gateway].
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Data directory of the embedded store.
+    /// Data directory: the embedded store's database (unless --store names
+    /// another), the audit key and checkpoints.
     #[arg(long, default_value = "rollgate-data")]
     data: PathBuf,
+    /// The store: a `postgres://` URL (shared by gateways and controllers on
+    /// many hosts) or a SQLite data directory. Default: the one in --data.
+    #[arg(long, env = "ROLLGATE_STORE")]
+    store: Option<String>,
 }
 
 /// Store, gateway, controller and admin API in one process.
@@ -236,7 +259,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         None => UpConfig::default(),
     };
     init_tracing();
-    let store = open_store(&args.data)?;
+    let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let gateway = bind(cfg.gateway.listen, "the gateway").await?;
@@ -250,6 +273,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                     listener: gateway,
                     config: cfg.gateway.clone(),
                     id: Some(format!("up-{gw_addr}")),
+                    advertise: None,
                     follow_every: cfg.controller.follow_interval,
                 }),
                 control: Some(control_part(&cfg, api)),
@@ -286,9 +310,14 @@ async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpLis
 
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
-    /// Data directory of the store.
+    /// Data directory: the embedded store's database (unless --store names
+    /// another), the audit key and checkpoints.
     #[arg(long, default_value = "rollgate-data")]
     data: PathBuf,
+    /// The store: a `postgres://` URL or a SQLite data directory. Several
+    /// controllers may share one: one leads, the others stand by.
+    #[arg(long, env = "ROLLGATE_STORE")]
+    store: Option<String>,
     /// Config file (TOML): [api], [controller].
     #[arg(long)]
     config: Option<PathBuf>,
@@ -307,7 +336,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         cfg.api.listen = l;
     }
     init_tracing();
-    let store = open_store(&args.data)?;
+    let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let api = bind(cfg.api.listen, "the API").await?;
@@ -330,15 +359,24 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A gateway that follows the store at `data` (used by `rollgate gateway --data`).
-pub fn gateway_following_store(
-    config: GatewayConfig,
-    data: &Path,
-    id: Option<String>,
-    follow_every: Duration,
-) -> anyhow::Result<ExitCode> {
+/// Where a gateway follows the store from (`rollgate gateway --data/--store`).
+#[derive(Debug, Clone)]
+pub struct Follow {
+    pub data: PathBuf,
+    pub store: Option<String>,
+    pub id: Option<String>,
+    /// The URL the controller reaches this gateway at (default: its listen
+    /// address), for gateways behind NAT or listening on 0.0.0.0.
+    pub advertise: Option<String>,
+    pub every: Duration,
+}
+
+/// A gateway that follows the store (used by `rollgate gateway --data/--store`).
+pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Result<ExitCode> {
     init_tracing();
-    let store = open_store(data)?;
+    let store = open_store(&f.data, f.store.as_deref())?;
+    let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
+    let advertise = f.advertise;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let listener = bind(config.listen, "the gateway").await?;
@@ -350,6 +388,7 @@ pub fn gateway_following_store(
                     listener,
                     config: config.clone(),
                     id,
+                    advertise,
                     follow_every,
                 }),
                 control: None,
@@ -357,10 +396,7 @@ pub fn gateway_following_store(
             wait,
         )?;
         if let Some((addr, _)) = &running.gateway {
-            println!(
-                "rollgate gateway: http://{addr} following the store in {}",
-                data.display()
-            );
+            println!("rollgate gateway: http://{addr} following the store");
         }
         shutdown_signal().await;
         let _ = stop.send(true);

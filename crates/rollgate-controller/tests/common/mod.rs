@@ -16,8 +16,19 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 /// A controller context over `store`, its clock stopped at `now`.
+/// A controller that leads `store` (it takes the lease for an hour).
+pub fn leading(store: &dyn Store) -> Arc<rollgate_controller::Leader> {
+    let ttl = Duration::from_secs(3600);
+    let lease = store
+        .acquire_lease(rollgate_controller::CONTROLLER_LEASE, "test", ttl)
+        .expect("lease")
+        .expect("a fresh store's lease is free");
+    Arc::new(rollgate_controller::Leader::holding(&lease, ttl))
+}
+
 pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
     Context {
+        leader: leading(store.as_ref()),
         store,
         http: HttpClient::new(Duration::from_secs(1)),
         gateway_ttl: Duration::from_secs(5),
@@ -27,6 +38,7 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
         metrics: Arc::new(ControllerMetrics::default()),
         anchor: None,
         retention: None,
+        concurrency: 4,
     }
 }
 
