@@ -570,6 +570,18 @@ async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse>
     Ok(Json(v))
 }
 
+/// Who leads: this controller's standing and the lease as stored.
+async fn leader(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
+    let lease = blocking(&s.ctx.store, |st| st.lease(crate::lead::CONTROLLER_LEASE)).await?;
+    Ok(Json(json!({
+        "this": {
+            "holder": s.ctx.leader.holder(),
+            "leading": s.ctx.leader.fence().is_some(),
+        },
+        "lease": lease,
+    })))
+}
+
 async fn healthz() -> impl IntoResponse {
     Json(json!({ "ok": true }))
 }
@@ -772,6 +784,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/audit/export", get(audit_export))
         .route("/api/v1/audit/verify", get(audit_verify))
+        .route("/api/v1/leader", get(leader))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))

@@ -85,10 +85,9 @@ impl Leader {
     pub async fn campaign(&self, store: &Arc<dyn Store>) -> bool {
         let (s, holder, ttl) = (Arc::clone(store), self.holder.clone(), self.ttl);
         let asked = Instant::now();
-        let got = tokio::task::spawn_blocking(move || {
-            s.acquire_lease(CONTROLLER_LEASE, &holder, ttl)
-        })
-        .await;
+        let got =
+            tokio::task::spawn_blocking(move || s.acquire_lease(CONTROLLER_LEASE, &holder, ttl))
+                .await;
         let before = self.fence();
         match got {
             Ok(Ok(Some(lease))) => {

@@ -485,15 +485,14 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
                     ctx.metrics.set_active(&rollouts);
                     let now = tokio::time::Instant::now();
                     let due = schedule.due(&rollouts, now);
-                    let outcomes: Vec<(i64, Result<Action, Error>)> =
-                        futures::stream::iter(due)
-                            .map(|id| {
-                                let ctx = ctx.clone();
-                                async move { (id, reconcile(id, &ctx).await) }
-                            })
-                            .buffer_unordered(ctx.concurrency.max(1))
-                            .collect()
-                            .await;
+                    let outcomes: Vec<(i64, Result<Action, Error>)> = futures::stream::iter(due)
+                        .map(|id| {
+                            let ctx = ctx.clone();
+                            async move { (id, reconcile(id, &ctx).await) }
+                        })
+                        .buffer_unordered(ctx.concurrency.max(1))
+                        .collect()
+                        .await;
                     let now = tokio::time::Instant::now();
                     for (id, outcome) in outcomes {
                         schedule.done(id, outcome, &ctx, now);

@@ -290,13 +290,30 @@ impl Db for PgDb<'_, '_> {
 }
 
 /// The PostgreSQL engine: a small connection pool.
+///
+/// The blocking driver runs its own small runtime per connection, so its
+/// calls (and closing a connection) must not happen on an async runtime's
+/// worker thread: callers use `spawn_blocking`, as for any blocking store,
+/// and the pool is closed on a thread of its own.
 struct Postgres {
-    pool: r2d2::Pool<Manager>,
+    pool: Option<r2d2::Pool<Manager>>,
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let _ = std::thread::spawn(move || drop(pool)).join();
+        }
+    }
 }
 
 impl Postgres {
     fn run(&self, write: bool, work: Work) -> Result<()> {
-        let mut conn = self.pool.get()?;
+        let pool = self
+            .pool
+            .as_ref()
+            .ok_or_else(|| StoreError::Database("the store is closed".into()))?;
+        let mut conn = pool.get()?;
         let PgConn { client, statements } = &mut *conn;
         let mut tx = if write {
             let mut tx = client.transaction()?;
@@ -363,6 +380,10 @@ impl SqlStore {
             config.application_name("rollgate");
         }
         config.connect_timeout(Duration::from_secs(5));
+        if config.get_options().is_none() {
+            // The server's notices ("already exists, skipping") are not news.
+            config.options("-c client_min_messages=warning");
+        }
         let pool = r2d2::Pool::builder()
             .max_size(8)
             .min_idle(Some(1))
@@ -374,7 +395,9 @@ impl SqlStore {
                 )
             })?;
         migrate(&mut pool.get()?.client)?;
-        Ok(SqlStore::with_engine(Box::new(Postgres { pool })))
+        Ok(SqlStore::with_engine(Box::new(Postgres {
+            pool: Some(pool),
+        })))
     }
 }
 

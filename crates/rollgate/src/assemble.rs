@@ -75,7 +75,7 @@ async fn logged(part: &'static str, run: impl Future<Output = std::io::Result<()
 }
 
 /// Starts `a`'s parts; each stops when a future from `wait` resolves.
-pub fn start<W, F>(a: Assembly, wait: W) -> anyhow::Result<Running>
+pub async fn start<W, F>(a: Assembly<'_>, wait: W) -> anyhow::Result<Running>
 where
     W: Fn() -> F,
     F: Future<Output = ()> + Send + 'static,
@@ -92,7 +92,12 @@ where
         })?;
         // Serve only once the routes are loaded: a restarted gateway must
         // not answer 404 for models the store routes.
-        if let Err(e) = crate::follow::sync_once(a.store.as_ref(), &gw) {
+        // (Store calls block: off the async workers, as everywhere.)
+        let (store, g2) = (Arc::clone(&a.store), gw.clone());
+        let loaded =
+            tokio::task::spawn_blocking(move || crate::follow::sync_once(store.as_ref(), &g2))
+                .await?;
+        if let Err(e) = loaded {
             tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
         }
         let base = match g.advertise {
@@ -122,7 +127,14 @@ where
     if let Some(c) = a.control {
         let addr = c.listener.local_addr()?;
         let ctx = Context {
-            anchor: crate::serve::anchor(&c.audit, a.data, a.store.as_ref())?,
+            anchor: {
+                let (audit, data, store) =
+                    (c.audit.clone(), a.data.to_path_buf(), Arc::clone(&a.store));
+                tokio::task::spawn_blocking(move || {
+                    crate::serve::anchor(&audit, &data, store.as_ref())
+                })
+                .await??
+            },
             store: Arc::clone(&a.store),
             http: HttpClient::new(Duration::from_secs(2)),
             gateway_ttl: c.controller.gateway_ttl,

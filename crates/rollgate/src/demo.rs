@@ -280,7 +280,8 @@ async fn demo(
             }),
         },
         || wait(rx.clone()),
-    )?;
+    )
+    .await?;
     let Some((gw_addr, gateway)) = running.gateway.clone() else {
         anyhow::bail!("the demo's gateway did not start");
     };

@@ -393,7 +393,11 @@ mod tests {
             )
         };
         let mut f = FollowState::new(t0);
-        assert_eq!(f.step(Read::Failed, false, at(0)), None, "nothing known yet");
+        assert_eq!(
+            f.step(Read::Failed, false, at(0)),
+            None,
+            "nothing known yet"
+        );
         assert_eq!(
             share(&f.step(Read::Routes(canary()), true, at(500))),
             (Some(2500), true)

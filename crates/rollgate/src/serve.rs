@@ -71,6 +71,8 @@ pub fn anchor(
     if !cfg.checkpoints {
         return Ok(None);
     }
+    std::fs::create_dir_all(data)
+        .with_context(|| format!("creating the data directory {}", data.display()))?;
     let key_file = cfg
         .checkpoint_key_file
         .clone()
@@ -279,7 +281,8 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 control: Some(control_part(&cfg, api)),
             },
             wait,
-        )?;
+        )
+        .await?;
         let api_addr = running.api.map_or(String::new(), |a| a.to_string());
         tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
         println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
@@ -348,7 +351,8 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
                 control: Some(control_part(&cfg, api)),
             },
             wait,
-        )?;
+        )
+        .await?;
         let addr = running.api.map_or(String::new(), |a| a.to_string());
         println!("rollgate controller: admin API http://{addr}");
         shutdown_signal().await;
@@ -394,7 +398,8 @@ pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Resu
                 control: None,
             },
             wait,
-        )?;
+        )
+        .await?;
         if let Some((addr, _)) = &running.gateway {
             println!("rollgate gateway: http://{addr} following the store");
         }

@@ -1,0 +1,445 @@
+//! Beyond one host, with real processes: gateways and two controllers that
+//! share one PostgreSQL store (`tests/postgres/start.sh` starts it; CI
+//! must have it, a local run without `ROLLGATE_TEST_POSTGRES` says it
+//! skipped). One controller leads by a lease; the other takes over when it
+//! dies, and a paused leader can never commit after it lost the lease.
+//! Every wait is bounded.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use serde_json::json;
+
+use common::*;
+
+/// A fresh database on the test PostgreSQL server, or `None` (locally,
+/// with a note) when there is none.
+async fn postgres_store(name: &str) -> Option<String> {
+    let server = match std::env::var("ROLLGATE_TEST_POSTGRES") {
+        Ok(url) => url,
+        Err(_) if std::env::var_os("CI").is_some() => panic!(
+            "ROLLGATE_TEST_POSTGRES is not set: CI starts PostgreSQL with tests/postgres/start.sh"
+        ),
+        Err(_) => {
+            eprintln!(
+                "skipped: ROLLGATE_TEST_POSTGRES is unset (start one with tests/postgres/start.sh)"
+            );
+            return None;
+        }
+    };
+    let name = format!("rg_ha_{name}_{}", std::process::id());
+    let url = tokio::task::spawn_blocking(move || rollgate_store::scratch_database(&server, &name))
+        .await
+        .expect("task")
+        .expect("scratch database");
+    Some(url)
+}
+
+/// The default lease (6 s): takeover within 10 s is the promise.
+const HA_CONTROLLER_TOML: &str = r#"
+[api]
+listen = "127.0.0.1:0"
+[controller]
+tick = "200ms"
+gateway_ttl = "3s"
+"#;
+
+fn controller_on(dir: &std::path::Path, n: usize, store: &str) -> Proc {
+    let cfg = write(dir, &format!("controller-{n}.toml"), HA_CONTROLLER_TOML);
+    let data = dir.join(format!("controller-{n}"));
+    spawn(
+        &[
+            "controller",
+            "--store",
+            store,
+            "--data",
+            &data.to_string_lossy(),
+            "--config",
+            &cfg,
+        ],
+        &[],
+    )
+}
+
+fn gateway_on(store: &str, id: &str) -> Proc {
+    spawn(
+        &[
+            "gateway",
+            "--store",
+            store,
+            "--listen",
+            "127.0.0.1:0",
+            "--id",
+            id,
+        ],
+        &[],
+    )
+}
+
+/// Whether controller `ctl` says it leads.
+async fn leads(c: &HttpClient, ctl: &Proc) -> bool {
+    let (s, v) = api(c, ctl, "GET", "/api/v1/leader", None).await;
+    s == 200 && v["this"]["leading"] == true
+}
+
+/// Waits (bounded) until exactly one of `ctls` leads; returns its index.
+async fn leader_of(c: &HttpClient, ctls: &[&Proc], limit: Duration) -> usize {
+    let started = Instant::now();
+    loop {
+        let mut leading = Vec::new();
+        for (i, ctl) in ctls.iter().enumerate() {
+            if leads(c, ctl).await {
+                leading.push(i);
+            }
+        }
+        if let [one] = leading[..] {
+            return one;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no single leader within {limit:?}: {leading:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Traffic over several gateways that counts what was answered 200.
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    ok: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn load(gateways: &[&Proc]) -> Load {
+    let (stop, sent, ok) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let tasks = gateways
+        .iter()
+        .enumerate()
+        .map(|(g, gw)| {
+            let url = format!("http://{}/v1/models/m:predict", gw.addr());
+            let (stop, sent, ok) = (Arc::clone(&stop), Arc::clone(&sent), Arc::clone(&ok));
+            tokio::spawn(async move {
+                let c = client();
+                let started = Instant::now();
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(150) {
+                    let req = Request::builder()
+                        .method("POST")
+                        .uri(&url)
+                        .header("content-type", "application/json")
+                        .header("x-rollgate-key", format!("user-{g}-{}", n % 3000))
+                        .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+                        .expect("request");
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    if let Ok(Ok(r)) =
+                        tokio::time::timeout(Duration::from_secs(5), c.request(req)).await
+                    {
+                        if r.status() == 200 {
+                            ok.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let _ = r.into_body().collect().await;
+                    }
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+            })
+        })
+        .collect();
+    Load {
+        stop,
+        sent,
+        ok,
+        tasks,
+    }
+}
+
+impl Load {
+    async fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        (
+            self.sent.load(Ordering::SeqCst),
+            self.ok.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// Every transition of rollout `id` recorded exactly once.
+async fn recorded_once(c: &HttpClient, ctl: &Proc, id: i64, outcome: &str) {
+    let kinds = audit_kinds(c, ctl, id).await;
+    assert_eq!(count(&kinds, "started"), 1, "{kinds:?}");
+    assert_eq!(count(&kinds, outcome), 1, "{kinds:?}");
+    if outcome == "promoted" {
+        assert_eq!(count(&kinds, "advanced"), 2, "{kinds:?}");
+        assert_eq!(count(&kinds, "champion_set"), 1, "{kinds:?}");
+    }
+    assert!(chain_intact(c, ctl).await);
+}
+
+/// Which revision gateway `gw` routes a request of key `key` to.
+async fn routed_to(c: &HttpClient, gw: &Proc, key: &str) -> Option<String> {
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{}/v1/models/m:predict", gw.addr()))
+        .header("content-type", "application/json")
+        .header("x-rollgate-key", key)
+        .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+        .expect("request");
+    let r = tokio::time::timeout(Duration::from_secs(5), c.request(req))
+        .await
+        .ok()?
+        .ok()?;
+    r.headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_controllers_three_gateways_one_postgres_promote_and_roll_back() {
+    let Some(store) = postgres_store("pair").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = controller_on(dir.path(), 1, &store);
+    let b = controller_on(dir.path(), 2, &store);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (champ, cand) = setup(&c, &a, &champion, &candidate).await;
+    let gws: Vec<Proc> = (0..3)
+        .map(|i| gateway_on(&store, &format!("gw-{i}")))
+        .collect();
+    let lead = leader_of(&c, &[&a, &b], Duration::from_secs(15)).await;
+    let ctl = [&a, &b][lead];
+    let traffic = load(&gws.iter().collect::<Vec<_>>());
+
+    // An identical candidate is promoted, every transition recorded once,
+    // whichever controller is asked.
+    let id = start_rollout(&c, &b, &cand).await;
+    let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    recorded_once(&c, [&a, &b][1 - lead], id, "promoted").await;
+
+    // A next candidate dies in canary: rolled back, and every gateway
+    // sends everyone to the champion.
+    let dying_model = Model::new(false);
+    let dying_url = model_server(dying_model.clone()).await;
+    let (s, _) = api(
+        &c,
+        &a,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": dying_url })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (_, revs) = api(&c, &a, "GET", "/api/v1/models/m/revisions", None).await;
+    let dying = revs
+        .as_array()
+        .expect("revisions")
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .find(|id| *id != champ && *id != cand)
+        .expect("the new revision")
+        .to_string();
+    let id = start_rollout(&c, &a, &dying).await;
+    wait_for(&c, ctl, id, Duration::from_secs(60), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    dying_model.failing.store(true, Ordering::SeqCst);
+    let r = wait_for(&c, ctl, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    recorded_once(&c, ctl, id, "rolled_back").await;
+    // Within a follow interval (plus slack) every gateway routes every key
+    // to the champion (the previous candidate, promoted above).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for gw in &gws {
+        for k in 0..40 {
+            assert_eq!(
+                routed_to(&c, gw, &format!("probe-{k}")).await.as_deref(),
+                Some(cand.as_str()),
+                "gateway {} key {k}",
+                gw.addr()
+            );
+        }
+    }
+    let (sent, ok) = traffic.stop().await;
+    assert!(sent > 0 && ok > 0, "{ok}/{sent}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_mid_canary_is_replaced_within_ten_seconds() {
+    let Some(store) = postgres_store("kill").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ctls = [
+        controller_on(dir.path(), 1, &store),
+        controller_on(dir.path(), 2, &store),
+    ];
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctls[0], &champion, &candidate).await;
+    let gw = gateway_on(&store, "gw");
+    let traffic = load(&[&gw]);
+    let lead = leader_of(&c, &[&ctls[0], &ctls[1]], Duration::from_secs(15)).await;
+    let mut p = plan();
+    p["min_stage_duration"] = json!("4s");
+    let id = start_rollout_with(&c, &ctls[0], &cand, p).await;
+    wait_for(&c, &ctls[lead], id, Duration::from_secs(60), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    ctls[lead].kill(); // SIGKILL, mid-canary: no lease handed over
+    let killed = Instant::now();
+    let other = &ctls[1 - lead];
+    let started = Instant::now();
+    while !leads(&c, other).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no takeover within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "takeover {:?} after the leader was killed",
+        killed.elapsed()
+    );
+    let r = wait_for(&c, other, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    recorded_once(&c, other, id, "promoted").await;
+    let (_, lease) = api(&c, other, "GET", "/api/v1/leader", None).await;
+    assert!(
+        lease["lease"]["fence"]["token"].as_u64() >= Some(2),
+        "a new holder, a new token: {lease}"
+    );
+    let (sent, ok) = traffic.stop().await;
+    assert!(ok > 0, "{ok}/{sent}");
+}
+
+/// SIGSTOP / SIGCONT by pid (the test's own children only).
+fn signal(p: &Proc, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &p.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paused_past_its_lease_never_commits_again_and_stands_by() {
+    let Some(store) = postgres_store("pause").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctls = [
+        controller_on(dir.path(), 1, &store),
+        controller_on(dir.path(), 2, &store),
+    ];
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctls[0], &champion, &candidate).await;
+    let gw = gateway_on(&store, "gw");
+    let traffic = load(&[&gw]);
+    let lead = leader_of(&c, &[&ctls[0], &ctls[1]], Duration::from_secs(15)).await;
+    let mut p = plan();
+    p["min_stage_duration"] = json!("3s");
+    let id = start_rollout_with(&c, &ctls[0], &cand, p).await;
+    wait_for(&c, &ctls[lead], id, Duration::from_secs(60), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    signal(&ctls[lead], "-STOP");
+    let other = &ctls[1 - lead];
+    let started = Instant::now();
+    while !leads(&c, other).await {
+        assert!(started.elapsed() < Duration::from_secs(10), "no takeover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past its lease and taken over: wake the old leader mid-rollout.
+    signal(&ctls[lead], "-CONT");
+    let r = wait_for(&c, other, id, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    recorded_once(&c, other, id, "promoted").await;
+    // It stood by: it says so, and the lease is the other's.
+    let old = &ctls[lead];
+    let started = Instant::now();
+    while leads(&c, old).await {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the paused leader still claims the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, l) = api(&c, old, "GET", "/api/v1/leader", None).await;
+    let (_, o) = api(&c, other, "GET", "/api/v1/leader", None).await;
+    assert_eq!(l["lease"]["holder"], o["this"]["holder"], "{l} {o}");
+    let (sent, ok) = traffic.stop().await;
+    assert!(ok > 0, "{ok}/{sent}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_rollout_keeps_gateways_serving_and_loses_nothing() {
+    let Some(store) = postgres_store("restart").await else {
+        return;
+    };
+    let Ok(pg_dir) = std::env::var("ROLLGATE_POSTGRES_DIR") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI sets ROLLGATE_POSTGRES_DIR (tests/postgres/start.sh) so this test can restart it"
+        );
+        eprintln!("skipped: ROLLGATE_POSTGRES_DIR is unset: no PostgreSQL of ours to restart");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = controller_on(dir.path(), 1, &store);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gws = [gateway_on(&store, "gw-1"), gateway_on(&store, "gw-2")];
+    leader_of(&c, &[&ctl], Duration::from_secs(15)).await;
+    let traffic = load(&[&gws[0], &gws[1]]);
+    let mut p = plan();
+    p["min_stage_duration"] = json!("3s");
+    let id = start_rollout_with(&c, &ctl, &cand, p).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(60), |r| {
+        phase(r) == "canary"
+    })
+    .await;
+    let before = (
+        traffic.sent.load(Ordering::SeqCst),
+        traffic.ok.load(Ordering::SeqCst),
+    );
+    let ctl_script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/postgres/ctl.sh");
+    let restarted = std::process::Command::new(ctl_script)
+        .args(["restart", &pg_dir])
+        .status()
+        .expect("ctl.sh");
+    assert!(restarted.success(), "PostgreSQL restarted");
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    recorded_once(&c, &ctl, id, "promoted").await;
+    let (sent, ok) = traffic.stop().await;
+    // Every request sent while the store restarted was still answered.
+    let during = (sent - before.0, ok - before.1);
+    assert!(during.0 > 0, "traffic ran across the restart");
+    assert_eq!(during.0, during.1, "failed requests across the restart");
+}
