@@ -82,6 +82,121 @@ fn gateway_on(store: &str, id: &str) -> Proc {
     )
 }
 
+/// Test hosts: network namespaces on one bridge (`ip netns` + veth), the
+/// host at `.1`, namespace `k` at `.(k+1)`. Removed when dropped.
+struct Hosts {
+    bridge: String,
+    namespaces: Vec<String>,
+    subnet: String,
+}
+
+fn ip(args: &[&str]) -> bool {
+    std::process::Command::new("ip")
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Hosts {
+    /// `n` namespaces, or `None` (locally, with a note) where they cannot
+    /// be made (not root); in CI that is the test's failure.
+    fn new(n: usize) -> Option<Hosts> {
+        let pid = std::process::id();
+        let subnet = format!("10.213.{}", pid % 250);
+        let mut hosts = Hosts {
+            bridge: format!("rgb{pid}"),
+            namespaces: Vec::new(),
+            subnet,
+        };
+        let made = ip(&["link", "add", &hosts.bridge, "type", "bridge"])
+            && ip(&[
+                "addr",
+                "add",
+                &format!("{}.1/24", hosts.subnet),
+                "dev",
+                &hosts.bridge,
+            ])
+            && ip(&["link", "set", &hosts.bridge, "up"]);
+        if !made {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "this test makes network namespaces: run it as root (CAP_NET_ADMIN)"
+            );
+            eprintln!("skipped: cannot make network namespaces (not root); CI runs it");
+            return None;
+        }
+        for k in 1..=n {
+            let (ns, host_end, ns_end) = (
+                format!("rg{pid}-{k}"),
+                format!("rgv{pid}{k}"),
+                format!("rgp{pid}{k}"),
+            );
+            let addr = format!("{}.{}/24", hosts.subnet, k + 1);
+            let ok = ip(&["netns", "add", &ns])
+                && {
+                    hosts.namespaces.push(ns.clone());
+                    true
+                }
+                && ip(&[
+                    "link", "add", &host_end, "type", "veth", "peer", "name", &ns_end,
+                ])
+                && ip(&["link", "set", &host_end, "master", &hosts.bridge])
+                && ip(&["link", "set", &host_end, "up"])
+                && ip(&["link", "set", &ns_end, "netns", &ns])
+                && ip(&["-n", &ns, "addr", "add", &addr, "dev", &ns_end])
+                && ip(&["-n", &ns, "link", "set", &ns_end, "up"])
+                && ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            assert!(ok, "setting up namespace {ns}");
+        }
+        Some(hosts)
+    }
+
+    fn host_ip(&self) -> String {
+        format!("{}.1", self.subnet)
+    }
+
+    fn ip_of(&self, k: usize) -> String {
+        format!("{}.{}", self.subnet, k + 2)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for ns in &self.namespaces {
+            ip(&["netns", "del", ns]);
+        }
+        ip(&["link", "del", &self.bridge]);
+    }
+}
+
+/// Forwards TCP from `listen_ip` to `to` (PostgreSQL stays on loopback;
+/// the namespaces reach it through this); returns the listening address.
+async fn forward(listen_ip: &str, to: String) -> String {
+    let listener = tokio::net::TcpListener::bind((listen_ip, 0))
+        .await
+        .expect("bind forwarder");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let to = to.clone();
+            tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect(&to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `url` with its `host:port` replaced.
+fn with_host(url: &str, host_port: &str) -> String {
+    let at = url.find('@').map_or(url.find("://").expect("a URL") + 3, |i| i + 1);
+    let end = url[at..].find('/').map_or(url.len(), |i| at + i);
+    format!("{}{host_port}{}", &url[..at], &url[end..])
+}
+
 /// Whether controller `ctl` says it leads.
 async fn leads(c: &HttpClient, ctl: &Proc) -> bool {
     let (s, v) = api(c, ctl, "GET", "/api/v1/leader", None).await;
@@ -209,20 +324,49 @@ async fn routed_to(c: &HttpClient, gw: &Proc, key: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_controllers_three_gateways_one_postgres_promote_and_roll_back() {
-    let Some(store) = postgres_store("pair").await else {
+async fn three_gateways_on_three_hosts_two_controllers_one_postgres_promote_and_roll_back() {
+    let Some(store) = postgres_store("hosts").await else {
+        return;
+    };
+    let Some(hosts) = Hosts::new(3) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let a = controller_on(dir.path(), 1, &store);
     let b = controller_on(dir.path(), 2, &store);
     let c = client();
-    let champion = model_server(Model::new(false)).await;
-    let candidate = model_server(Model::new(false)).await;
+    // Model servers and the database are reached at the host's address on
+    // the hosts' network.
+    let champion = model_server_on(Model::new(false), &hosts.host_ip()).await;
+    let candidate = model_server_on(Model::new(false), &hosts.host_ip()).await;
     let (champ, cand) = setup(&c, &a, &champion, &candidate).await;
+    let pg_addr = store
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .expect("host:port in the store URL")
+        .to_string();
+    let remote_store = with_host(&store, &forward(&hosts.host_ip(), pg_addr).await);
     let gws: Vec<Proc> = (0..3)
-        .map(|i| gateway_on(&store, &format!("gw-{i}")))
+        .map(|k| {
+            let listen = format!("{}:0", hosts.ip_of(k));
+            spawn_in(
+                Some(&hosts.namespaces[k]),
+                &[
+                    "gateway",
+                    "--store",
+                    &remote_store,
+                    "--listen",
+                    &listen,
+                    "--id",
+                    &format!("gw-{k}"),
+                ],
+                &[],
+            )
+        })
         .collect();
+    for (k, gw) in gws.iter().enumerate() {
+        assert!(gw.addr().starts_with(&hosts.ip_of(k)), "{}", gw.addr());
+    }
     let lead = leader_of(&c, &[&a, &b], Duration::from_secs(15)).await;
     let ctl = [&a, &b][lead];
     let traffic = load(&gws.iter().collect::<Vec<_>>());
@@ -232,12 +376,23 @@ async fn two_controllers_three_gateways_one_postgres_promote_and_roll_back() {
     let id = start_rollout(&c, &b, &cand).await;
     let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
+    // The controller merged every host's stats: a series per gateway.
+    let series: Vec<&String> = r["state"]["evidence"]["series"]
+        .as_object()
+        .map(|m| m.keys().collect())
+        .unwrap_or_default();
+    for k in 0..3 {
+        assert!(
+            series.iter().any(|s| s.contains(&format!("gw-{k}"))),
+            "gw-{k} in {series:?}"
+        );
+    }
     recorded_once(&c, [&a, &b][1 - lead], id, "promoted").await;
 
     // A next candidate dies in canary: rolled back, and every gateway
     // sends everyone to the champion.
     let dying_model = Model::new(false);
-    let dying_url = model_server(dying_model.clone()).await;
+    let dying_url = model_server_on(dying_model.clone(), &hosts.host_ip()).await;
     let (s, _) = api(
         &c,
         &a,

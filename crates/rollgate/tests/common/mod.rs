@@ -47,7 +47,21 @@ impl Drop for Proc {
 
 /// Starts `rollgate ARGS` and waits (bounded) for the `http://ADDR` it prints.
 pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+    spawn_in(None, args, env)
+}
+
+/// Like [`spawn`], inside network namespace `netns` if given (`ip netns
+/// exec` execs the binary: the child's pid is rollgate's own).
+pub fn spawn_in(netns: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    let bin = env!("CARGO_BIN_EXE_rollgate");
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -200,7 +214,12 @@ impl Model {
 
 /// A KServe-V1-speaking model server: readiness always passes.
 pub async fn model_server(model: Model) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    model_server_on(model, "127.0.0.1").await
+}
+
+/// A model server on address `ip` (a test network's host side).
+pub async fn model_server_on(model: Model, ip: &str) -> String {
+    let listener = TcpListener::bind((ip, 0)).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         loop {
