@@ -1,7 +1,8 @@
 //! Store throughput with durable commits (WAL, synchronous=FULL).
 //!
 //! `cargo bench -p rollgate-store --bench store` prints a Markdown table and
-//! a JSON line. Each transition carries one audit record holding a real stage
+//! a JSON line, for SQLite and — when `ROLLGATE_TEST_POSTGRES` names a
+//! server (`tests/postgres/start.sh`) — for PostgreSQL, side by side. Each transition carries one audit record holding a real stage
 //! verdict (every gate's evidence), as the controller writes on every
 //! evaluation. Measured side by side in one run: one transition per commit,
 //! and group commit (one transaction for a batch of rollouts, as a
@@ -48,9 +49,26 @@ fn verdict_effect() -> Effect {
     }
 }
 
+/// Where the bench's stores live: a fresh SQLite directory, or a fresh
+/// database on a PostgreSQL server.
+#[derive(Clone, Copy)]
+enum Engine<'a> {
+    Sqlite,
+    Postgres(&'a str),
+}
+
+fn open(engine: Engine, dir: &std::path::Path, name: &str) -> SqlStore {
+    match engine {
+        Engine::Sqlite => SqlStore::open_dir(dir).expect("open"),
+        Engine::Postgres(server) => {
+            let url = rollgate_store::scratch_database(server, name).expect("scratch database");
+            SqlStore::connect(&url).expect("connect")
+        }
+    }
+}
+
 /// A store with `models` models, each with an active rollout; returns rollout ids.
-fn setup(dir: &std::path::Path, models: usize) -> (SqlStore, Vec<i64>) {
-    let store = SqlStore::open_dir(dir).expect("open");
+fn setup(store: SqlStore, models: usize) -> (SqlStore, Vec<i64>) {
     let mut ids = Vec::new();
     for m in 0..models {
         let name = format!("m{m}");
@@ -84,14 +102,18 @@ fn setup(dir: &std::path::Path, models: usize) -> (SqlStore, Vec<i64>) {
 }
 
 struct Row {
+    engine: &'static str,
     name: &'static str,
     transitions: u64,
     seconds: f64,
 }
 
-fn run(name: &'static str, batch: usize, total: u64, effect: &Effect) -> Row {
+fn run(engine: Engine, name: &'static str, batch: usize, total: u64, effect: &Effect) -> Row {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, ids) = setup(dir.path(), batch);
+    let (store, ids) = setup(
+        open(engine, dir.path(), &format!("rg_bench_{batch}")),
+        batch,
+    );
     let mut records: Vec<_> = ids
         .iter()
         .map(|&id| store.rollout(id).expect("rollout"))
@@ -122,6 +144,7 @@ fn run(name: &'static str, batch: usize, total: u64, effect: &Effect) -> Row {
     let seconds = start.elapsed().as_secs_f64();
     assert!(store.verify_audit().expect("verify").is_intact());
     Row {
+        engine: store.engine(),
         name,
         transitions: done,
         seconds,
@@ -132,17 +155,37 @@ fn main() {
     let effect = verdict_effect();
     let audit_bytes = serde_json::to_string(&effect).map_or(0, |s| s.len());
     let _ = Timestamp(0);
-    let rows = [
-        run("1 transition per commit", 1, 2_000, &effect),
-        run("group commit, 16 rollouts", 16, 20_000, &effect),
-        run("group commit, 64 rollouts", 64, 40_000, &effect),
-    ];
+    let server = std::env::var("ROLLGATE_TEST_POSTGRES").ok();
+    let mut engines = vec![Engine::Sqlite];
+    match &server {
+        Some(s) => engines.push(Engine::Postgres(s)),
+        None => eprintln!("PostgreSQL skipped: ROLLGATE_TEST_POSTGRES is unset"),
+    }
+    let mut rows = Vec::new();
+    for engine in engines {
+        rows.push(run(engine, "1 transition per commit", 1, 2_000, &effect));
+        rows.push(run(
+            engine,
+            "group commit, 16 rollouts",
+            16,
+            20_000,
+            &effect,
+        ));
+        rows.push(run(
+            engine,
+            "group commit, 64 rollouts",
+            64,
+            40_000,
+            &effect,
+        ));
+    }
     println!("audit record size: {audit_bytes} bytes of JSON evidence\n");
-    println!("| mode | transitions | seconds | transitions/s (= audit appends/s) |");
-    println!("|---|---:|---:|---:|");
+    println!("| engine | mode | transitions | seconds | transitions/s (= audit appends/s) |");
+    println!("|---|---|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2} | {:.0} |",
+            "| {} | {} | {} | {:.2} | {:.0} |",
+            r.engine,
             r.name,
             r.transitions,
             r.seconds,
@@ -153,7 +196,8 @@ fn main() {
         .iter()
         .map(|r| {
             format!(
-                "{{\"mode\":\"{}\",\"transitions\":{},\"seconds\":{:.3},\"per_second\":{:.0}}}",
+                "{{\"engine\":\"{}\",\"mode\":\"{}\",\"transitions\":{},\"seconds\":{:.3},\"per_second\":{:.0}}}",
+                r.engine,
                 r.name,
                 r.transitions,
                 r.seconds,

@@ -21,7 +21,7 @@ use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use postgres::{Client, IsolationLevel, NoTls, Statement};
 
-use crate::sql::{Db, Engine, Row, SqlStore, Val, Work};
+use crate::sql::{Db, Engine, Row, SqlStore, TxMemo, Val, Work};
 use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `rollgate_schema.version` records
@@ -251,6 +251,7 @@ impl r2d2::ManageConnection for Manager {
 struct PgDb<'a, 'c> {
     tx: &'a mut postgres::Transaction<'c>,
     statements: &'a mut HashMap<String, Statement>,
+    memo: TxMemo,
 }
 
 impl PgDb<'_, '_> {
@@ -286,6 +287,10 @@ impl Db for PgDb<'_, '_> {
                     .map_err(StoreError::from)
             })
             .collect()
+    }
+
+    fn memo(&mut self) -> &mut TxMemo {
+        &mut self.memo
     }
 }
 
@@ -329,6 +334,7 @@ impl Postgres {
         work(&mut PgDb {
             tx: &mut tx,
             statements,
+            memo: TxMemo::default(),
         })?;
         tx.commit()?;
         Ok(())

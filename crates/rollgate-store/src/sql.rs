@@ -149,6 +149,23 @@ pub(crate) trait Db {
     fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
     /// Runs a query; returns every row.
     fn rows(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
+    /// What this transaction remembers between statements.
+    fn memo(&mut self) -> &mut TxMemo;
+}
+
+/// What a write transaction remembers between its statements, to save
+/// round trips (they dominate on a networked database).
+#[derive(Debug, Default)]
+pub(crate) struct TxMemo {
+    /// The audit chain's head as this transaction left it.
+    audit_head: Option<(u64, String)>,
+    /// Audit records appended, written in one statement at commit.
+    pending_audit: Vec<AuditRecord>,
+    /// Rollouts a batch read in one query, before applying to each.
+    rollouts: std::collections::HashMap<i64, RolloutRecord>,
+    /// Whether anything gateways route changed (the version moves once,
+    /// at the end).
+    routes_changed: bool,
 }
 
 impl dyn Db + '_ {
@@ -236,6 +253,13 @@ impl SqlStore {
         self.engine.write(&mut |db| {
             if let Some(f) = f.take() {
                 out = Some(f(db, now)?);
+                flush_audit(db)?;
+                if db.memo().routes_changed {
+                    db.exec(
+                        "UPDATE routes_version SET version = version + 1 WHERE id = 1",
+                        &[],
+                    )?;
+                }
             }
             Ok(())
         })?;
@@ -283,10 +307,11 @@ fn append_audit(
     kind: &str,
     body: serde_json::Value,
 ) -> Result<()> {
-    let (prev_seq, prev_hash) = match audit_head_in(db)? {
-        Some(head) => head,
-        None => (0, GENESIS.to_string()),
+    let head = match db.memo().audit_head.take() {
+        Some(head) => Some(head),
+        None => audit_head_in(db)?,
     };
+    let (prev_seq, prev_hash) = head.unwrap_or_else(|| (0, GENESIS.to_string()));
     let mut rec = AuditRecord {
         seq: prev_seq + 1,
         at,
@@ -301,22 +326,47 @@ fn append_audit(
         hash: String::new(),
     };
     rec.hash = rec.compute_hash();
-    db.exec(
-        "INSERT INTO audit (seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        p![
-            rec.seq,
-            rec.at.0,
-            &rec.actor,
-            &rec.model,
-            rec.rollout,
-            &rec.kind,
-            rec.body.to_string(),
-            &rec.prev_hash,
-            &rec.hash,
-            rec.body_digest
-        ],
-    )?;
+    let memo = db.memo();
+    memo.audit_head = Some((rec.seq, rec.hash.clone()));
+    memo.pending_audit.push(rec);
+    Ok(())
+}
+
+/// Writes the transaction's audit records, many rows per statement (one
+/// round trip per hundred records instead of one each).
+fn flush_audit(db: &mut dyn Db) -> Result<()> {
+    const COLS: usize = 10;
+    let pending = std::mem::take(&mut db.memo().pending_audit);
+    for chunk in pending.chunks(100) {
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|r| {
+                let ps: Vec<String> = (1..=COLS).map(|c| format!("?{}", r * COLS + c)).collect();
+                format!("({})", ps.join(", "))
+            })
+            .collect();
+        let mut params = Vec::with_capacity(chunk.len() * COLS);
+        for rec in chunk {
+            params.extend([
+                Val::from(rec.seq),
+                Val::from(rec.at.0),
+                Val::from(&rec.actor),
+                Val::from(&rec.model),
+                Val::from(rec.rollout),
+                Val::from(&rec.kind),
+                Val::from(rec.body.to_string()),
+                Val::from(&rec.prev_hash),
+                Val::from(&rec.hash),
+                Val::from(rec.body_digest.clone()),
+            ]);
+        }
+        db.exec(
+            &format!(
+                "INSERT INTO audit (seq, at, actor, model, rollout, kind, body, prev_hash, hash, body_digest) VALUES {}",
+                rows.join(", ")
+            ),
+            &params,
+        )?;
+    }
     Ok(())
 }
 
@@ -527,7 +577,10 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
     if let Some(fence) = &w.fence {
         check_fence(db, fence)?;
     }
-    let current = get_rollout(db, w.rollout)?;
+    let current = match db.memo().rollouts.remove(&w.rollout) {
+        Some(prefetched) => prefetched,
+        None => get_rollout(db, w.rollout)?,
+    };
     if current.version != w.expected_version {
         return Err(StoreError::VersionConflict {
             id: w.rollout,
@@ -611,7 +664,16 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
             now.0
         ],
     )?;
-    bump_routes_version(db)?;
+    // What gateways route: the routing, the champion (promotion), the
+    // candidate while active (rejection, the end of the rollout).
+    if routing != current.routing
+        || terminal
+        || w.effects
+            .iter()
+            .any(|e| matches!(e, Effect::PromoteCandidate | Effect::RejectCandidate))
+    {
+        bump_routes_version(db)?;
+    }
     Ok(RolloutRecord {
         state: w.state.clone(),
         routing,
@@ -621,13 +683,11 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
     })
 }
 
-/// Every change to what gateways route bumps one counter, so a follower
-/// polls one row and reads the routes only when they changed.
+/// Every change to what gateways route bumps one counter (once per
+/// transaction), so a follower polls one row and reads the routes only when
+/// they changed.
 fn bump_routes_version(db: &mut dyn Db) -> Result<()> {
-    db.exec(
-        "UPDATE routes_version SET version = version + 1 WHERE id = 1",
-        &[],
-    )?;
+    db.memo().routes_changed = true;
     Ok(())
 }
 
@@ -960,7 +1020,28 @@ impl Store for SqlStore {
     }
 
     fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>> {
-        self.write(|db, now| writes.iter().map(|w| apply_in(db, now, w)).collect())
+        self.write(|db, now| {
+            // One read for the batch's rollouts (a rollout twice in a batch
+            // is read again after its first write).
+            let mut ids: Vec<i64> = writes.iter().map(|w| w.rollout).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for chunk in ids.chunks(100) {
+                let ps: Vec<String> = (1..=chunk.len()).map(|i| format!("?{i}")).collect();
+                let params: Vec<Val> = chunk.iter().map(|&id| Val::from(id)).collect();
+                let rows = db.rows(
+                    &format!(
+                        "SELECT {ROLLOUT_COLS} FROM rollouts WHERE id IN ({})",
+                        ps.join(", ")
+                    ),
+                    &params,
+                )?;
+                for r in all(rows, rollout_row)? {
+                    db.memo().rollouts.insert(r.id, r);
+                }
+            }
+            writes.iter().map(|w| apply_in(db, now, w)).collect()
+        })
     }
 
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {

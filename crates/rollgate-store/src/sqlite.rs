@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::sql::{Db, Engine, Row, SqlStore, Val, Work};
+use crate::sql::{Db, Engine, Row, SqlStore, TxMemo, Val, Work};
 use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
@@ -160,7 +160,7 @@ fn val(v: ValueRef) -> Val {
 
 /// A connection (or a transaction, through `Deref`) as a [`Db`]; statements
 /// are prepared once per connection and cached.
-struct Lite<'a>(&'a Connection);
+struct Lite<'a>(&'a Connection, TxMemo);
 
 impl Db for Lite<'_> {
     fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
@@ -180,6 +180,10 @@ impl Db for Lite<'_> {
             out.push(Row(vals));
         }
         Ok(out)
+    }
+
+    fn memo(&mut self) -> &mut TxMemo {
+        &mut self.1
     }
 }
 
@@ -201,7 +205,7 @@ impl Engine for Sqlite {
     fn write(&self, work: Work) -> Result<()> {
         let mut conn = locked(&self.writer)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        work(&mut Lite(&tx))?;
+        work(&mut Lite(&tx, TxMemo::default()))?;
         tx.commit()?;
         Ok(())
     }
@@ -209,7 +213,7 @@ impl Engine for Sqlite {
     fn read(&self, work: Work) -> Result<()> {
         let mut conn = locked(&self.reader)?;
         let tx = conn.transaction()?;
-        work(&mut Lite(&tx))?;
+        work(&mut Lite(&tx, TxMemo::default()))?;
         tx.commit()?;
         Ok(())
     }

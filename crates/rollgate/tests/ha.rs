@@ -192,7 +192,9 @@ async fn forward(listen_ip: &str, to: String) -> String {
 
 /// `url` with its `host:port` replaced.
 fn with_host(url: &str, host_port: &str) -> String {
-    let at = url.find('@').map_or(url.find("://").expect("a URL") + 3, |i| i + 1);
+    let at = url
+        .find('@')
+        .map_or(url.find("://").expect("a URL") + 3, |i| i + 1);
     let end = url[at..].find('/').map_or(url.len(), |i| at + i);
     format!("{}{host_port}{}", &url[..at], &url[end..])
 }
