@@ -21,6 +21,6 @@ pub use http::HttpClient;
 pub use lead::{CONTROLLER_LEASE, Leader, holder_id};
 pub use metrics::ControllerMetrics;
 pub use reconcile::{
-    Action, Anchor, Context, PRUNE_EVERY, Retention, RoutePush, Schedule, checkpoint, error_policy,
-    prune, push_routes, reconcile, run,
+    Action, Anchor, Context, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush, Schedule,
+    checkpoint, error_policy, pass, prune, push_routes, reconcile, run,
 };

@@ -73,6 +73,65 @@ pub struct Context {
     pub leader: Arc<Leader>,
     /// At most this many rollouts are reconciled at once.
     pub concurrency: usize,
+    /// Gateway stats, fetched once per pass and shared by its rollouts.
+    pub stats: Arc<PassStats>,
+}
+
+/// The gateways' stats as fetched in one pass: `(stats URL, snapshot if it
+/// answered)`.
+pub type GatewayStats = Arc<Vec<(String, Option<rollgate_core::GatewaySnapshot>)>>;
+
+/// Gateway stats fetched once per pass of the run loop and shared by every
+/// rollout reconciled in it: one fetch and one parse per gateway per pass,
+/// not per rollout (with 1,000 rollouts that is the difference between
+/// 1,000 snapshots of every model and one).
+#[derive(Debug, Default)]
+pub struct PassStats {
+    /// The run loop's pass; 0 outside it (a reconcile called on its own
+    /// always fetches fresh stats).
+    pass: std::sync::atomic::AtomicU64,
+    cached: tokio::sync::Mutex<Option<(u64, GatewayStats)>>,
+}
+
+impl PassStats {
+    /// Starts a new pass: stats are fetched afresh for it.
+    pub fn next_pass(&self) {
+        self.pass.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Every live gateway's stats, fetched concurrently.
+async fn fetch_stats(ctx: &Context) -> Result<GatewayStats, Error> {
+    let ttl = ctx.gateway_ttl;
+    let gateways = blocking(&ctx.store, move |s| s.gateways(ttl)).await?;
+    let fetched = futures::future::join_all(gateways.into_iter().map(|g| async move {
+        let snap = match ctx.http.get(&g.stats_url).await {
+            Some((200, body)) => serde_json::from_slice(&body).ok(),
+            _ => None,
+        };
+        (g.stats_url, snap)
+    }))
+    .await;
+    Ok(Arc::new(fetched))
+}
+
+/// The gateways' stats for this pass (fetched once per pass).
+async fn gateway_stats(ctx: &Context) -> Result<GatewayStats, Error> {
+    let pass = ctx.stats.pass.load(std::sync::atomic::Ordering::SeqCst);
+    if pass == 0 {
+        return fetch_stats(ctx).await;
+    }
+    // Held while fetching: the pass's other rollouts wait for this fetch
+    // instead of starting their own.
+    let mut cached = ctx.stats.cached.lock().await;
+    if let Some((p, stats)) = cached.as_ref()
+        && *p == pass
+    {
+        return Ok(Arc::clone(stats));
+    }
+    let stats = fetch_stats(ctx).await?;
+    *cached = Some((pass, Arc::clone(&stats)));
+    Ok(stats)
 }
 
 /// Audit retention: evaluation records older than `keep` lose their bodies
@@ -243,22 +302,18 @@ async fn probe_ready(ctx: &Context, model: &Model, rev: &Revision) -> bool {
 /// older version) is one pooled series. `None` when no gateway answered:
 /// missing evidence is never health.
 pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option<Exposure>, Error> {
-    let ttl = ctx.gateway_ttl;
-    let gateways = blocking(&ctx.store, move |s| s.gateways(ttl)).await?;
+    let stats = gateway_stats(ctx).await?;
     let mut out = Exposure::default();
     let mut answered = false;
-    for g in &gateways {
-        let Some((200, body)) = ctx.http.get(&g.stats_url).await else {
-            continue;
-        };
-        let Ok(snap) = serde_json::from_slice::<rollgate_core::GatewaySnapshot>(&body) else {
+    for (url, snap) in stats.iter() {
+        let Some(snap) = snap else {
             continue;
         };
         answered = true;
         if snap.boot.is_empty() {
             let total = snap.models.get(model).cloned().unwrap_or_default();
             out.series
-                .insert(g.stats_url.clone(), SeriesReport::Pooled { total });
+                .insert(url.clone(), SeriesReport::Pooled { total });
             continue;
         }
         let epochs = snap
@@ -460,6 +515,28 @@ impl Schedule {
     }
 }
 
+/// One pass of the run loop: reconciles the active rollouts that are due,
+/// at most `ctx.concurrency` at once, with one fetch of the gateways'
+/// stats; schedules each from its outcome. Returns how many it reconciled.
+pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error> {
+    use futures::stream::StreamExt as _;
+    let rollouts = blocking(&ctx.store, |s| s.rollouts(true)).await?;
+    ctx.metrics.set_active(&rollouts);
+    ctx.stats.next_pass();
+    let due = schedule.due(&rollouts, tokio::time::Instant::now());
+    let outcomes: Vec<(i64, Result<Action, Error>)> = futures::stream::iter(due)
+        .map(|id| async move { (id, reconcile(id, ctx).await) })
+        .buffer_unordered(ctx.concurrency.max(1))
+        .collect()
+        .await;
+    let now = tokio::time::Instant::now();
+    let n = outcomes.len();
+    for (id, outcome) in outcomes {
+        schedule.done(id, outcome, ctx, now);
+    }
+    Ok(n)
+}
+
 /// Keeps the lease: renews it while leading, tries to take it while
 /// standing by.
 async fn keep_lease(ctx: Context) {
@@ -474,33 +551,13 @@ async fn keep_lease(ctx: Context) {
 /// `ctx.concurrency` at once, while this controller leads; signs and prunes
 /// the audit log; until `shutdown` resolves. Then hands the lease over.
 pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) {
-    use futures::stream::StreamExt as _;
     tokio::pin!(shutdown);
     let lease = tokio::spawn(keep_lease(ctx.clone()));
     let mut schedule = Schedule::default();
     loop {
         if ctx.leader.fence().is_some() {
-            match blocking(&ctx.store, |s| s.rollouts(true)).await {
-                Ok(rollouts) => {
-                    ctx.metrics.set_active(&rollouts);
-                    let now = tokio::time::Instant::now();
-                    let due = schedule.due(&rollouts, now);
-                    let outcomes: Vec<(i64, Result<Action, Error>)> = futures::stream::iter(due)
-                        .map(|id| {
-                            let ctx = ctx.clone();
-                            async move { (id, reconcile(id, &ctx).await) }
-                        })
-                        .buffer_unordered(ctx.concurrency.max(1))
-                        .collect()
-                        .await;
-                    let now = tokio::time::Instant::now();
-                    for (id, outcome) in outcomes {
-                        schedule.done(id, outcome, &ctx, now);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "listing active rollouts failed; retrying");
-                }
+            if let Err(e) = pass(&ctx, &mut schedule).await {
+                tracing::warn!(error = %e, "listing active rollouts failed; retrying");
             }
             checkpoint(&ctx).await;
             prune(&ctx).await;

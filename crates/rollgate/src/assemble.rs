@@ -153,6 +153,7 @@ where
                 c.controller.lease_ttl,
             )),
             concurrency: c.controller.concurrency,
+            stats: Default::default(),
         };
         let state = ApiState {
             ctx: ctx.clone(),

@@ -39,6 +39,7 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
         anchor: None,
         retention: None,
         concurrency: 4,
+        stats: Default::default(),
     }
 }
 
