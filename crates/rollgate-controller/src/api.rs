@@ -317,8 +317,9 @@ async fn update_model(
     JsonBody(spec): JsonBody<ModelSpec>,
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
+    let model = name.clone();
     let m = blocking(&s.ctx.store, move |st| st.update_model(&name, &spec, &who)).await?;
-    resync(&s.ctx).await;
+    resync(&s.ctx, &model).await;
     Ok(Json(m))
 }
 
@@ -337,11 +338,12 @@ async fn delete_model(
     Query(q): Query<DeleteModel>,
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
+    let model = name.clone();
     blocking(&s.ctx.store, move |st| {
         st.delete_model(&name, &who, &q.reason)
     })
     .await?;
-    resync(&s.ctx).await;
+    resync(&s.ctx, &model).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -412,11 +414,12 @@ async fn set_champion(
     JsonBody(b): JsonBody<SetChampion>,
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
+    let model = name.clone();
     let r = blocking(&s.ctx.store, move |st| {
         st.set_champion(&name, &b.revision, &who, &b.reason)
     })
     .await?;
-    resync(&s.ctx).await;
+    resync(&s.ctx, &model).await;
     Ok(Json(r))
 }
 
@@ -606,8 +609,8 @@ async fn not_found() -> ApiError {
 }
 
 /// Pushes the store's routing to the in-process gateway right away.
-async fn resync(ctx: &Context) {
-    crate::reconcile::push_routes(ctx).await;
+async fn resync(ctx: &Context, model: &str) {
+    crate::reconcile::push_model(ctx, model).await;
 }
 
 /// Requests that change state come from rollgate's clients, never from a

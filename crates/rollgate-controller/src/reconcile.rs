@@ -181,8 +181,12 @@ pub async fn prune(ctx: &Context) {
 /// from the store (the binary implements it for its in-process gateway:
 /// the controller knows no gateway).
 pub trait RoutePush: Send + Sync {
-    /// Applies `routes`, as read from the store (or about to be).
+    /// Applies every model's `routes`, as read from the store.
     fn push(&self, routes: &[ModelRoutes]);
+    /// Applies one model's routes (`None`: it is no longer routed), as
+    /// read from the store or about to be, leaving every other model as
+    /// it is: a commit changes one model, so it costs one.
+    fn push_model(&self, model: &str, routes: Option<&ModelRoutes>);
 }
 
 /// Pushes the store's routing to the in-process gateway, if any.
@@ -192,6 +196,19 @@ pub async fn push_routes(ctx: &Context) {
         let _ = tokio::task::spawn_blocking(move || {
             if let Ok(routes) = store.routes() {
                 g.push(&routes);
+            }
+        })
+        .await;
+    }
+}
+
+/// Pushes one model's routing from the store to the in-process gateway.
+pub async fn push_model(ctx: &Context, model: &str) {
+    if let Some(g) = ctx.local_gateway.clone() {
+        let (store, model) = (Arc::clone(&ctx.store), model.to_string());
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Ok(routes) = store.model_routes(&model) {
+                g.push_model(&model, routes.as_ref());
             }
         })
         .await;
@@ -346,11 +363,9 @@ async fn pre_route_to_champion(
     };
     let (store, gateway, model) = (Arc::clone(&ctx.store), g.clone(), rec.spec.model.clone());
     let _ = tokio::task::spawn_blocking(move || {
-        if let Ok(mut routes) = store.routes() {
-            for m in routes.iter_mut().filter(|m| m.model.name == model) {
-                m.rollout = None;
-            }
-            gateway.push(&routes);
+        if let Ok(Some(mut routes)) = store.model_routes(&model) {
+            routes.rollout = None;
+            gateway.push_model(&model, Some(&routes));
         }
     })
     .await;
@@ -392,7 +407,7 @@ pub async fn commit(
         other => other?,
     };
     if out.is_some() {
-        push_routes(ctx).await;
+        push_model(ctx, &rec.spec.model).await;
     }
     Ok(out)
 }

@@ -70,6 +70,9 @@ struct Inner {
     limits: Limits,
     key_header: HeaderName,
     routes: ArcSwap<RoutingTable>,
+    /// Held by whoever changes the routes: a whole-table change and a
+    /// one-model change must not overwrite each other.
+    route_writes: Mutex<()>,
     recorders: Recorders,
     client: Client<HttpConnector, Full<Bytes>>,
     /// Never pools: for sending a request again on a fresh connection.
@@ -175,6 +178,7 @@ impl Gateway {
                 limits: config.limits.clone(),
                 key_header,
                 routes: ArcSwap::from_pointee(table),
+                route_writes: Mutex::new(()),
                 recorders,
                 client,
                 fresh,
@@ -188,6 +192,11 @@ impl Gateway {
     /// Replaces every route at once. Requests in flight finish on the table
     /// they started with; new requests see the new one.
     pub fn set_routes(&self, models: &[ModelRoute]) -> Vec<Unroutable> {
+        let _writing = self
+            .inner
+            .route_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (valid, unroutable) = config::partition_routes(models);
         let table = RoutingTable::compile(
             &valid,
@@ -198,6 +207,48 @@ impl Gateway {
         self.inner.routes.store(Arc::new(table));
         self.inner.note_unroutable(&unroutable);
         unroutable
+    }
+
+    /// Replaces model `name`'s route (`None`: no longer routed), leaving
+    /// every other model's compiled route as it is: a routing change costs
+    /// one model, not the table. Returns why it cannot be routed, if so.
+    pub fn set_model_route(&self, name: &str, route: Option<&ModelRoute>) -> Option<String> {
+        let _writing = self
+            .inner
+            .route_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (valid, bad) = match route {
+            Some(m) => config::partition_routes(std::slice::from_ref(m)),
+            None => (vec![], vec![]),
+        };
+        let change = valid.first().map(Ok).or_else(|| bad.first().map(Err));
+        let table = self.inner.routes.load().with_model(
+            name,
+            change,
+            self.inner.limits.upstream_timeout,
+            &self.inner.recorders,
+        );
+        let reason = table.unroutable_reason(name).map(str::to_string);
+        self.inner.routes.store(Arc::new(table));
+        let mut known = self
+            .inner
+            .counters
+            .unroutable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match &reason {
+            Some(r) => {
+                if known.get(name) != Some(r) {
+                    tracing::warn!(model = %name, reason = %r, "model cannot be routed; every other model keeps routing");
+                }
+                known.insert(name.to_string(), r.clone());
+            }
+            None => {
+                known.remove(name);
+            }
+        }
+        reason
     }
 
     /// Cumulative measurements, as served at `GET /rollgate/stats`.

@@ -208,6 +208,9 @@ pub trait Store: Send + Sync {
     fn gateways(&self, seen_within: std::time::Duration) -> Result<Vec<GatewayInfo>>;
     /// What every gateway must route, read at one instant.
     fn routes(&self) -> Result<Vec<ModelRoutes>>;
+    /// What gateways must route for one model (`None`: it is not there,
+    /// or was deleted).
+    fn model_routes(&self, model: &str) -> Result<Option<ModelRoutes>>;
     /// A counter every change to [`Store::routes`] increases: a follower
     /// polls it and reads the routes only when it moved.
     fn routes_version(&self) -> Result<u64>;

@@ -711,6 +711,26 @@ fn path_is_free(db: &mut dyn Db, name: &str, spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
+/// What gateways route for `model`: its champion and active rollout.
+fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
+    let champion = match &model.champion {
+        Some(id) => Some(get_revision(db, id)?),
+        None => None,
+    };
+    let rollout = match active_rollout(db, &model.name)? {
+        Some(id) => {
+            let r = get_rollout(db, id)?;
+            Some((get_revision(db, &r.spec.candidate)?, r.routing, r.id))
+        }
+        None => None,
+    };
+    Ok(ModelRoutes {
+        model,
+        champion,
+        rollout,
+    })
+}
+
 fn valid_name(name: &str) -> Result<()> {
     rollgate_core::spec::check_model_name(name)
         .map_err(|e| StoreError::Invalid(format!("model {}", e.message)))
@@ -1111,26 +1131,18 @@ impl Store for SqlStore {
                 )?,
                 model_row,
             )?;
-            let mut out = Vec::with_capacity(models.len());
-            for model in models {
-                let champion = match &model.champion {
-                    Some(id) => Some(get_revision(db, id)?),
-                    None => None,
-                };
-                let rollout = match active_rollout(db, &model.name)? {
-                    Some(id) => {
-                        let r = get_rollout(db, id)?;
-                        Some((get_revision(db, &r.spec.candidate)?, r.routing, r.id))
-                    }
-                    None => None,
-                };
-                out.push(ModelRoutes {
-                    model,
-                    champion,
-                    rollout,
-                });
-            }
-            Ok(out)
+            models
+                .into_iter()
+                .map(|model| model_routes_in(db, model))
+                .collect()
+        })
+    }
+
+    fn model_routes(&self, model: &str) -> Result<Option<ModelRoutes>> {
+        self.read(|db| match get_model(db, model) {
+            Ok(m) => model_routes_in(db, m).map(Some),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
         })
     }
 

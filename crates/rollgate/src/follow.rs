@@ -31,6 +31,11 @@ impl RoutePush for PushToGateway {
     fn push(&self, routes: &[ModelRoutes]) {
         self.0.set_routes(&gateway_routes(routes));
     }
+
+    fn push_model(&self, model: &str, routes: Option<&ModelRoutes>) {
+        let route = routes.and_then(|r| gateway_routes(std::slice::from_ref(r)).pop());
+        self.0.set_model_route(model, route.as_ref());
+    }
 }
 
 /// The gateway routes implied by the store. Models without a champion are
@@ -186,6 +191,33 @@ impl FollowState {
     }
 }
 
+/// Applies `routes` to `gateway`: all of them the first time (`applied`
+/// unknown), after that only the models that changed, one by one.
+fn apply(
+    gateway: &Gateway,
+    applied: &mut Option<std::collections::BTreeMap<String, ModelRoute>>,
+    routes: Vec<ModelRoute>,
+) {
+    let next: std::collections::BTreeMap<String, ModelRoute> =
+        routes.into_iter().map(|r| (r.name.clone(), r)).collect();
+    match applied.as_ref() {
+        None => {
+            gateway.set_routes(&next.values().cloned().collect::<Vec<_>>());
+        }
+        Some(prev) => {
+            for (name, route) in &next {
+                if prev.get(name) != Some(route) {
+                    gateway.set_model_route(name, Some(route));
+                }
+            }
+            for name in prev.keys().filter(|n| !next.contains_key(*n)) {
+                gateway.set_model_route(name, None);
+            }
+        }
+    }
+    *applied = Some(next);
+}
+
 /// Routes are read again at least this often even when their version has
 /// not moved: a push the controller made to an in-process gateway before a
 /// commit that then failed is undone within this long.
@@ -208,6 +240,8 @@ pub async fn follow(
     let mut state = FollowState::new(tokio::time::Instant::now());
     let mut known: Option<u64> = None;
     let mut read_at = tokio::time::Instant::now();
+    let mut applied = None;
+    let mut resync = true;
     // One store call at a time: a store that hangs (a held lock, a stuck
     // disk) is a cycle that did not confirm, not a follower that stops.
     let mut pending = None;
@@ -215,6 +249,7 @@ pub async fn follow(
         let call = pending.get_or_insert_with(|| {
             let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
             let current = known.filter(|_| read_at.elapsed() < RESYNC_EVERY);
+            resync = current.is_none();
             tokio::task::spawn_blocking(move || {
                 let beat = s.heartbeat(&i, &u);
                 let read = s.routes_version().and_then(|v| match current {
@@ -256,7 +291,12 @@ pub async fn follow(
         };
         let was_held = state.held;
         if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
-            gateway.set_routes(&r);
+            if resync {
+                // A full apply: whatever was pushed to this gateway besides
+                // the follower is replaced by the store's routing.
+                applied = None;
+            }
+            apply(&gateway, &mut applied, r);
         }
         if state.held != was_held {
             if state.held {
