@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use postgres::{Client, IsolationLevel, NoTls, Statement};
+use postgres::{Client, NoTls, Statement};
 
 use crate::sql::{Db, Engine, Row, SqlStore, TxMemo, Val, Work};
 use crate::{Result, StoreError};
@@ -222,6 +222,8 @@ fn dollar_params(sql: &str) -> String {
 struct PgConn {
     client: Client,
     statements: HashMap<String, Statement>,
+    /// Set while a transaction is open on it.
+    in_transaction: bool,
 }
 
 struct Manager {
@@ -236,6 +238,7 @@ impl r2d2::ManageConnection for Manager {
         Ok(PgConn {
             client: self.config.connect(NoTls)?,
             statements: HashMap::new(),
+            in_transaction: false,
         })
     }
 
@@ -244,22 +247,22 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.client.is_closed()
+        conn.client.is_closed() || conn.in_transaction
     }
 }
 
-struct PgDb<'a, 'c> {
-    tx: &'a mut postgres::Transaction<'c>,
+struct PgDb<'a> {
+    client: &'a mut Client,
     statements: &'a mut HashMap<String, Statement>,
     memo: TxMemo,
 }
 
-impl PgDb<'_, '_> {
+impl PgDb<'_> {
     fn statement(&mut self, sql: &str) -> Result<Statement> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
         }
-        let st = self.tx.prepare(&dollar_params(sql))?;
+        let st = self.client.prepare(&dollar_params(sql))?;
         self.statements.insert(sql.to_string(), st.clone());
         Ok(st)
     }
@@ -269,15 +272,15 @@ fn bind(params: &[Val]) -> Vec<&(dyn ToSql + Sync)> {
     params.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
 }
 
-impl Db for PgDb<'_, '_> {
+impl Db for PgDb<'_> {
     fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
         let st = self.statement(sql)?;
-        Ok(self.tx.execute(&st, &bind(params))?)
+        Ok(self.client.execute(&st, &bind(params))?)
     }
 
     fn rows(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
         let st = self.statement(sql)?;
-        let rows = self.tx.query(&st, &bind(params))?;
+        let rows = self.client.query(&st, &bind(params))?;
         rows.iter()
             .map(|r| {
                 (0..r.len())
@@ -312,42 +315,69 @@ impl Drop for Postgres {
     }
 }
 
+/// How a unit of work runs.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// One statement: no transaction around it (one round trip).
+    Single,
+    /// A consistent snapshot.
+    Read,
+    /// A write, serialised with every other writer.
+    Write,
+}
+
 impl Postgres {
-    fn run(&self, write: bool, work: Work) -> Result<()> {
+    /// Runs `work` on a pooled connection. Transactions are begun and ended
+    /// by hand so that BEGIN and the writers' lock share one round trip; a
+    /// connection left inside a transaction (a panic in `work`) is dropped
+    /// by the pool, never reused.
+    fn run(&self, mode: Mode, work: Work) -> Result<()> {
         let pool = self
             .pool
             .as_ref()
             .ok_or_else(|| StoreError::Database("the store is closed".into()))?;
         let mut conn = pool.get()?;
-        let PgConn { client, statements } = &mut *conn;
-        let mut tx = if write {
-            let mut tx = client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITE_LOCK])?;
-            tx
-        } else {
-            client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()?
+        let PgConn {
+            client,
+            statements,
+            in_transaction,
+        } = &mut *conn;
+        let begin = match mode {
+            Mode::Single => None,
+            Mode::Read => Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY".to_string()),
+            Mode::Write => Some(format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})")),
         };
-        work(&mut PgDb {
-            tx: &mut tx,
+        if let Some(begin) = &begin {
+            *in_transaction = true;
+            client.batch_execute(begin)?;
+        }
+        let done = work(&mut PgDb {
+            client: &mut *client,
             statements,
             memo: TxMemo::default(),
-        })?;
-        tx.commit()?;
-        Ok(())
+        });
+        if begin.is_some() {
+            match &done {
+                Ok(()) => client.batch_execute("COMMIT")?,
+                Err(_) => client.batch_execute("ROLLBACK")?,
+            }
+            *in_transaction = false;
+        }
+        done
     }
 }
 
 impl Engine for Postgres {
     fn write(&self, work: Work) -> Result<()> {
-        self.run(true, work)
+        self.run(Mode::Write, work)
     }
 
     fn read(&self, work: Work) -> Result<()> {
-        self.run(false, work)
+        self.run(Mode::Read, work)
+    }
+
+    fn read_one(&self, work: Work) -> Result<()> {
+        self.run(Mode::Single, work)
     }
 
     fn name(&self) -> &'static str {

@@ -186,6 +186,11 @@ pub(crate) trait Engine: Send + Sync {
     fn write(&self, work: Work) -> Result<()>;
     /// Runs `work` on one consistent snapshot of the database.
     fn read(&self, work: Work) -> Result<()>;
+    /// Runs `work`, which runs one statement: no snapshot to hold, so a
+    /// networked engine saves the round trips of a transaction.
+    fn read_one(&self, work: Work) -> Result<()> {
+        self.read(work)
+    }
     /// `sqlite` or `postgres`.
     fn name(&self) -> &'static str;
 }
@@ -206,6 +211,96 @@ pub(crate) fn system_clock() -> Timestamp {
 pub struct SqlStore {
     engine: Box<dyn Engine>,
     clock: Clock,
+    group: GroupCommit,
+}
+
+/// Group commit of concurrent `apply` calls: whoever finds no commit in
+/// progress commits every transition queued so far in one transaction
+/// (`apply_batch`); those arriving meanwhile wait and form the next group.
+/// No timer and no added latency: a lone writer commits at once. A group
+/// is all-or-nothing, so when it fails (one version conflict, say) each of
+/// its transitions is applied on its own and gets its own answer.
+#[derive(Default)]
+struct GroupCommit {
+    queue: std::sync::Mutex<Queue>,
+    done: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    next: u64,
+    waiting: Vec<(u64, OwnedWrite)>,
+    results: std::collections::HashMap<u64, Result<RolloutRecord>>,
+    committing: bool,
+}
+
+/// A transition queued for a group (owned: another thread commits it).
+struct OwnedWrite {
+    rollout: i64,
+    expected_version: u64,
+    state: RolloutState,
+    effects: Vec<Effect>,
+    actor: String,
+    fence: Option<Fence>,
+}
+
+impl OwnedWrite {
+    fn of(w: &TransitionWrite) -> OwnedWrite {
+        OwnedWrite {
+            rollout: w.rollout,
+            expected_version: w.expected_version,
+            state: w.state.clone(),
+            effects: w.effects.to_vec(),
+            actor: w.actor.to_string(),
+            fence: w.fence.clone(),
+        }
+    }
+
+    fn borrowed(&self) -> TransitionWrite<'_> {
+        TransitionWrite {
+            rollout: self.rollout,
+            expected_version: self.expected_version,
+            state: &self.state,
+            effects: &self.effects,
+            actor: &self.actor,
+            fence: self.fence.clone(),
+        }
+    }
+}
+
+impl GroupCommit {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Ends a group's commit however it ends: with its results, or (if the
+/// commit panicked) with an error for each of its transitions, so no thread
+/// waiting on it waits for ever.
+struct Committing<'a> {
+    group: &'a GroupCommit,
+    ids: Vec<u64>,
+    results: Vec<(u64, Result<RolloutRecord>)>,
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        let mut q = self.group.lock();
+        let mut results = std::mem::take(&mut self.results);
+        if results.is_empty() {
+            results = self
+                .ids
+                .iter()
+                .map(|id| {
+                    let e = StoreError::Database("the group commit failed".into());
+                    (*id, Err(e))
+                })
+                .collect();
+        }
+        q.results.extend(results);
+        q.committing = false;
+        self.group.done.notify_all();
+    }
 }
 
 impl std::fmt::Debug for SqlStore {
@@ -221,7 +316,52 @@ impl SqlStore {
         SqlStore {
             engine,
             clock: Box::new(system_clock),
+            group: GroupCommit::default(),
         }
+    }
+
+    /// Commits `write`, with whatever other transitions are queued, as one
+    /// group (see [`GroupCommit`]).
+    fn apply_grouped(&self, write: &TransitionWrite) -> Result<RolloutRecord> {
+        let mut q = self.group.lock();
+        let me = q.next;
+        q.next += 1;
+        q.waiting.push((me, OwnedWrite::of(write)));
+        loop {
+            if let Some(result) = q.results.remove(&me) {
+                return result;
+            }
+            if q.committing {
+                q = self.group.done.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            q.committing = true;
+            let group = std::mem::take(&mut q.waiting);
+            drop(q);
+            let mut ending = Committing {
+                group: &self.group,
+                ids: group.iter().map(|(id, _)| *id).collect(),
+                results: Vec::new(),
+            };
+            ending.results = self.commit_group(&group);
+            drop(ending);
+            q = self.group.lock();
+        }
+    }
+
+    fn commit_group(&self, group: &[(u64, OwnedWrite)]) -> Vec<(u64, Result<RolloutRecord>)> {
+        let one = |w: &OwnedWrite| self.write(|db, now| apply_in(db, now, &w.borrowed()));
+        if group.len() > 1 {
+            let writes: Vec<TransitionWrite> = group.iter().map(|(_, w)| w.borrowed()).collect();
+            if let Ok(records) = self.apply_batch(&writes) {
+                return group
+                    .iter()
+                    .zip(records)
+                    .map(|((id, _), r)| (*id, Ok(r)))
+                    .collect();
+            }
+        }
+        group.iter().map(|(id, w)| (*id, one(w))).collect()
     }
 
     /// Opens the store at `location`: a `postgres://` (or `postgresql://`)
@@ -268,14 +408,28 @@ impl SqlStore {
 
     /// Runs `f` on one consistent snapshot.
     fn read<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
+        self.read_with(false, f)
+    }
+
+    /// Runs `f`, which runs exactly one statement.
+    fn read_one<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
+        self.read_with(true, f)
+    }
+
+    fn read_with<T>(&self, one: bool, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
         let mut f = Some(f);
         let mut out = None;
-        self.engine.read(&mut |db| {
+        let mut work = |db: &mut dyn Db| {
             if let Some(f) = f.take() {
                 out = Some(f(db)?);
             }
             Ok(())
-        })?;
+        };
+        if one {
+            self.engine.read_one(&mut work)?;
+        } else {
+            self.engine.read(&mut work)?;
+        }
         out.ok_or_else(|| StoreError::Database("the engine ran no transaction".into()))
     }
 }
@@ -848,11 +1002,11 @@ impl Store for SqlStore {
     }
 
     fn model(&self, name: &str) -> Result<Model> {
-        self.read(|db| get_model(db, name))
+        self.read_one(|db| get_model(db, name))
     }
 
     fn models(&self) -> Result<Vec<Model>> {
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 &format!("SELECT {MODEL_COLS} FROM models WHERE deleted_at IS NULL ORDER BY name"),
                 &[],
@@ -887,7 +1041,7 @@ impl Store for SqlStore {
     }
 
     fn revision(&self, id: &str) -> Result<Revision> {
-        self.read(|db| get_revision(db, id))
+        self.read_one(|db| get_revision(db, id))
     }
 
     fn revisions(&self, model: &str) -> Result<Vec<Revision>> {
@@ -1020,11 +1174,11 @@ impl Store for SqlStore {
     }
 
     fn rollout(&self, id: i64) -> Result<RolloutRecord> {
-        self.read(|db| get_rollout(db, id))
+        self.read_one(|db| get_rollout(db, id))
     }
 
     fn rollouts(&self, active_only: bool) -> Result<Vec<RolloutRecord>> {
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 &format!(
                     "SELECT {ROLLOUT_COLS} FROM rollouts WHERE (?1 = 0 OR active = 1) ORDER BY id DESC"
@@ -1036,7 +1190,7 @@ impl Store for SqlStore {
     }
 
     fn apply(&self, write: TransitionWrite) -> Result<RolloutRecord> {
-        self.write(|db, now| apply_in(db, now, &write))
+        self.apply_grouped(&write)
     }
 
     fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>> {
@@ -1065,7 +1219,7 @@ impl Store for SqlStore {
     }
 
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>> {
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 &format!(
                     "SELECT {AUDIT_COLS} FROM audit
@@ -1097,7 +1251,7 @@ impl Store for SqlStore {
 
     fn gateways(&self, seen_within: Duration) -> Result<Vec<GatewayInfo>> {
         let since = (self.clock)().0.saturating_sub(millis(seen_within));
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 "SELECT id, stats_url, last_seen FROM gateways WHERE last_seen >= ?1 ORDER BY id",
                 p![since],
@@ -1113,7 +1267,7 @@ impl Store for SqlStore {
     }
 
     fn routes_version(&self) -> Result<u64> {
-        self.read(|db| {
+        self.read_one(|db| {
             db.row("SELECT version FROM routes_version WHERE id = 1", &[])?
                 .map_or(Ok(0), |r| r.u64(0))
         })
@@ -1204,7 +1358,7 @@ impl Store for SqlStore {
     }
 
     fn lease(&self, name: &str) -> Result<Option<Lease>> {
-        self.read(|db| {
+        self.read_one(|db| {
             db.row(
                 "SELECT holder, token, expires_at FROM leases WHERE name = ?1",
                 p![name],
@@ -1268,7 +1422,7 @@ impl Store for SqlStore {
     }
 
     fn tokens(&self) -> Result<Vec<ApiToken>> {
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 &format!("SELECT {TOKEN_COLS} FROM tokens ORDER BY name"),
                 &[],
@@ -1310,7 +1464,7 @@ impl Store for SqlStore {
     }
 
     fn token_by_hash(&self, secret_hash: &str) -> Result<Option<ApiToken>> {
-        self.read(|db| {
+        self.read_one(|db| {
             db.row(
                 &format!("SELECT {TOKEN_COLS} FROM tokens WHERE hash = ?1 AND revoked_at IS NULL"),
                 p![secret_hash],
@@ -1331,7 +1485,7 @@ impl Store for SqlStore {
     }
 
     fn audit_head(&self) -> Result<Option<(u64, String)>> {
-        self.read(audit_head_in)
+        self.read_one(audit_head_in)
     }
 
     fn audit_hashes(&self, seqs: &[u64]) -> Result<std::collections::BTreeMap<u64, String>> {
@@ -1358,7 +1512,7 @@ impl Store for SqlStore {
     }
 
     fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
-        self.read(|db| {
+        self.read_one(|db| {
             let rows = db.rows(
                 "SELECT seq, hash, at, mac FROM checkpoints ORDER BY seq",
                 &[],
@@ -1375,7 +1529,7 @@ impl Store for SqlStore {
     }
 
     fn verify_audit(&self) -> Result<ChainReport> {
-        let records = self.read(|db| {
+        let records = self.read_one(|db| {
             let rows = db.rows(&format!("SELECT {AUDIT_COLS} FROM audit ORDER BY seq"), &[])?;
             all(rows, audit_row)
         })?;
