@@ -2,7 +2,7 @@
 # Starts MLServer (from PyPI, pinned in requirements.txt) on 127.0.0.1 with
 # three tiny scikit-learn models (champion, retrained, broken), for the e2e
 # tests. Prints shell assignments to eval:
-#   ROLLGATE_MLSERVER_URL=http://127.0.0.1:PORT  ROLLGATE_MLSERVER_PID=PID
+#   export ROLLGATE_MLSERVER_URL=http://127.0.0.1:PORT  ROLLGATE_MLSERVER_PID=PID
 # The venv is kept in target/mlserver-venv (reused when its pins match).
 # Stop it with: kill "$ROLLGATE_MLSERVER_PID".
 set -euo pipefail
@@ -30,8 +30,8 @@ for _ in $(seq 1 600); do
   if curl -sf "http://127.0.0.1:$http/v2/models/champion/ready" >/dev/null 2>&1 \
     && curl -sf "http://127.0.0.1:$http/v2/models/broken/ready" >/dev/null 2>&1 \
     && curl -sf "http://127.0.0.1:$http/v2/models/retrained/ready" >/dev/null 2>&1; then
-    echo "ROLLGATE_MLSERVER_URL=http://127.0.0.1:$http"
-    echo "ROLLGATE_MLSERVER_PID=$pid"
+    echo "export ROLLGATE_MLSERVER_URL=http://127.0.0.1:$http"
+    echo "export ROLLGATE_MLSERVER_PID=$pid"
     exit 0
   fi
   if ! kill -0 "$pid" 2>/dev/null; then break; fi

@@ -2,8 +2,8 @@
 # Starts a throwaway PostgreSQL (Debian's `postgresql` package) on
 # 127.0.0.1, in a temporary directory, as an unprivileged user, for the
 # tests. Prints shell assignments to eval:
-#   ROLLGATE_TEST_POSTGRES=postgres://rollgate@127.0.0.1:PORT/postgres
-#   ROLLGATE_POSTGRES_DIR=DIR   (stop it with: tests/postgres/ctl.sh stop)
+#   export ROLLGATE_TEST_POSTGRES=postgres://rollgate@127.0.0.1:PORT/postgres
+#   export ROLLGATE_POSTGRES_DIR=DIR   (stop it with: tests/postgres/ctl.sh stop)
 # Installs the package with apt-get when its binaries are absent and this
 # runs as root (CI); otherwise says what is missing and fails.
 set -euo pipefail
@@ -45,5 +45,5 @@ ENV
 "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
   -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200" start >&2 \
   || { cat "$dir/postgres.log" >&2; exit 1; }
-echo "ROLLGATE_TEST_POSTGRES=postgres://rollgate@127.0.0.1:$port/postgres"
-echo "ROLLGATE_POSTGRES_DIR=$dir"
+echo "export ROLLGATE_TEST_POSTGRES=postgres://rollgate@127.0.0.1:$port/postgres"
+echo "export ROLLGATE_POSTGRES_DIR=$dir"
