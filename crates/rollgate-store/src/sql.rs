@@ -598,43 +598,37 @@ fn all<T>(rows: Vec<Row>, f: impl Fn(&Row) -> Result<T>) -> Result<Vec<T>> {
     rows.iter().map(f).collect()
 }
 
+/// The one row `sql` finds, read by `row`; `what` `name` not found else.
+fn one<T>(
+    db: &mut dyn Db,
+    sql: &str,
+    params: &[Val],
+    row: impl Fn(&Row) -> Result<T>,
+    what: &'static str,
+    name: &str,
+) -> Result<T> {
+    db.row(sql, params)?
+        .map(|r| row(&r))
+        .transpose()?
+        .ok_or_else(|| StoreError::NotFound {
+            what,
+            name: name.to_string(),
+        })
+}
+
 fn get_model(db: &mut dyn Db, name: &str) -> Result<Model> {
-    db.row(
-        &format!("SELECT {MODEL_COLS} FROM models WHERE name = ?1 AND deleted_at IS NULL"),
-        p![name],
-    )?
-    .map(|r| model_row(&r))
-    .transpose()?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "model",
-        name: name.to_string(),
-    })
+    let sql = format!("SELECT {MODEL_COLS} FROM models WHERE name = ?1 AND deleted_at IS NULL");
+    one(db, &sql, p![name], model_row, "model", name)
 }
 
 fn get_revision(db: &mut dyn Db, id: &str) -> Result<Revision> {
-    db.row(
-        &format!("SELECT {REVISION_COLS} FROM revisions WHERE id = ?1"),
-        p![id],
-    )?
-    .map(|r| revision_row(&r))
-    .transpose()?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "revision",
-        name: id.to_string(),
-    })
+    let sql = format!("SELECT {REVISION_COLS} FROM revisions WHERE id = ?1");
+    one(db, &sql, p![id], revision_row, "revision", id)
 }
 
 fn get_rollout(db: &mut dyn Db, id: i64) -> Result<RolloutRecord> {
-    db.row(
-        &format!("SELECT {ROLLOUT_COLS} FROM rollouts WHERE id = ?1"),
-        p![id],
-    )?
-    .map(|r| rollout_row(&r))
-    .transpose()?
-    .ok_or_else(|| StoreError::NotFound {
-        what: "rollout",
-        name: id.to_string(),
-    })
+    let sql = format!("SELECT {ROLLOUT_COLS} FROM rollouts WHERE id = ?1");
+    one(db, &sql, p![id], rollout_row, "rollout", &id.to_string())
 }
 
 /// The revision `id`, which must belong to `model`.

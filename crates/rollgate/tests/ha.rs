@@ -439,30 +439,65 @@ async fn three_gateways_on_three_hosts_two_controllers_one_postgres_promote_and_
     assert!(sent > 0 && ok > 0, "{ok}/{sent}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_leader_killed_mid_canary_is_replaced_within_ten_seconds() {
-    let Some(store) = postgres_store("kill").await else {
-        return;
-    };
+/// Two controllers, one gateway and live traffic on a fresh database, a
+/// rollout (stages of `min_stage`) in its canary: what the leader tests
+/// start from.
+struct MidCanary {
+    _dir: tempfile::TempDir,
+    ctls: [Proc; 2],
+    /// Which of `ctls` leads.
+    lead: usize,
+    c: HttpClient,
+    _gw: Proc,
+    traffic: Load,
+    id: i64,
+}
+
+async fn mid_canary(store: &str, min_stage: &str) -> MidCanary {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut ctls = [
-        controller_on(dir.path(), 1, &store),
-        controller_on(dir.path(), 2, &store),
+    let ctls = [
+        controller_on(dir.path(), 1, store),
+        controller_on(dir.path(), 2, store),
     ];
     let c = client();
     let champion = model_server(Model::new(false)).await;
     let candidate = model_server(Model::new(false)).await;
     let (_, cand) = setup(&c, &ctls[0], &champion, &candidate).await;
-    let gw = gateway_on(&store, "gw");
+    let gw = gateway_on(store, "gw");
     let traffic = load(&[&gw]);
     let lead = leader_of(&c, &[&ctls[0], &ctls[1]], Duration::from_secs(15)).await;
     let mut p = plan();
-    p["min_stage_duration"] = json!("4s");
+    p["min_stage_duration"] = json!(min_stage);
     let id = start_rollout_with(&c, &ctls[0], &cand, p).await;
     wait_for(&c, &ctls[lead], id, Duration::from_secs(60), |r| {
         phase(r) == "canary"
     })
     .await;
+    MidCanary {
+        _dir: dir,
+        ctls,
+        lead,
+        c,
+        _gw: gw,
+        traffic,
+        id,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_mid_canary_is_replaced_within_ten_seconds() {
+    let Some(store) = postgres_store("kill").await else {
+        return;
+    };
+    let MidCanary {
+        _dir,
+        mut ctls,
+        lead,
+        c,
+        _gw,
+        traffic,
+        id,
+    } = mid_canary(&store, "4s").await;
     ctls[lead].kill(); // SIGKILL, mid-canary: no lease handed over
     let killed = Instant::now();
     let other = &ctls[1 - lead];
@@ -504,25 +539,15 @@ async fn a_leader_paused_past_its_lease_never_commits_again_and_stands_by() {
     let Some(store) = postgres_store("pause").await else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let ctls = [
-        controller_on(dir.path(), 1, &store),
-        controller_on(dir.path(), 2, &store),
-    ];
-    let c = client();
-    let champion = model_server(Model::new(false)).await;
-    let candidate = model_server(Model::new(false)).await;
-    let (_, cand) = setup(&c, &ctls[0], &champion, &candidate).await;
-    let gw = gateway_on(&store, "gw");
-    let traffic = load(&[&gw]);
-    let lead = leader_of(&c, &[&ctls[0], &ctls[1]], Duration::from_secs(15)).await;
-    let mut p = plan();
-    p["min_stage_duration"] = json!("3s");
-    let id = start_rollout_with(&c, &ctls[0], &cand, p).await;
-    wait_for(&c, &ctls[lead], id, Duration::from_secs(60), |r| {
-        phase(r) == "canary"
-    })
-    .await;
+    let MidCanary {
+        _dir,
+        ctls,
+        lead,
+        c,
+        _gw,
+        traffic,
+        id,
+    } = mid_canary(&store, "3s").await;
     signal(&ctls[lead], "-STOP");
     let other = &ctls[1 - lead];
     let started = Instant::now();
