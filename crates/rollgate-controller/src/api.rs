@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -140,11 +140,64 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody
 }
 
 fn bad_json(r: JsonRejection) -> ApiError {
-    let status = match r {
-        JsonRejection::MissingJsonContentType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+    let status = match r.status() {
+        s @ (StatusCode::UNSUPPORTED_MEDIA_TYPE | StatusCode::PAYLOAD_TOO_LARGE) => s,
         _ => StatusCode::BAD_REQUEST,
     };
-    ApiError::new(status, "bad_request", r.body_text())
+    ApiError::new(status, error_code(status), r.body_text())
+}
+
+/// The envelope's `code` for a status the router itself answers.
+fn error_code(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_FOUND => "not_found",
+        _ => "bad_request",
+    }
+}
+
+/// `Path<T>` whose rejections are API errors in the JSON envelope.
+#[derive(Debug)]
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(r) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                r.body_text(),
+            )),
+        }
+    }
+}
+
+/// `Query<T>` whose rejections are API errors in the JSON envelope.
+#[derive(Debug)]
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(r) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                r.body_text(),
+            )),
+        }
+    }
 }
 
 /// Shared state of the API. Its `Debug` never shows the token.
@@ -608,6 +661,14 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
 }
 
+async fn method_not_allowed(method: Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on this endpoint"),
+    )
+}
+
 /// Pushes the store's routing to the in-process gateway right away.
 async fn resync(ctx: &Context, model: &str) {
     crate::reconcile::push_model(ctx, model).await;
@@ -789,6 +850,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/audit/verify", get(audit_verify))
         .route("/api/v1/leader", get(leader))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)

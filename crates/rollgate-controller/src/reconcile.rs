@@ -406,10 +406,40 @@ pub async fn commit(
         }
         other => other?,
     };
-    if out.is_some() {
+    if let Some(done) = &out {
+        log_decision(rec, done);
         push_model(ctx, &rec.spec.model).await;
     }
     Ok(out)
+}
+
+/// Logs a committed change of phase (or of pause): the decisions an
+/// operator greps for, with the model, the rollout and why.
+fn log_decision(before: &RolloutRecord, after: &RolloutRecord) {
+    let (from, to) = (&before.state.phase, &after.state.phase);
+    if from == to && before.state.paused == after.state.paused {
+        return;
+    }
+    let reason = match to {
+        Phase::RolledBack { reason } => reason.code(),
+        _ if after.state.paused != before.state.paused => {
+            if after.state.paused {
+                "paused"
+            } else {
+                "resumed"
+            }
+        }
+        _ => to.name(),
+    };
+    tracing::info!(
+        model = %after.spec.model,
+        rollout = after.id,
+        from = from.name(),
+        to = to.name(),
+        weight_bp = after.routing.candidate_weight_bp,
+        reason,
+        "decision"
+    );
 }
 
 /// One pass over rollout `id`.

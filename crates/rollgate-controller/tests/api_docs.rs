@@ -353,3 +353,85 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     let text = list.to_string();
     assert!(!text.contains(otto) && !text.contains("hash"), "{text}");
 }
+
+/// Every error the router itself produces (a bad path or query, an unknown
+/// endpoint, a wrong method, a wrong or oversized body) answers in the JSON
+/// envelope, with a code that says which.
+#[tokio::test]
+async fn router_errors_answer_in_the_json_envelope() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqlStore::open_dir(dir.path()).expect("store");
+    let app = router(common::api_state(Arc::new(store), Timestamp(0)));
+    let big = format!(r#"{{"name": "m", "pad": "{}"}}"#, "x".repeat(3 << 20));
+    let cases: [(&str, &str, Option<&str>, String, u16, &str); 6] = [
+        (
+            "GET",
+            "/api/v1/rollouts/abc",
+            None,
+            String::new(),
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/api/v1/audit?limit=lots",
+            None,
+            String::new(),
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/api/v1/nothing-here",
+            None,
+            String::new(),
+            404,
+            "not_found",
+        ),
+        (
+            "DELETE",
+            "/api/v1/audit",
+            None,
+            String::new(),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/api/v1/models",
+            Some("text/plain"),
+            r#"{"name": "m"}"#.into(),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "POST",
+            "/api/v1/models",
+            Some("application/json"),
+            big,
+            413,
+            "payload_too_large",
+        ),
+    ];
+    for (method, uri, content_type, body, status, code) in cases {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", "127.0.0.1:7070");
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
+        }
+        let (s, v) = common::send(&app, req.body(Body::from(body)).expect("request")).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {uri}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{method} {uri}: {v}"
+        );
+    }
+}

@@ -34,6 +34,9 @@ pub struct GatewayArgs {
     /// `http://<listen address>`).
     #[arg(long)]
     advertise: Option<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json`.
+    #[arg(long, value_enum, default_value_t, env = "ROLLGATE_LOG_FORMAT")]
+    log_format: crate::serve::LogFormat,
 }
 
 /// Reads and validates a TOML config; errors name the line and the field.
@@ -96,15 +99,11 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
                 id: args.id.clone(),
                 advertise: args.advertise.clone(),
                 every: std::time::Duration::from_millis(500),
+                log_format: args.log_format,
             },
         );
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    crate::serve::init_logging(args.log_format);
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {
         rt.worker_threads(n.max(1));

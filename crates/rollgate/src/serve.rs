@@ -179,14 +179,32 @@ fn system_clock() -> Timestamp {
     )
 }
 
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
+/// How the long-running commands log (to stderr).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// Installs the logger: level from `RUST_LOG` (default `info`), lines in
+/// `format` on stderr; colour codes only when stderr is a terminal, never
+/// into files or pipes.
+pub fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+        .with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    };
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -252,6 +270,9 @@ pub struct UpArgs {
     /// many hosts) or a SQLite data directory. Default: the one in --data.
     #[arg(long, env = "ROLLGATE_STORE")]
     store: Option<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json`.
+    #[arg(long, value_enum, default_value_t, env = "ROLLGATE_LOG_FORMAT")]
+    log_format: LogFormat,
 }
 
 /// Store, gateway, controller and admin API in one process.
@@ -260,7 +281,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         Some(p) => read_toml(p)?,
         None => UpConfig::default(),
     };
-    init_tracing();
+    init_logging(args.log_format);
     let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
@@ -321,6 +342,9 @@ pub struct ControllerArgs {
     /// controllers may share one: one leads, the others stand by.
     #[arg(long, env = "ROLLGATE_STORE")]
     store: Option<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json`.
+    #[arg(long, value_enum, default_value_t, env = "ROLLGATE_LOG_FORMAT")]
+    log_format: LogFormat,
     /// Config file (TOML): [api], [controller].
     #[arg(long)]
     config: Option<PathBuf>,
@@ -338,7 +362,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     if let Some(l) = args.api_listen {
         cfg.api.listen = l;
     }
-    init_tracing();
+    init_logging(args.log_format);
     let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
@@ -373,11 +397,12 @@ pub struct Follow {
     /// address), for gateways behind NAT or listening on 0.0.0.0.
     pub advertise: Option<String>,
     pub every: Duration,
+    pub log_format: LogFormat,
 }
 
 /// A gateway that follows the store (used by `rollgate gateway --data/--store`).
 pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Result<ExitCode> {
-    init_tracing();
+    init_logging(f.log_format);
     let store = open_store(&f.data, f.store.as_deref())?;
     let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
     let advertise = f.advertise;

@@ -19,7 +19,23 @@ use common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ctl = start_controller(dir.path(), &[]);
+    // Its log in JSON, into a file: every decision is a line of it.
+    let log = dir.path().join("controller.log");
+    let cfg = write(dir.path(), "controller.toml", CONTROLLER_TOML);
+    let data = dir.path().join("data");
+    let ctl = spawn_logged(
+        &[
+            "controller",
+            "--data",
+            &data.to_string_lossy(),
+            "--config",
+            &cfg,
+            "--log-format",
+            "json",
+        ],
+        &[("RUST_LOG", "info")],
+        &log,
+    );
     let c = client();
     let (champion, candidate) = (model_server(Model::new(false)).await, Model::new(false));
     let cand_url = model_server(candidate.clone()).await;
@@ -52,6 +68,31 @@ async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
     assert!(chain_intact(&c, &ctl).await);
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
+    // Every line of the log is JSON without colour codes, and each decision
+    // names the model, the rollout, the phases and why.
+    let text = std::fs::read_to_string(&log).expect("log");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(!text.contains('\u{1b}'), "colour codes in a file");
+    let decisions: Vec<(String, String)> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "decision")
+        .map(|l| {
+            let f = &l["fields"];
+            assert_eq!(f["model"], "m", "{l}");
+            assert_eq!(f["rollout"], id, "{l}");
+            assert!(f["reason"].is_string(), "{l}");
+            (
+                f["from"].as_str().unwrap_or("").to_string(),
+                f["to"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    let last = decisions.last().cloned().unwrap_or_default();
+    assert_eq!(last.1, "PROMOTED", "{decisions:?}");
+    assert!(decisions.len() >= 4, "{decisions:?}");
 }
 
 /// Several gateways serve one model, meeting the controller in the store:

@@ -53,6 +53,16 @@ pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
 /// Like [`spawn`], inside network namespace `netns` if given (`ip netns
 /// exec` execs the binary: the child's pid is rollgate's own).
 pub fn spawn_in(netns: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    spawn_full(netns, args, env, Stdio::null())
+}
+
+/// Like [`spawn`], its log lines (stderr) written to the file `log`.
+pub fn spawn_logged(args: &[&str], env: &[(&str, &str)], log: &Path) -> Proc {
+    let file = std::fs::File::create(log).expect("log file");
+    spawn_full(None, args, env, Stdio::from(file))
+}
+
+fn spawn_full(netns: Option<&str>, args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Proc {
     let bin = env!("CARGO_BIN_EXE_rollgate");
     let mut cmd = match netns {
         Some(ns) => {
@@ -64,7 +74,7 @@ pub fn spawn_in(netns: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Pro
     };
     cmd.args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .env("RUST_LOG", "warn");
     for (k, v) in env {
         cmd.env(k, v);
