@@ -363,7 +363,9 @@ async fn router_errors_answer_in_the_json_envelope() {
     let store = SqlStore::open_dir(dir.path()).expect("store");
     let app = router(common::api_state(Arc::new(store), Timestamp(0)));
     let big = format!(r#"{{"name": "m", "pad": "{}"}}"#, "x".repeat(3 << 20));
-    let cases: [(&str, &str, Option<&str>, String, u16, &str); 6] = [
+    /// Method, URI, content type, body; the status and code expected.
+    type Case<'a> = (&'a str, &'a str, Option<&'a str>, String, u16, &'a str);
+    let cases: [Case; 6] = [
         (
             "GET",
             "/api/v1/rollouts/abc",
