@@ -69,7 +69,32 @@ enum Command {
     Sim(sim::SimArgs),
 }
 
+/// A closed stdout (`rollgate audit | head -1`) ends the command quietly
+/// and successfully, as it ends Unix tools. `print!` panics when stdout is
+/// a closed pipe, and resetting SIGPIPE to its default would need `unsafe`
+/// (forbidden here), so the panic hook recognises exactly that panic and
+/// exits 0 before anything is printed; every other panic is reported as
+/// before.
+fn end_quietly_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout")
+            && message.to_ascii_lowercase().contains("broken pipe")
+        {
+            std::process::exit(0);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    end_quietly_on_closed_stdout();
     let cli = Cli::parse();
     let g = &cli.global;
     let result = match &cli.command {

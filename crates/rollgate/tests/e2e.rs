@@ -426,6 +426,25 @@ fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
     cli_as(api, None, args)
 }
 
+/// The CLI with its stdout a pipe whose reader is already gone; its exit
+/// code and stderr.
+fn cli_into_closed_pipe(api: &str, args: &[&str]) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(args)
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env_remove("ROLLGATE_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The CLI with `token` in `ROLLGATE_TOKEN` (none: unset).
 fn cli_as(api: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
@@ -515,6 +534,22 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
         "{all}"
     );
     assert_eq!(cli(&api, &["audit", "verify"]).0, 0);
+    // Piped into a reader that is gone (`| head -1`), every listing ends
+    // quietly and successfully.
+    for args in [
+        &["audit", "--rollout", "1", "--all"][..],
+        &["audit", "--format", "json"],
+        &["rollout", "status", "1"],
+        &["rollout", "status"],
+        &["rollout", "status", "--output", "json"],
+        &["model", "list"],
+        &["revision", "list", "m"],
+        &["--help"],
+    ] {
+        let (code, err) = cli_into_closed_pipe(&api, args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
     let (code, _, err) = cli(&api, &["rollout", "pause", "1"]);
     assert_eq!(
         code, 2,
