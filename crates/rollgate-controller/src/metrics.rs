@@ -1,5 +1,6 @@
-//! The controller's own Prometheus metrics: rollouts by phase, evaluations,
-//! rollbacks by reason.
+//! The controller's own Prometheus metrics: rollouts by phase, each active
+//! rollout's phase and weight by model, evaluations, rollbacks by reason
+//! (every reason from zero), leadership and the build.
 
 use std::sync::Mutex;
 
@@ -20,12 +21,32 @@ struct ReasonLabel {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelPhaseLabel {
+    model: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: String,
+}
+
 pub struct ControllerMetrics {
     registry: Mutex<Registry>,
     active: Family<PhaseLabel, Gauge>,
     evaluations: Counter,
     rollbacks: Family<ReasonLabel, Counter>,
     leader: Gauge,
+    weight: Family<ModelLabel, Gauge>,
+    phase: Family<ModelPhaseLabel, Gauge>,
+    /// The `(model, phase)` series set last time, to remove those that ended.
+    shown: Mutex<Vec<(String, String)>>,
 }
 
 impl std::fmt::Debug for ControllerMetrics {
@@ -42,23 +63,49 @@ impl Default for ControllerMetrics {
         let rollbacks = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "rollgate_rollouts_active",
-            "Active rollouts by phase.",
+            "Active rollouts by phase",
             active.clone(),
         );
         registry.register(
             "rollgate_evaluations",
-            "Stage evaluations committed.",
+            "Stage evaluations committed",
             evaluations.clone(),
         );
         registry.register(
             "rollgate_rollbacks",
-            "Rollbacks by reason.",
+            "Rollbacks by reason",
             rollbacks.clone(),
+        );
+        for reason in rollgate_core::RollbackReason::CODES {
+            rollbacks
+                .get_or_create(&ReasonLabel {
+                    reason: reason.into(),
+                })
+                .inc_by(0);
+        }
+        let weight = Family::<ModelLabel, Gauge>::default();
+        registry.register(
+            "rollgate_rollout_weight_percent",
+            "The candidate's share of live traffic, by model, while its rollout is active",
+            weight.clone(),
+        );
+        let phase = Family::<ModelPhaseLabel, Gauge>::default();
+        registry.register(
+            "rollgate_rollout_phase",
+            "1 for the phase each model's active rollout is in",
+            phase.clone(),
+        );
+        registry.register(
+            "rollgate_build",
+            "The running build",
+            prometheus_client::metrics::info::Info::new(BuildLabel {
+                version: env!("CARGO_PKG_VERSION").into(),
+            }),
         );
         let leader = Gauge::default();
         registry.register(
             "rollgate_controller_leader",
-            "1 while this controller holds the lease and reconciles, 0 while it stands by.",
+            "1 while this controller holds the lease and reconciles, 0 while it stands by",
             leader.clone(),
         );
         ControllerMetrics {
@@ -67,6 +114,9 @@ impl Default for ControllerMetrics {
             evaluations,
             rollbacks,
             leader,
+            weight,
+            phase,
+            shown: Mutex::new(Vec::new()),
         }
     }
 }
@@ -89,6 +139,36 @@ impl ControllerMetrics {
     }
 
     pub fn set_active(&self, rollouts: &[RolloutRecord]) {
+        let now: Vec<(String, String)> = rollouts
+            .iter()
+            .map(|r| (r.spec.model.clone(), r.state.phase.name().to_string()))
+            .collect();
+        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        for (model, phase) in shown.iter().filter(|s| !now.contains(s)) {
+            self.phase.remove(&ModelPhaseLabel {
+                model: model.clone(),
+                phase: phase.clone(),
+            });
+            if !now.iter().any(|(m, _)| m == model) {
+                self.weight.remove(&ModelLabel {
+                    model: model.clone(),
+                });
+            }
+        }
+        for r in rollouts {
+            let model = r.spec.model.clone();
+            self.phase
+                .get_or_create(&ModelPhaseLabel {
+                    model: model.clone(),
+                    phase: r.state.phase.name().into(),
+                })
+                .set(1);
+            self.weight
+                .get_or_create(&ModelLabel { model })
+                .set(i64::from(r.routing.candidate_weight_bp / 100));
+        }
+        *shown = now;
+        drop(shown);
         for phase in ["PENDING", "SHADOW", "CANARY"] {
             let n = rollouts
                 .iter()
@@ -109,5 +189,24 @@ impl ControllerMetrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rollback_reason_starts_at_zero_and_the_build_is_shown() {
+        let text = ControllerMetrics::default().render();
+        for reason in rollgate_core::RollbackReason::CODES {
+            assert!(
+                text.contains(&format!(
+                    "rollgate_rollbacks_total{{reason=\"{reason}\"}} 0"
+                )),
+                "{reason}: {text}"
+            );
+        }
+        assert!(text.contains("rollgate_build_info{version="), "{text}");
     }
 }

@@ -7,7 +7,7 @@ use axum::body::Body;
 use http::Request;
 use rollgate_controller::router;
 use rollgate_core::Timestamp;
-use rollgate_store::SqlStore;
+use rollgate_store::{SqlStore, Store};
 use serde_json::Value;
 
 mod common;
@@ -436,4 +436,28 @@ async fn router_errors_answer_in_the_json_envelope() {
             "{method} {uri}: {v}"
         );
     }
+}
+
+/// Each active rollout shows its phase and weight by model, and the
+/// series go when the rollout ends.
+#[tokio::test]
+async fn active_rollouts_show_phase_and_weight_until_they_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
+    common::model_in_rollout(store.as_ref());
+    let state = common::api_state(store.clone(), Timestamp(0));
+    let metrics = &state.ctx.metrics;
+    metrics.set_active(&store.rollouts(true).expect("rollouts"));
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"rollgate_rollout_phase{model="m",phase="PENDING"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"rollgate_rollout_weight_percent{model="m"} 0"#),
+        "{text}"
+    );
+    metrics.set_active(&[]);
+    let text = metrics.render();
+    assert!(!text.contains(r#"model="m""#), "{text}");
 }

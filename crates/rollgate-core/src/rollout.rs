@@ -91,6 +91,17 @@ impl RollbackReason {
         }
     }
 
+    /// Every reason's [`code`](Self::code), so a counter by reason can
+    /// start at zero for each (an alert on its increase fires on the first).
+    pub const CODES: [&'static str; 6] = [
+        "readiness_timeout",
+        "breach",
+        "gross_breach",
+        "evidence_timeout",
+        "metrics_missing",
+        "anytime_breach",
+    ];
+
     pub fn code(&self) -> &'static str {
         match self {
             RollbackReason::ReadinessTimeout => "readiness_timeout",
