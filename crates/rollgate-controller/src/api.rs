@@ -914,8 +914,8 @@ pub fn check_binding(addr: SocketAddr, state: &ApiState) -> Result<(), String> {
     let shared_empty = state.token.as_ref().is_some_and(|t| t.trim().is_empty());
     if !addr.ip().is_loopback() && (!state.token_required() || shared_empty) {
         return Err(format!(
-            "the admin API on {addr} is not loopback: set ROLLGATE_TOKEN, --token-file or \
-             [api] require_token = true (with named tokens)"
+            "the admin API on {addr} is not loopback: set ROLLGATE_TOKEN, [api] token_file \
+             or [api] require_token = true (with named tokens)"
         ));
     }
     Ok(())

@@ -118,9 +118,13 @@ impl SpecArgs {
     }
 }
 
+/// Spelled as the API and the config spell it; the hyphenated forms are
+/// accepted too.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ProtocolArg {
+    #[value(name = "kserve_v1", alias = "kserve-v1")]
     KserveV1,
+    #[value(name = "oip_v2", alias = "oip-v2")]
     OipV2,
     Json,
 }
@@ -555,20 +559,35 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
         RolloutCmd::Status {
             id: Some(id),
             watch,
-        } => loop {
-            let r = a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?;
-            let rec = rollout_record(r.clone())?;
-            if *watch {
-                print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
-                if rec.state.phase.is_terminal() {
+        } => {
+            let mut last_version = None;
+            loop {
+                let r = a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?;
+                let rec = rollout_record(r.clone())?;
+                if *watch {
+                    // A screen redrawn on a terminal; elsewhere (a file, a
+                    // pipe) one view, or one JSON line, per change.
+                    use std::io::IsTerminal as _;
+                    let changed = last_version != Some(rec.version);
+                    last_version = Some(rec.version);
+                    match g.output {
+                        Output::Json if changed => println!("{r}"),
+                        Output::Table if std::io::stdout().is_terminal() => {
+                            print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
+                        }
+                        Output::Table if changed => print!("{}\n", rollout_view(&rec)),
+                        _ => {}
+                    }
+                    if rec.state.phase.is_terminal() {
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                } else {
+                    print(g, &r, |_| print!("{}", rollout_view(&rec)));
                     return Ok(ExitCode::SUCCESS);
                 }
-                std::thread::sleep(Duration::from_secs(1));
-            } else {
-                print(g, &r, |_| print!("{}", rollout_view(&rec)));
-                return Ok(ExitCode::SUCCESS);
             }
-        },
+        }
         RolloutCmd::Status { id: None, .. } => {
             let rs = a.call("GET", "/api/v1/rollouts", None)?;
             print(g, &rs, |rs| {
@@ -634,11 +653,17 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
     })()))
 }
 
+/// A store timestamp as RFC 3339 in UTC, to the millisecond.
+fn rfc3339(t: rollgate_core::Timestamp) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(t.0);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
 fn audit_line(r: &AuditRecord) -> String {
     let mut line = format!(
         "#{:<5} {} {:<12} {:<20} {}",
         r.seq,
-        r.at.0,
+        rfc3339(r.at),
         report::clean(&r.actor),
         report::clean(&r.kind),
         r.rollout

@@ -278,7 +278,14 @@ pub struct UpArgs {
 /// Store, gateway, controller and admin API in one process.
 pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let cfg: UpConfig = match &args.config {
-        Some(p) => read_toml(p)?,
+        // A bad file is the user's input error: exit 2, as documented.
+        Some(p) => match read_toml(p) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rollgate: {e:#}");
+                return Ok(ExitCode::from(2));
+            }
+        },
         None => UpConfig::default(),
     };
     init_logging(args.log_format);
@@ -356,7 +363,14 @@ pub struct ControllerArgs {
 /// The controller and admin API as their own process.
 pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     let mut cfg: UpConfig = match &args.config {
-        Some(p) => read_toml(p)?,
+        // A bad file is the user's input error: exit 2, as documented.
+        Some(p) => match read_toml(p) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rollgate: {e:#}");
+                return Ok(ExitCode::from(2));
+            }
+        },
         None => UpConfig::default(),
     };
     if let Some(l) = args.api_listen {

@@ -69,3 +69,25 @@ fn unknown_subcommand_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 }
+
+#[test]
+fn a_bad_config_file_is_an_input_error_naming_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[controller]\ntick = \"soon\"\n").expect("write");
+    for cmd in ["controller", "up"] {
+        let out = rollgate(&[
+            cmd,
+            "--config",
+            &cfg.to_string_lossy(),
+            "--data",
+            &dir.path().join("data").to_string_lossy(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+        assert!(
+            err.contains("bad.toml") && err.contains("line 2"),
+            "{cmd}: {err}"
+        );
+    }
+}

@@ -534,6 +534,19 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
         "{all}"
     );
     assert_eq!(cli(&api, &["audit", "verify"]).0, 0);
+    // Times in RFC 3339 (UTC); `--watch` off a terminal with JSON output:
+    // one line per change, and it ends with the rollout.
+    let first = out.lines().next().unwrap_or("");
+    let at = first.split_whitespace().nth(1).unwrap_or("");
+    assert!(humantime::parse_rfc3339(at).is_ok(), "{first}");
+    let (code, watched, err) = cli(
+        &api,
+        &["rollout", "status", "1", "--watch", "--output", "json"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(watched.lines().count(), 1, "{watched}");
+    let v: Value = serde_json::from_str(&watched).expect("a JSON line");
+    assert_eq!(phase(&v), "promoted");
     // Piped into a reader that is gone (`| head -1`), every listing ends
     // quietly and successfully.
     for args in [
