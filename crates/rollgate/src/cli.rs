@@ -575,7 +575,7 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                         Output::Table if std::io::stdout().is_terminal() => {
                             print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
                         }
-                        Output::Table if changed => print!("{}\n", rollout_view(&rec)),
+                        Output::Table if changed => println!("{}", rollout_view(&rec)),
                         _ => {}
                     }
                     if rec.state.phase.is_terminal() {
