@@ -35,16 +35,28 @@ pub enum Output {
     Json,
 }
 
+/// An admin command group: the API it talks to and how it prints (only
+/// here: the other commands have no API to reach).
+#[derive(Args, Debug)]
+pub struct Admin<C: Subcommand> {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub cmd: C,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ModelCmd {
     /// Register a model.
     Add {
+        /// The model's name (lowercase letters, digits, `-`, `_`).
         name: String,
         #[command(flatten)]
         spec: SpecArgs,
     },
     /// Replace a model's spec (refused while a rollout is active on it).
     Update {
+        /// The model.
         name: String,
         #[command(flatten)]
         spec: SpecArgs,
@@ -52,12 +64,17 @@ pub enum ModelCmd {
     /// Delete a model with no active rollout (its revisions and audit
     /// history are kept).
     Delete {
+        /// The model.
         name: String,
+        /// Why (kept in the audit log).
         #[arg(long)]
         reason: String,
     },
+    /// Every model, with its protocol and champion.
     List,
+    /// One model, with its revisions.
     Show {
+        /// The model.
         name: String,
     },
 }
@@ -67,6 +84,7 @@ pub enum TokenCmd {
     /// Make a named API token; its secret is printed once (keep it: the
     /// store holds only its hash).
     Create {
+        /// The token's name: who or what uses it (kept in the audit log).
         name: String,
         /// viewer (reads), operator (also starts, pauses, resumes, aborts
         /// rollouts) or admin (everything).
@@ -76,12 +94,16 @@ pub enum TokenCmd {
     /// The tokens, revoked ones included (never their secrets).
     List,
     /// Revoke a token: it is refused from the next request on.
-    Revoke { name: String },
+    Revoke {
+        /// The token's name.
+        name: String,
+    },
 }
 
 /// A model's spec on the command line.
 #[derive(clap::Args, Debug)]
 pub struct SpecArgs {
+    /// What the model's clients and servers speak.
     #[arg(long, value_enum, default_value_t = ProtocolArg::KserveV1)]
     protocol: ProtocolArg,
     /// JSON pointer to predictions in responses.
@@ -143,17 +165,24 @@ impl From<ProtocolArg> for Protocol {
 pub enum RevisionCmd {
     /// Register an immutable revision (same spec again: same id).
     Add {
+        /// The model it is a revision of.
         model: String,
+        /// The model server's base URL (`http://host:port`).
         #[arg(long)]
         upstream: String,
+        /// What it serves (a model URI or a label), for the record.
         #[arg(long)]
         artifact: Option<String>,
+        /// Readiness path (default: the protocol's model-ready endpoint).
         #[arg(long)]
         readiness_path: Option<String>,
+        /// Upstream timeout for its requests, in milliseconds.
         #[arg(long)]
         timeout_ms: Option<u64>,
     },
+    /// A model's revisions with their state, rejections and whether blocked.
     List {
+        /// The model.
         model: String,
     },
 }
@@ -162,8 +191,11 @@ pub enum RevisionCmd {
 pub enum ChampionCmd {
     /// Make a revision the champion (the first one, or a manual switch).
     Set {
+        /// The model.
         model: String,
+        /// The revision to make champion.
         revision: String,
+        /// Why (kept in the audit log).
         #[arg(long)]
         reason: String,
     },
@@ -173,7 +205,9 @@ pub enum ChampionCmd {
 pub enum RolloutCmd {
     /// Start a rollout of REVISION against MODEL's champion.
     Start {
+        /// The model.
         model: String,
+        /// The candidate revision.
         revision: String,
         /// Plan file (TOML); the default plan if absent.
         #[arg(long)]
@@ -181,36 +215,49 @@ pub enum RolloutCmd {
     },
     /// One rollout, or every rollout.
     Status {
+        /// The rollout (none: every rollout).
         id: Option<i64>,
         /// Redraw a live view until the rollout ends.
         #[arg(long)]
         watch: bool,
     },
+    /// Hold a rollout where it is (a breach still rolls it back).
     Pause {
+        /// The rollout.
         id: i64,
     },
+    /// Let a paused rollout advance again.
     Resume {
+        /// The rollout.
         id: i64,
     },
+    /// Send all traffic back to the champion (the candidate is not rejected).
     Abort {
+        /// The rollout.
         id: i64,
+        /// Why (kept in the audit log).
         #[arg(long)]
         reason: String,
     },
     /// Promote now, skipping remaining stages (a reason is required).
     Promote {
+        /// The rollout.
         id: i64,
+        /// Why (kept in the audit log).
         #[arg(long)]
         reason: String,
     },
     /// Allow a rejected revision to start a rollout again.
     Unblock {
+        /// The rejected revision.
         revision: String,
+        /// Why (kept in the audit log).
         #[arg(long)]
         reason: String,
     },
     /// Wait until the rollout ends: exit 0 promoted, 3 rolled back or aborted.
     Wait {
+        /// The rollout.
         id: i64,
         /// Give up after this long (e.g. 10m): exit 1.
         #[arg(long, value_parser = humantime_duration)]
@@ -228,10 +275,14 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
 
 #[derive(Args, Debug)]
 pub struct AuditArgs {
+    #[command(flatten)]
+    pub global: Global,
     #[command(subcommand)]
     cmd: Option<AuditCmd>,
+    /// Only this rollout's records.
     #[arg(long)]
     rollout: Option<i64>,
+    /// Only this model's records.
     #[arg(long)]
     model: Option<String>,
     /// Show every evaluation too, not only the decisions and operator and

@@ -16,6 +16,7 @@ pub struct TrainArgs {
     /// Directory for the model files.
     #[arg(long)]
     out: PathBuf,
+    /// Seed of the synthetic task (the same seed trains the same zoo).
     #[arg(long, default_value_t = 7)]
     seed: u64,
 }
@@ -53,6 +54,7 @@ pub struct ServeArgs {
     /// A model file written by `rollgate train`.
     #[arg(long)]
     model: PathBuf,
+    /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:9001")]
     listen: SocketAddr,
     /// The model name in request paths.
@@ -67,6 +69,7 @@ pub struct ServeArgs {
     /// Extra latency for a tail share of predictions, in ms.
     #[arg(long, default_value_t = 0)]
     tail_latency_ms: u64,
+    /// Share of predictions that get the tail latency.
     #[arg(long, default_value_t = 0.0)]
     tail_fraction: f64,
     /// Readiness passes, every prediction answers 503.
@@ -119,20 +122,25 @@ pub struct TrafficArgs {
     /// Gateway base URL, e.g. http://127.0.0.1:8080.
     #[arg(long)]
     url: String,
+    /// The model requests are for.
     #[arg(long, default_value = "fraud")]
     model: String,
+    /// Requests per second (open loop: sent on schedule, answered or not).
     #[arg(long, default_value_t = 100.0)]
     rps: f64,
     /// Seconds.
     #[arg(long, default_value_t = 30)]
     duration: u64,
+    /// Distinct sticky keys (users) the requests carry.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// Seed of the request stream.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Send Open Inference Protocol V2 requests.
     #[arg(long)]
     v2: bool,
+    /// Print the report as JSON.
     #[arg(long)]
     json: bool,
 }

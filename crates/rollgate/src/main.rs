@@ -23,8 +23,6 @@ use clap::{Parser, Subcommand};
     about = "Progressive delivery for ML model services"
 )]
 struct Cli {
-    #[command(flatten)]
-    global: cli::Global,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,22 +41,17 @@ enum Command {
     /// The controller and admin API as their own process.
     Controller(serve::ControllerArgs),
     /// Models: add, list, show.
-    #[command(subcommand)]
-    Model(cli::ModelCmd),
+    Model(cli::Admin<cli::ModelCmd>),
     /// Revisions: add, list.
-    #[command(subcommand)]
-    Revision(cli::RevisionCmd),
+    Revision(cli::Admin<cli::RevisionCmd>),
     /// The champion: set.
-    #[command(subcommand)]
-    Champion(cli::ChampionCmd),
+    Champion(cli::Admin<cli::ChampionCmd>),
     /// Rollouts: start, status, pause, resume, abort, promote, unblock, wait.
-    #[command(subcommand)]
-    Rollout(cli::RolloutCmd),
+    Rollout(cli::Admin<cli::RolloutCmd>),
     /// The audit log: the evidence of every decision; `audit verify`.
     Audit(cli::AuditArgs),
     /// API tokens: create (with a role), list, revoke.
-    #[command(subcommand)]
-    Token(cli::TokenCmd),
+    Token(cli::Admin<cli::TokenCmd>),
     /// Train the demo model zoo: champion, retrained, broken-feature.
     Train(kit::TrainArgs),
     /// Serve a trained model (KServe V1 and OIP V2), with fault injection.
@@ -96,18 +89,17 @@ fn end_quietly_on_closed_stdout() {
 fn main() -> ExitCode {
     end_quietly_on_closed_stdout();
     let cli = Cli::parse();
-    let g = &cli.global;
     let result = match &cli.command {
         Command::Demo(args) => demo::run(args),
         Command::Up(args) => serve::up(args),
         Command::Gateway(args) => gateway::run(args),
         Command::Controller(args) => serve::controller(args),
-        Command::Model(c) => cli::model(g, c),
-        Command::Revision(c) => cli::revision(g, c),
-        Command::Champion(c) => cli::champion(g, c),
-        Command::Rollout(c) => cli::rollout(g, c),
-        Command::Audit(a) => cli::audit(g, a),
-        Command::Token(c) => cli::token(g, c),
+        Command::Model(a) => cli::model(&a.global, &a.cmd),
+        Command::Revision(a) => cli::revision(&a.global, &a.cmd),
+        Command::Champion(a) => cli::champion(&a.global, &a.cmd),
+        Command::Rollout(a) => cli::rollout(&a.global, &a.cmd),
+        Command::Audit(a) => cli::audit(&a.global, a),
+        Command::Token(a) => cli::token(&a.global, &a.cmd),
         Command::Train(a) => kit::train(a),
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),
@@ -119,5 +111,37 @@ fn main() -> ExitCode {
             eprintln!("rollgate: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand and every flag says what it is for.
+    #[test]
+    fn every_subcommand_and_flag_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                let here = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(format!("{here}: no about"));
+                }
+                walk(sub, &here, missing);
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{id}: no help"));
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "rollgate", &mut missing);
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 }
