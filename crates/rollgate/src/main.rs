@@ -60,6 +60,14 @@ enum Command {
     Traffic(kit::TrafficArgs),
     /// The decision-quality simulator: policies side by side on a scenario matrix.
     Sim(sim::SimArgs),
+    /// Print a shell completion script (e.g. `rollgate completions bash >
+    /// /etc/bash_completion.d/rollgate`).
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff; `rollgate man | man -l -`).
+    Man,
 }
 
 /// A closed stdout (`rollgate audit | head -1`) ends the command quietly
@@ -86,6 +94,16 @@ fn end_quietly_on_closed_stdout() {
     }));
 }
 
+/// Writes `bytes` to stdout; a reader that closed early is not an error.
+fn to_stdout(bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
 fn main() -> ExitCode {
     end_quietly_on_closed_stdout();
     let cli = Cli::parse();
@@ -104,6 +122,20 @@ fn main() -> ExitCode {
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),
         Command::Sim(a) => sim::run(a),
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "rollgate", &mut script);
+            to_stdout(&script)
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            let mut page = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut page) {
+                Ok(()) => to_stdout(&page),
+                Err(e) => Err(e.into()),
+            }
+        }
     };
     match result {
         Ok(code) => code,

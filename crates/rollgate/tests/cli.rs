@@ -91,3 +91,20 @@ fn a_bad_config_file_is_an_input_error_naming_its_line() {
         );
     }
 }
+
+#[test]
+fn completions_and_a_manual_page_come_from_the_command_tree() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = rollgate(&["completions", shell]);
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{shell}");
+        assert!(
+            script.contains("rollout") && script.contains("watch"),
+            "{shell}: {script}"
+        );
+    }
+    let out = rollgate(&["man"]);
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(page.contains(".TH rollgate 1"), "{page}");
+}
