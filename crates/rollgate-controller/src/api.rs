@@ -344,6 +344,46 @@ impl From<AuditQuery> for AuditFilter {
 struct RolloutQuery {
     #[serde(default)]
     active: bool,
+    /// At most this many (default 100, at most 1,000).
+    limit: Option<usize>,
+    /// Only rollouts older than this id: the next page after the last id
+    /// of the previous one.
+    before: Option<i64>,
+}
+
+/// A rollout in a list: where it stands, not its evidence (the full record
+/// with every gate's state is `GET /api/v1/rollouts/{id}`).
+#[derive(Debug, serde::Serialize)]
+struct RolloutSummary {
+    id: i64,
+    model: String,
+    champion: String,
+    candidate: String,
+    phase: rollgate_core::Phase,
+    paused: bool,
+    weight_percent: u32,
+    evaluations: u64,
+    version: u64,
+    created_at: rollgate_core::Timestamp,
+    updated_at: rollgate_core::Timestamp,
+}
+
+impl From<&rollgate_store::RolloutRecord> for RolloutSummary {
+    fn from(r: &rollgate_store::RolloutRecord) -> Self {
+        RolloutSummary {
+            id: r.id,
+            model: r.spec.model.clone(),
+            champion: r.spec.champion.clone(),
+            candidate: r.spec.candidate.clone(),
+            phase: r.state.phase.clone(),
+            paused: r.state.paused,
+            weight_percent: r.routing.candidate_weight_bp / 100,
+            evaluations: r.state.evaluations,
+            version: r.version,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
 }
 
 async fn create_model(
@@ -491,13 +531,20 @@ async fn start_rollout(
     Ok((StatusCode::CREATED, Json(r)))
 }
 
+/// Rollouts newest first, as summaries, a page at a time.
 async fn list_rollouts(
     State(s): State<ApiState>,
     Query(q): Query<RolloutQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(
-        blocking(&s.ctx.store, move |st| st.rollouts(q.active)).await?,
-    ))
+    let limit = q.limit.unwrap_or(100).clamp(1, 1_000);
+    let all = blocking(&s.ctx.store, move |st| st.rollouts(q.active)).await?;
+    let page: Vec<RolloutSummary> = all
+        .iter()
+        .filter(|r| q.before.is_none_or(|b| r.id < b))
+        .take(limit)
+        .map(RolloutSummary::from)
+        .collect();
+    Ok(Json(page))
 }
 
 async fn show_rollout(

@@ -461,3 +461,72 @@ async fn active_rollouts_show_phase_and_weight_until_they_end() {
     let text = metrics.render();
     assert!(!text.contains(r#"model="m""#), "{text}");
 }
+
+/// The rollout list is summaries, newest first, a page at a time: 100
+/// rollouts fit in well under 50 KB.
+#[tokio::test]
+async fn the_rollout_list_is_summaries_a_page_at_a_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(SqlStore::open_dir(dir.path()).expect("store"));
+    for m in 0..100 {
+        let name = format!("m{m}");
+        store
+            .create_model(&name, &rollgate_store::ModelSpec::default(), "t")
+            .expect("model");
+        let revs: Vec<String> = (0..2)
+            .map(|n| {
+                let spec = rollgate_store::RevisionSpec {
+                    upstream: format!("http://127.0.0.1:{}", 9000 + n),
+                    ..Default::default()
+                };
+                store.register_revision(&name, &spec, "t").expect("rev").id
+            })
+            .collect();
+        store
+            .set_champion(&name, &revs[0], "t", "first")
+            .expect("champion");
+        store
+            .create_rollout(&name, &revs[1], &rollgate_core::Plan::default(), "t")
+            .expect("rollout");
+    }
+    let app = router(common::api_state(store.clone(), Timestamp(0)));
+    let get = |uri: &str| {
+        let req = Request::builder()
+            .uri(uri)
+            .header("host", "127.0.0.1:7070")
+            .body(Body::empty())
+            .expect("request");
+        let app = app.clone();
+        async move { common::send(&app, req).await }
+    };
+    let (s, all) = get("/api/v1/rollouts").await;
+    assert_eq!(s, 200);
+    let size = all.to_string().len();
+    assert!(size < 50_000, "{size} bytes for 100 rollouts");
+    let ids: Vec<i64> = all
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|r| r["id"].as_i64())
+        .collect();
+    assert_eq!(ids.len(), 100);
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first");
+    assert_eq!(all[0]["phase"]["phase"], "pending");
+    assert!(all[0].get("state").is_none(), "no evidence in a list");
+    let (_, page) = get("/api/v1/rollouts?limit=30").await;
+    let first: Vec<i64> = page
+        .as_array()
+        .expect("page")
+        .iter()
+        .filter_map(|r| r["id"].as_i64())
+        .collect();
+    assert_eq!(first, ids[..30]);
+    let (_, next) = get(&format!("/api/v1/rollouts?limit=30&before={}", first[29])).await;
+    let second: Vec<i64> = next
+        .as_array()
+        .expect("page")
+        .iter()
+        .filter_map(|r| r["id"].as_i64())
+        .collect();
+    assert_eq!(second, ids[30..60]);
+}

@@ -647,14 +647,14 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                     "ID", "MODEL", "CANDIDATE", "PHASE"
                 );
                 for r in rs.as_array().into_iter().flatten() {
-                    if let Ok(rec) = serde_json::from_value::<RolloutRecord>(r.clone()) {
+                    if let Ok(phase) = serde_json::from_value::<Phase>(r["phase"].clone()) {
                         println!(
                             "{:>4}  {:<16} {:<20} {:<14} {}",
-                            rec.id,
-                            rec.spec.model,
-                            rec.spec.candidate,
-                            weight_label(&rec.state.phase),
-                            rec.state.evaluations
+                            r["id"],
+                            report::clean(&s(r, "model")),
+                            s(r, "candidate"),
+                            weight_label(&phase),
+                            r["evaluations"]
                         );
                     }
                 }
