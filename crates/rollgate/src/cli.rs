@@ -361,20 +361,22 @@ pub fn token(g: &Global, cmd: &TokenCmd) -> anyhow::Result<ExitCode> {
         TokenCmd::List => {
             let ts = a.call("GET", "/api/v1/tokens", None)?;
             print(g, &ts, |ts| {
-                println!("{:<24} {:<9} {:<16} REVOKED", "TOKEN", "ROLE", "CREATED BY");
-                for t in ts.as_array().into_iter().flatten() {
-                    println!(
-                        "{:<24} {:<9} {:<16} {}",
-                        s(t, "name"),
-                        s(t, "role"),
-                        report::clean(&s(t, "created_by")),
-                        if t["revoked_at"].is_null() {
-                            "no"
-                        } else {
-                            "yes"
-                        }
-                    );
-                }
+                table(
+                    &["TOKEN", "ROLE", "CREATED BY", "REVOKED"],
+                    ts.as_array().into_iter().flatten().map(|t| {
+                        vec![
+                            s(t, "name"),
+                            s(t, "role"),
+                            report::clean(&s(t, "created_by")).into_owned(),
+                            if t["revoked_at"].is_null() {
+                                "no"
+                            } else {
+                                "yes"
+                            }
+                            .into(),
+                        ]
+                    }),
+                );
             });
             Ok(ExitCode::SUCCESS)
         }
@@ -422,15 +424,13 @@ pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
         ModelCmd::List => {
             let ms = a.call("GET", "/api/v1/models", None)?;
             print(g, &ms, |ms| {
-                println!("{:<24} {:<10} CHAMPION", "MODEL", "PROTOCOL");
-                for m in ms.as_array().into_iter().flatten() {
-                    println!(
-                        "{:<24} {:<10} {}",
-                        s(m, "name"),
-                        s(&m["spec"], "protocol"),
-                        s(m, "champion")
-                    );
-                }
+                table(
+                    &["MODEL", "PROTOCOL", "CHAMPION"],
+                    ms.as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|m| vec![s(m, "name"), s(&m["spec"], "protocol"), s(m, "champion")]),
+                );
             });
             Ok(ExitCode::SUCCESS)
         }
@@ -452,21 +452,36 @@ pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
     })()))
 }
 
-fn revision_table(revs: &Value) {
-    println!(
-        "{:<20} {:<10} {:>10} {:<8} UPSTREAM",
-        "REVISION", "STATE", "REJECTIONS", "BLOCKED"
-    );
-    for r in revs.as_array().into_iter().flatten() {
-        println!(
-            "{:<20} {:<10} {:>10} {:<8} {}",
-            s(r, "id"),
-            s(r, "state"),
-            s(r, "rejections"),
-            s(r, "blocked"),
-            s(&r["spec"], "upstream")
-        );
+/// Prints a table: columns sized to their contents and, on a terminal,
+/// wrapped to its width; no borders (easy to read, easy to `grep`).
+fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
+    println!("{}", table_text(header, rows));
+}
+
+fn table_text(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+        .set_header(header.to_vec());
+    for row in rows {
+        t.add_row(row);
     }
+    t.trim_fmt()
+}
+
+fn revision_table(revs: &Value) {
+    table(
+        &["REVISION", "STATE", "REJECTIONS", "BLOCKED", "UPSTREAM"],
+        revs.as_array().into_iter().flatten().map(|r| {
+            vec![
+                s(r, "id"),
+                s(r, "state"),
+                s(r, "rejections"),
+                s(r, "blocked"),
+                s(&r["spec"], "upstream"),
+            ]
+        }),
+    );
 }
 
 pub fn revision(g: &Global, cmd: &RevisionCmd) -> anyhow::Result<ExitCode> {
@@ -642,22 +657,19 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
         RolloutCmd::Status { id: None, .. } => {
             let rs = a.call("GET", "/api/v1/rollouts", None)?;
             print(g, &rs, |rs| {
-                println!(
-                    "{:>4}  {:<16} {:<20} {:<14} EVALUATIONS",
-                    "ID", "MODEL", "CANDIDATE", "PHASE"
-                );
-                for r in rs.as_array().into_iter().flatten() {
-                    if let Ok(phase) = serde_json::from_value::<Phase>(r["phase"].clone()) {
-                        println!(
-                            "{:>4}  {:<16} {:<20} {:<14} {}",
-                            r["id"],
-                            report::clean(&s(r, "model")),
+                table(
+                    &["ID", "MODEL", "CANDIDATE", "PHASE", "EVALUATIONS"],
+                    rs.as_array().into_iter().flatten().filter_map(|r| {
+                        let phase = serde_json::from_value::<Phase>(r["phase"].clone()).ok()?;
+                        Some(vec![
+                            r["id"].to_string(),
+                            report::clean(&s(r, "model")).into_owned(),
                             s(r, "candidate"),
                             weight_label(&phase),
-                            r["evaluations"]
-                        );
-                    }
-                }
+                            r["evaluations"].to_string(),
+                        ])
+                    }),
+                );
             });
             Ok(ExitCode::SUCCESS)
         }
@@ -797,4 +809,31 @@ pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })()))
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    /// A long name widens its column instead of pushing the rest of its row
+    /// out of line.
+    #[test]
+    fn columns_stay_aligned_with_long_names() {
+        let text = table_text(
+            &["MODEL", "PROTOCOL", "CHAMPION"],
+            [
+                vec!["m".into(), "json".into(), "r1".into()],
+                vec![
+                    "a-model-with-a-very-long-name-indeed".into(),
+                    "kserve_v1".into(),
+                    "r2".into(),
+                ],
+            ],
+        );
+        let starts: Vec<usize> = text
+            .lines()
+            .map(|l| l.find(['P', 'j', 'k']).unwrap_or(0))
+            .collect();
+        assert!(starts.windows(2).all(|w| w[0] == w[1]), "{text}");
+    }
 }
