@@ -694,14 +694,19 @@ async fn readyz(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
     Ok(Json(json!({ "ready": true })))
 }
 
-async fn metrics(State(s): State<ApiState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.ctx.metrics.render(),
-    )
+/// Prometheus text, or OpenMetrics for a scraper that asks for it.
+async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
+    use rollgate_core::exposition as x;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let om = s.ctx.metrics.render();
+    if x::wants_openmetrics(accept) {
+        ([(header::CONTENT_TYPE, x::OPENMETRICS_TEXT)], om)
+    } else {
+        (
+            [(header::CONTENT_TYPE, x::PROMETHEUS_TEXT)],
+            x::openmetrics_to_prometheus_text(&om),
+        )
+    }
 }
 
 async fn not_found() -> ApiError {

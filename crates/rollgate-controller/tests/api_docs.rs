@@ -457,6 +457,42 @@ async fn active_rollouts_show_phase_and_weight_until_they_end() {
         text.contains(r#"rollgate_rollout_weight_percent{model="m"} 0"#),
         "{text}"
     );
+    // Served as Prometheus text unless OpenMetrics is asked for; promtool
+    // finds nothing to complain about.
+    let app = router(state.clone());
+    let scrape = |accept: Option<&'static str>| {
+        let mut req = Request::builder()
+            .uri("/metrics")
+            .header("host", "127.0.0.1:7070");
+        if let Some(a) = accept {
+            req = req.header("accept", a);
+        }
+        let app = app.clone();
+        async move {
+            let resp = tower::ServiceExt::oneshot(app, req.body(Body::empty()).expect("request"))
+                .await
+                .expect("infallible");
+            let kind = resp.headers()["content-type"]
+                .to_str()
+                .unwrap_or("")
+                .to_string();
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            (kind, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (kind, plain) = scrape(None).await;
+    assert!(kind.starts_with("text/plain; version=0.0.4"), "{kind}");
+    assert!(
+        plain.contains("# TYPE rollgate_rollbacks_total counter"),
+        "{plain}"
+    );
+    common::promtool_accepts(&plain);
+    let (kind, om) = scrape(Some("application/openmetrics-text;version=1.0.0")).await;
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    assert!(om.ends_with("# EOF\n"), "{om}");
     metrics.set_active(&[]);
     let text = metrics.render();
     assert!(!text.contains(r#"model="m""#), "{text}");

@@ -6,6 +6,7 @@
 //! values. `tests/architecture.rs` checks this on every `cargo test`.
 
 pub mod anytime;
+pub mod exposition;
 pub mod exposure;
 pub mod gate;
 pub mod histogram;

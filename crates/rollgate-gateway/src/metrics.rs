@@ -3,7 +3,8 @@
 //! the same numbers the controller sees.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
@@ -12,6 +13,59 @@ use crate::{GatewaySnapshot, Inner};
 
 #[derive(Debug)]
 struct SnapshotCollector(GatewaySnapshot);
+
+/// Bucket bounds of the latency histograms, in seconds (Prometheus's
+/// defaults): fixed, so every gateway's series can be summed in PromQL.
+const LATENCY_BOUNDS_S: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A revision's latency as a Prometheus histogram, read off the recorder's
+/// fine log-linear buckets (each counted at its upper edge, so `_sum` and
+/// the bucket a value lands in are exact to that resolution, about 1%).
+#[derive(Debug)]
+struct LatencyBuckets {
+    sum_s: f64,
+    count: u64,
+    /// `(upper bound, count in this bucket)`, the last one `+Inf`.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl LatencyBuckets {
+    fn of(h: &rollgate_core::LatencyHistogram) -> LatencyBuckets {
+        let mut buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_S
+            .iter()
+            .map(|&b| (b, 0))
+            .chain(std::iter::once((f64::MAX, 0)))
+            .collect();
+        let (mut sum_s, mut count) = (0.0, 0);
+        for (value_us, n) in h.buckets() {
+            let v = value_us as f64 / 1e6;
+            sum_s += v * n as f64;
+            count += n;
+            let i = LATENCY_BOUNDS_S
+                .iter()
+                .position(|&b| v <= b)
+                .unwrap_or(LATENCY_BOUNDS_S.len());
+            buckets[i].1 += n;
+        }
+        LatencyBuckets {
+            sum_s,
+            count,
+            buckets,
+        }
+    }
+}
+
+impl EncodeMetric for LatencyBuckets {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_histogram::<NoLabelSet>(self.sum_s, self.count, &self.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -54,13 +108,7 @@ impl Collector for SnapshotCollector {
                     l.push(("class", class.as_str().to_string()));
                     failures.push((l, ConstCounter::new(st.failures().get(class))));
                 }
-                for (q, name) in [(0.5, "0.5"), (0.95, "0.95"), (0.99, "0.99")] {
-                    if let Some(us) = st.latency().percentile_us(q) {
-                        let mut l = rev(model, r);
-                        l.push(("quantile", name.to_string()));
-                        latency.push((l, ConstGauge::new(us as f64 / 1e6)));
-                    }
-                }
+                latency.push((rev(model, r), LatencyBuckets::of(st.latency())));
             }
             for (shadow, p) in snap.pairs() {
                 pairs.push((rev(model, shadow), ConstCounter::new(p.pairs())));
@@ -90,7 +138,7 @@ impl Collector for SnapshotCollector {
         family(
             &mut enc,
             "rollgate_latency_seconds",
-            "Latency of successes since start (nearest-rank quantiles).",
+            "Latency of successes since start.",
             latency,
         )?;
         family(
