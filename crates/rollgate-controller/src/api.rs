@@ -158,47 +158,43 @@ fn error_code(status: StatusCode) -> &'static str {
     }
 }
 
-/// `Path<T>` whose rejections are API errors in the JSON envelope.
-#[derive(Debug)]
-pub struct Path<T>(pub T);
+/// An axum extractor of the request's parts whose rejections are API
+/// errors in the JSON envelope (400, the rejection's text as the message).
+macro_rules! enveloped {
+    ($(#[$doc:meta])* $name:ident wraps $inner:path) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name<T>(pub T);
 
-impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, ApiError> {
-        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(v)) => Ok(Path(v)),
-            Err(r) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                r.body_text(),
-            )),
+        impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S>
+            for $name<T>
+        {
+            type Rejection = ApiError;
+            async fn from_request_parts(
+                parts: &mut axum::http::request::Parts,
+                state: &S,
+            ) -> Result<Self, ApiError> {
+                match <$inner>::from_request_parts(parts, state).await {
+                    Ok(v) => Ok($name(v.0)),
+                    Err(r) => Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        r.body_text(),
+                    )),
+                }
+            }
         }
-    }
+    };
 }
 
-/// `Query<T>` whose rejections are API errors in the JSON envelope.
-#[derive(Debug)]
-pub struct Query<T>(pub T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, ApiError> {
-        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Query(v)) => Ok(Query(v)),
-            Err(r) => Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                r.body_text(),
-            )),
-        }
-    }
-}
+enveloped!(
+    /// `Path<T>` whose rejections are API errors in the JSON envelope.
+    Path wraps axum::extract::Path<T>
+);
+enveloped!(
+    /// `Query<T>` whose rejections are API errors in the JSON envelope.
+    Query wraps axum::extract::Query<T>
+);
 
 /// Shared state of the API. Its `Debug` never shows the token.
 #[derive(Clone)]

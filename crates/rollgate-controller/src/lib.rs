@@ -22,5 +22,5 @@ pub use lead::{CONTROLLER_LEASE, Leader, holder_id};
 pub use metrics::ControllerMetrics;
 pub use reconcile::{
     Action, Anchor, Context, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush, Schedule,
-    checkpoint, error_policy, pass, prune, push_model, push_routes, reconcile, run,
+    checkpoint, error_policy, pass, prune, push_model, reconcile, run,
 };

@@ -181,25 +181,10 @@ pub async fn prune(ctx: &Context) {
 /// from the store (the binary implements it for its in-process gateway:
 /// the controller knows no gateway).
 pub trait RoutePush: Send + Sync {
-    /// Applies every model's `routes`, as read from the store.
-    fn push(&self, routes: &[ModelRoutes]);
     /// Applies one model's routes (`None`: it is no longer routed), as
     /// read from the store or about to be, leaving every other model as
     /// it is: a commit changes one model, so it costs one.
     fn push_model(&self, model: &str, routes: Option<&ModelRoutes>);
-}
-
-/// Pushes the store's routing to the in-process gateway, if any.
-pub async fn push_routes(ctx: &Context) {
-    if let Some(g) = ctx.local_gateway.clone() {
-        let store = Arc::clone(&ctx.store);
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Ok(routes) = store.routes() {
-                g.push(&routes);
-            }
-        })
-        .await;
-    }
 }
 
 /// Pushes one model's routing from the store to the in-process gateway.

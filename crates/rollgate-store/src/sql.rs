@@ -820,7 +820,7 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
             .iter()
             .any(|e| matches!(e, Effect::PromoteCandidate | Effect::RejectCandidate))
     {
-        bump_routes_version(db)?;
+        routes_changed(db);
     }
     Ok(RolloutRecord {
         state: w.state.clone(),
@@ -834,9 +834,8 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
 /// Every change to what gateways route bumps one counter (once per
 /// transaction), so a follower polls one row and reads the routes only when
 /// they changed.
-fn bump_routes_version(db: &mut dyn Db) -> Result<()> {
+fn routes_changed(db: &mut dyn Db) {
     db.memo().routes_changed = true;
-    Ok(())
 }
 
 /// A json model's path must not be another model's.
@@ -919,7 +918,7 @@ impl Store for SqlStore {
                     p![name, serde_json::to_string(spec)?, now.0],
                 )?;
             }
-            bump_routes_version(db)?;
+            routes_changed(db);
             append_audit(
                 db,
                 now,
@@ -950,7 +949,7 @@ impl Store for SqlStore {
                 "UPDATE models SET spec = ?2 WHERE name = ?1",
                 p![name, serde_json::to_string(spec)?],
             )?;
-            bump_routes_version(db)?;
+            routes_changed(db);
             append_audit(
                 db,
                 now,
@@ -981,7 +980,7 @@ impl Store for SqlStore {
                 "UPDATE revisions SET state = 'archived' WHERE model = ?1 AND state = 'champion'",
                 p![name],
             )?;
-            bump_routes_version(db)?;
+            routes_changed(db);
             append_audit(
                 db,
                 now,
@@ -1073,7 +1072,7 @@ impl Store for SqlStore {
             }
             let body = serde_json::json!({ "from": m.champion, "to": revision, "reason": reason });
             promote_in(db, now, &m, revision, actor, body, None)?;
-            bump_routes_version(db)?;
+            routes_changed(db);
             get_revision(db, revision)
         })
     }
@@ -1153,7 +1152,7 @@ impl Store for SqlStore {
                 )?
                 .ok_or_else(|| StoreError::Database("INSERT returned no id".into()))?
                 .i64(0)?;
-            bump_routes_version(db)?;
+            routes_changed(db);
             append_audit(
                 db,
                 now,

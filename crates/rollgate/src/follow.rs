@@ -28,10 +28,6 @@ fn upstream(r: &Revision) -> Upstream {
 pub struct PushToGateway(pub Gateway);
 
 impl RoutePush for PushToGateway {
-    fn push(&self, routes: &[ModelRoutes]) {
-        self.0.set_routes(&gateway_routes(routes));
-    }
-
     fn push_model(&self, model: &str, routes: Option<&ModelRoutes>) {
         let route = routes.and_then(|r| gateway_routes(std::slice::from_ref(r)).pop());
         self.0.set_model_route(model, route.as_ref());
