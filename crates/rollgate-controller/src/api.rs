@@ -23,14 +23,15 @@ use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::get;
 use axum::{Extension, Json, Router};
 use rollgate_core::{Input, OperatorAction, Plan, StepError, step};
 use rollgate_store::{
-    AuditFilter, ModelSpec, RevisionSpec, Role, StoreError, secret_hash, write_jsonl,
+    AuditFilter, ModelSpec, RevisionSpec, Role, RolloutRecord, StoreError, secret_hash, write_jsonl,
 };
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::reconcile::{Context, Error as ReconcileError, blocking, commit};
 
@@ -52,9 +53,29 @@ impl ApiError {
     }
 }
 
+/// The envelope of every error answer (4xx and 5xx).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable and machine-readable: `bad_request`, `unauthorized`,
+    /// `forbidden_role`, `not_found`, `conflict`, `invalid`, … (docs/api.md).
+    pub code: String,
+    /// For a person; names the field at fault when there is one.
+    pub message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -284,7 +305,7 @@ fn required_role(method: &Method, path: &str) -> Role {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateModel {
     name: String,
@@ -292,14 +313,14 @@ struct CreateModel {
     spec: ModelSpec,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetChampion {
     revision: String,
     reason: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct StartRollout {
     model: String,
@@ -308,48 +329,191 @@ struct StartRollout {
     plan: Option<Plan>,
 }
 
-#[derive(Deserialize, Default)]
+/// Why an action was taken, for the audit log.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ReasonBody)]
 struct Reason {
     #[serde(default)]
     reason: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct AuditQuery {
+    /// Only this model's records.
     model: Option<String>,
+    /// Only this rollout's records.
     rollout: Option<i64>,
-    after: Option<u64>,
-    limit: Option<u64>,
+    /// Only records after this sequence number: the next page after the
+    /// last `seq` of the previous one.
+    after: Option<i64>,
+    /// At most this many records (all of them if absent).
+    #[param(minimum = 1, maximum = 1_000_000)]
+    limit: Option<i64>,
 }
 
-impl From<AuditQuery> for AuditFilter {
-    fn from(q: AuditQuery) -> Self {
-        AuditFilter {
-            model: q.model,
-            rollout: q.rollout,
-            after_seq: q.after,
-            limit: q.limit,
-        }
+impl AuditQuery {
+    fn filter(self) -> ApiResult<AuditFilter> {
+        let limit = match self.limit {
+            None => None,
+            Some(n) => Some(limit_in(n, 1_000_000)? as u64),
+        };
+        Ok(AuditFilter {
+            model: self.model,
+            rollout: self.rollout,
+            after_seq: self.after.map(|a| a.max(0) as u64),
+            limit,
+        })
     }
 }
 
-#[derive(Deserialize)]
+/// A page size checked against its bounds: a `limit` out of them is the
+/// client's mistake, said so, not silently clamped.
+fn limit_in(n: i64, max: usize) -> ApiResult<usize> {
+    usize::try_from(n)
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("query `limit` must be in 1..={max}, got {n}"),
+            )
+        })
+}
+
+/// A list page's size: `limit`, or 100.
+fn page_size(limit: Option<i64>) -> ApiResult<usize> {
+    limit.map_or(Ok(100), |n| limit_in(n, 1_000))
+}
+
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct RolloutQuery {
+    /// Only rollouts that have not ended.
     #[serde(default)]
     active: bool,
-    /// At most this many (default 100, at most 1,000).
-    limit: Option<usize>,
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1_000)]
+    limit: Option<i64>,
     /// Only rollouts older than this id: the next page after the last id
     /// of the previous one.
     before: Option<i64>,
 }
 
+/// A page of a list ordered by name (or, for revisions, by registration).
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct NamePage {
+    /// Only entries after this one (by name; for revisions, by id): the
+    /// next page after the last entry of the previous one.
+    after: Option<String>,
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1_000)]
+    limit: Option<i64>,
+}
+
+impl NamePage {
+    /// The page of `all` (already in list order) this query asks for.
+    fn of<T>(&self, all: Vec<T>, key: impl Fn(&T) -> &str) -> ApiResult<Vec<T>> {
+        let limit = page_size(self.limit)?;
+        let start = match &self.after {
+            None => 0,
+            Some(after) => all
+                .iter()
+                .position(|x| key(x) == after)
+                .map_or(all.len(), |i| i + 1),
+        };
+        Ok(all.into_iter().skip(start).take(limit).collect())
+    }
+}
+
+/// An operator action on a rollout (`POST /api/v1/rollouts/{id}/{action}`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum RolloutAction {
+    Pause,
+    Resume,
+    Abort,
+    Promote,
+}
+
+/// A rollout as the API shows it: the record, with the plan showing only
+/// the settings its policy reads ([`Plan::unused_by_policy`]).
+fn rollout_json(r: &RolloutRecord) -> ApiResult<Json<serde_json::Value>> {
+    let mut v = serde_json::to_value(r).map_err(|e| {
+        tracing::error!(error = %e, "rollout did not serialise");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })?;
+    if let Some(plan) = v.pointer_mut("/spec/plan") {
+        for path in r.spec.plan.unused_by_policy() {
+            let (parent, leaf) = path.rsplit_once('.').unwrap_or(("", path));
+            let parent = if parent.is_empty() {
+                Some(&mut *plan)
+            } else {
+                plan.pointer_mut(&format!("/{}", parent.replace('.', "/")))
+            };
+            if let Some(serde_json::Value::Object(map)) = parent {
+                map.remove(leaf);
+            }
+        }
+    }
+    Ok(Json(v))
+}
+
+/// `GET /api/v1/audit/verify`: the chain, and with an anchor key the
+/// signed checkpoints against it.
+#[derive(Debug, Serialize, ToSchema)]
+struct Verification {
+    #[serde(flatten)]
+    chain: rollgate_store::ChainReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    anchors: Option<rollgate_store::AnchorReport>,
+}
+
+/// `GET /api/v1/leader`.
+#[derive(Debug, Serialize, ToSchema)]
+struct LeaderView {
+    /// This controller's standing.
+    this: LeaderSelf,
+    /// The lease as stored (none before any controller took it).
+    lease: Option<rollgate_store::Lease>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct LeaderSelf {
+    holder: String,
+    leading: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Healthz {
+    ok: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Readyz {
+    ready: bool,
+}
+
+/// A new named token: its secret is here and nowhere else.
+#[derive(Debug, Serialize, ToSchema)]
+struct CreatedToken {
+    token: rollgate_store::ApiToken,
+    secret: String,
+}
+
 /// A rollout in a list: where it stands, not its evidence (the full record
 /// with every gate's state is `GET /api/v1/rollouts/{id}`).
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct RolloutSummary {
     id: i64,
     model: String,
@@ -364,8 +528,8 @@ struct RolloutSummary {
     updated_at: rollgate_core::Timestamp,
 }
 
-impl From<&rollgate_store::RolloutRecord> for RolloutSummary {
-    fn from(r: &rollgate_store::RolloutRecord) -> Self {
+impl From<&RolloutRecord> for RolloutSummary {
+    fn from(r: &RolloutRecord) -> Self {
         RolloutSummary {
             id: r.id,
             model: r.spec.model.clone(),
@@ -382,6 +546,9 @@ impl From<&rollgate_store::RolloutRecord> for RolloutSummary {
     }
 }
 
+#[utoipa::path(post, path = "/api/v1/models", tag = "models",
+    request_body = CreateModel,
+    responses((status = 201, description = "Registered", body = rollgate_store::Model)))]
 async fn create_model(
     State(s): State<ApiState>,
     Extension(me): Extension<Identity>,
@@ -398,6 +565,10 @@ async fn create_model(
 
 /// Replaces a model's spec (validated like a new one; 409 while a rollout
 /// is active).
+#[utoipa::path(put, path = "/api/v1/models/{name}", tag = "models",
+    params(("name" = String, Path, description = "The model")),
+    request_body = ModelSpec,
+    responses((status = 200, description = "The model with its new spec", body = rollgate_store::Model)))]
 async fn update_model(
     State(s): State<ApiState>,
     Path(name): Path<String>,
@@ -412,13 +583,18 @@ async fn update_model(
     Ok(Json(m))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct DeleteModel {
+    /// Why, for the audit log.
     reason: String,
 }
 
 /// Deletes a model with no active rollout (`?reason=` required).
+#[utoipa::path(delete, path = "/api/v1/models/{name}", tag = "models",
+    params(("name" = String, Path, description = "The model"), DeleteModel),
+    responses((status = 204, description = "Deleted")))]
 async fn delete_model(
     State(s): State<ApiState>,
     Path(name): Path<String>,
@@ -436,10 +612,20 @@ async fn delete_model(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_models(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(blocking(&s.ctx.store, |st| st.models()).await?))
+#[utoipa::path(get, path = "/api/v1/models", tag = "models",
+    params(NamePage),
+    responses((status = 200, description = "Models by name, a page at a time", body = [rollgate_store::Model])))]
+async fn list_models(
+    State(s): State<ApiState>,
+    Query(page): Query<NamePage>,
+) -> ApiResult<impl IntoResponse> {
+    let all = blocking(&s.ctx.store, |st| st.models()).await?;
+    Ok(Json(page.of(all, |m| &m.name)?))
 }
 
+#[utoipa::path(get, path = "/api/v1/models/{name}", tag = "models",
+    params(("name" = String, Path, description = "The model")),
+    responses((status = 200, description = "The model", body = rollgate_store::Model)))]
 async fn show_model(
     State(s): State<ApiState>,
     Path(name): Path<String>,
@@ -449,6 +635,10 @@ async fn show_model(
     ))
 }
 
+#[utoipa::path(post, path = "/api/v1/models/{name}/revisions", tag = "revisions",
+    params(("name" = String, Path, description = "The model")),
+    request_body = RevisionSpec,
+    responses((status = 201, description = "Registered (or the same spec registered before)", body = rollgate_store::Revision)))]
 async fn add_revision(
     State(s): State<ApiState>,
     Path(name): Path<String>,
@@ -464,15 +654,21 @@ async fn add_revision(
     Ok((StatusCode::CREATED, Json(r)))
 }
 
+#[utoipa::path(get, path = "/api/v1/models/{name}/revisions", tag = "revisions",
+    params(("name" = String, Path, description = "The model"), NamePage),
+    responses((status = 200, description = "The model's revisions in the order registered, a page at a time; `after` is a revision id", body = [rollgate_store::Revision])))]
 async fn list_revisions(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    Query(page): Query<NamePage>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(
-        blocking(&s.ctx.store, move |st| st.revisions(&name)).await?,
-    ))
+    let all = blocking(&s.ctx.store, move |st| st.revisions(&name)).await?;
+    Ok(Json(page.of(all, |r| &r.id)?))
 }
 
+#[utoipa::path(get, path = "/api/v1/revisions/{id}", tag = "revisions",
+    params(("id" = String, Path, description = "The revision")),
+    responses((status = 200, description = "The revision", body = rollgate_store::Revision)))]
 async fn show_revision(
     State(s): State<ApiState>,
     Path(id): Path<String>,
@@ -482,6 +678,10 @@ async fn show_revision(
     ))
 }
 
+#[utoipa::path(post, path = "/api/v1/revisions/{id}/unblock", tag = "revisions",
+    params(("id" = String, Path, description = "The revision")),
+    request_body = Reason,
+    responses((status = 200, description = "The revision, startable again", body = rollgate_store::Revision)))]
 async fn unblock(
     State(s): State<ApiState>,
     Path(id): Path<String>,
@@ -495,6 +695,10 @@ async fn unblock(
     ))
 }
 
+#[utoipa::path(put, path = "/api/v1/models/{name}/champion", tag = "models",
+    params(("name" = String, Path, description = "The model")),
+    request_body = SetChampion,
+    responses((status = 200, description = "The new champion", body = rollgate_store::Revision)))]
 async fn set_champion(
     State(s): State<ApiState>,
     Path(name): Path<String>,
@@ -507,11 +711,15 @@ async fn set_champion(
     let r = blocking(&s.ctx.store, move |st| {
         st.set_champion(&name, &b.revision, &who, &b.reason)
     })
-    .await?;
+    .await
+    .map_err(in_body(&["revision"]))?;
     resync(&s.ctx, &model).await;
     Ok(Json(r))
 }
 
+#[utoipa::path(post, path = "/api/v1/rollouts", tag = "rollouts",
+    request_body = StartRollout,
+    responses((status = 201, description = "Started", body = RolloutRecord)))]
 async fn start_rollout(
     State(s): State<ApiState>,
     Extension(me): Extension<Identity>,
@@ -523,16 +731,20 @@ async fn start_rollout(
     let r = blocking(&s.ctx.store, move |st| {
         st.create_rollout(&b.model, &b.revision, &plan, &who)
     })
-    .await?;
-    Ok((StatusCode::CREATED, Json(r)))
+    .await
+    .map_err(in_body(&["model", "revision"]))?;
+    Ok((StatusCode::CREATED, rollout_json(&r)?))
 }
 
 /// Rollouts newest first, as summaries, a page at a time.
+#[utoipa::path(get, path = "/api/v1/rollouts", tag = "rollouts",
+    params(RolloutQuery),
+    responses((status = 200, description = "Rollouts newest first, as summaries, a page at a time", body = [RolloutSummary])))]
 async fn list_rollouts(
     State(s): State<ApiState>,
     Query(q): Query<RolloutQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let limit = q.limit.unwrap_or(100).clamp(1, 1_000);
+    let limit = page_size(q.limit)?;
     let all = blocking(&s.ctx.store, move |st| st.rollouts(q.active)).await?;
     let page: Vec<RolloutSummary> = all
         .iter()
@@ -543,15 +755,21 @@ async fn list_rollouts(
     Ok(Json(page))
 }
 
+#[utoipa::path(get, path = "/api/v1/rollouts/{id}", tag = "rollouts",
+    params(("id" = i64, Path, description = "The rollout")),
+    responses((status = 200, description = "The rollout with every gate's evidence; its plan shows only the settings its policy reads", body = RolloutRecord)))]
 async fn show_rollout(
     State(s): State<ApiState>,
     Path(id): Path<i64>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(
-        blocking(&s.ctx.store, move |st| st.rollout(id)).await?,
-    ))
+    rollout_json(&blocking(&s.ctx.store, move |st| st.rollout(id)).await?)
 }
 
+#[utoipa::path(post, path = "/api/v1/rollouts/{id}/{action}", tag = "rollouts",
+    params(("id" = i64, Path, description = "The rollout"),
+        ("action" = RolloutAction, Path, description = "pause and resume need no body; abort and promote need a reason")),
+    request_body(content = Option<Reason>, description = "A reason (required for abort and promote)"),
+    responses((status = 200, description = "The rollout after the action", body = RolloutRecord)))]
 async fn rollout_action(
     State(s): State<ApiState>,
     Path((id, verb)): Path<(i64, String)>,
@@ -559,6 +777,7 @@ async fn rollout_action(
     headers: HeaderMap,
     body: bytes::Bytes,
 ) -> ApiResult<impl IntoResponse> {
+    require_json(&headers)?;
     // The body is optional here (pause and resume need none).
     let reason = if body.iter().all(u8::is_ascii_whitespace) {
         String::new()
@@ -600,7 +819,7 @@ async fn rollout_action(
             (s.ctx.clock)(),
         )?;
         if let Some(done) = commit(&s.ctx, &rec, t.state, t.effects, &who, None).await? {
-            return Ok(Json(done));
+            return rollout_json(&done);
         }
     }
     Err(ApiError::new(
@@ -610,19 +829,25 @@ async fn rollout_action(
     ))
 }
 
+#[utoipa::path(get, path = "/api/v1/audit", tag = "audit",
+    params(AuditQuery),
+    responses((status = 200, description = "Audit records in chain order, a page at a time", body = [rollgate_store::AuditRecord])))]
 async fn audit(
     State(s): State<ApiState>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let f = AuditFilter::from(q);
+    let f = q.filter()?;
     Ok(Json(blocking(&s.ctx.store, move |st| st.audit(&f)).await?))
 }
 
+#[utoipa::path(get, path = "/api/v1/audit/export", tag = "audit",
+    params(AuditQuery),
+    responses((status = 200, description = "The same records as JSON Lines", content_type = "application/x-ndjson", body = String)))]
 async fn audit_export(
     State(s): State<ApiState>,
     Query(q): Query<AuditQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let f = AuditFilter::from(q);
+    let f = q.filter()?;
     let records = blocking(&s.ctx.store, move |st| st.audit(&f)).await?;
     let mut out = Vec::new();
     write_jsonl(&records, &mut out).map_err(|_| {
@@ -637,6 +862,8 @@ async fn audit_export(
 
 /// The chain, and (with an anchor) the chain against the signed
 /// checkpoints of the store and of the sink.
+#[utoipa::path(get, path = "/api/v1/audit/verify", tag = "audit",
+    responses((status = 200, description = "The chain, and the signed checkpoints against it", body = Verification)))]
 async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
     let anchor = s.ctx.anchor.clone();
     let (chain, anchors) =
@@ -661,36 +888,39 @@ async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse>
             Ok((chain, Some(report)))
         })
         .await?;
-    let mut v = serde_json::to_value(&chain)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    if let (Some(a), Some(map)) = (anchors, v.as_object_mut()) {
-        map.insert("anchors".into(), json!(a));
-    }
-    Ok(Json(v))
+    Ok(Json(Verification { chain, anchors }))
 }
 
 /// Who leads: this controller's standing and the lease as stored.
+#[utoipa::path(get, path = "/api/v1/leader", tag = "controller",
+    responses((status = 200, description = "Who leads", body = LeaderView)))]
 async fn leader(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
     let lease = blocking(&s.ctx.store, |st| st.lease(crate::lead::CONTROLLER_LEASE)).await?;
-    Ok(Json(json!({
-        "this": {
-            "holder": s.ctx.leader.holder(),
-            "leading": s.ctx.leader.fence().is_some(),
+    Ok(Json(LeaderView {
+        this: LeaderSelf {
+            holder: s.ctx.leader.holder().to_string(),
+            leading: s.ctx.leader.fence().is_some(),
         },
-        "lease": lease,
-    })))
+        lease,
+    }))
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "controller", security(()),
+    responses((status = 200, description = "The process is up", body = Healthz)))]
 async fn healthz() -> impl IntoResponse {
-    Json(json!({ "ok": true }))
+    Json(Healthz { ok: true })
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "controller", security(()),
+    responses((status = 200, description = "The store answers", body = Readyz)))]
 async fn readyz(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
     blocking(&s.ctx.store, |st| st.models()).await?;
-    Ok(Json(json!({ "ready": true })))
+    Ok(Json(Readyz { ready: true }))
 }
 
 /// Prometheus text, or OpenMetrics for a scraper that asks for it.
+#[utoipa::path(get, path = "/metrics", tag = "controller",
+    responses((status = 200, description = "Prometheus text, or OpenMetrics when the scraper's Accept asks for it", content_type = "text/plain", body = String)))]
 async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
     use rollgate_core::exposition as x;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
@@ -717,6 +947,18 @@ async fn method_not_allowed(method: Method) -> ApiError {
     )
 }
 
+/// An error about something the request's body names: a model or
+/// revision that does not exist is the body's mistake (422 `invalid`),
+/// not a missing resource at the URL (404).
+fn in_body(named: &'static [&'static str]) -> impl Fn(ReconcileError) -> ApiError {
+    move |e| match e {
+        ReconcileError::Store(e @ StoreError::NotFound { what, .. }) if named.contains(&what) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string())
+        }
+        other => other.into(),
+    }
+}
+
 /// Pushes the store's routing to the in-process gateway right away.
 async fn resync(ctx: &Context, model: &str) {
     crate::reconcile::push_model(ctx, model).await;
@@ -727,7 +969,8 @@ async fn resync(ctx: &Context, model: &str) {
 /// foreign `Origin`, and a DNS-rebinding page with its own name in `Host`.
 /// So a write needs `Content-Type: application/json` (a page can send it
 /// cross-site only after a CORS preflight, which this API never grants), a
-/// `Host` that names the API, and no foreign `Origin`.
+/// `Host` that names the API, and no foreign `Origin` (the content type is
+/// checked where the body is read: [`JsonBody`], [`require_json`]).
 async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
     let method = req.method().clone();
     if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
@@ -762,26 +1005,31 @@ async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next)
             }
         }
     }
-    if matches!(method, Method::POST | Method::PUT | Method::PATCH) {
-        let json = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| {
-                v.trim()
-                    .to_ascii_lowercase()
-                    .starts_with("application/json")
-            });
-        if !json {
-            return ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "requests that change state carry a JSON body (Content-Type: application/json)",
-            )
-            .into_response();
-        }
-    }
     next.run(req).await
+}
+
+/// A write's body must be declared JSON ([`guard_writes`] says why). The
+/// [`JsonBody`] extractor checks it; handlers that read their body
+/// themselves call this. (Not in the middleware: a method the endpoint
+/// does not have is a 405, whatever its content type.)
+fn require_json(headers: &HeaderMap) -> ApiResult<()> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if json {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "requests that change state carry a JSON body (Content-Type: application/json)",
+        ))
+    }
 }
 
 /// Authenticates every request but the health checks, and refuses one
@@ -870,33 +1118,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The API's router (tests drive it with `oneshot`, no socket).
+/// The API's router (tests drive it with `oneshot`, no socket). Its
+/// routes and its OpenAPI document come from the same handlers.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/api/v1/models", get(list_models).post(create_model))
+    let (routes, spec) = routes_and_spec();
+    let spec = Arc::new(spec);
+    routes
         .route(
-            "/api/v1/models/{name}",
-            get(show_model).put(update_model).delete(delete_model),
+            "/api/v1/openapi.json",
+            get(move || std::future::ready(Json(Arc::clone(&spec)))),
         )
-        .route(
-            "/api/v1/models/{name}/revisions",
-            get(list_revisions).post(add_revision),
-        )
-        .route("/api/v1/models/{name}/champion", put(set_champion))
-        .route("/api/v1/revisions/{id}", get(show_revision))
-        .route("/api/v1/revisions/{id}/unblock", post(unblock))
-        .route("/api/v1/rollouts", get(list_rollouts).post(start_rollout))
-        .route("/api/v1/rollouts/{id}", get(show_rollout))
-        .route("/api/v1/rollouts/{id}/{action}", post(rollout_action))
-        .route("/api/v1/tokens", get(list_tokens).post(create_token))
-        .route("/api/v1/tokens/{name}", axum::routing::delete(revoke_token))
-        .route("/api/v1/audit", get(audit))
-        .route("/api/v1/audit/export", get(audit_export))
-        .route("/api/v1/audit/verify", get(audit_verify))
-        .route("/api/v1/leader", get(leader))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
@@ -904,7 +1135,91 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-#[derive(Deserialize)]
+/// The API's OpenAPI document (served at `/api/v1/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes_and_spec().1
+}
+
+fn routes_and_spec() -> (Router<ApiState>, utoipa::openapi::OpenApi) {
+    use utoipa::{Modify as _, OpenApi as _};
+    let (routes, mut spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(list_models, create_model))
+        .routes(routes!(show_model, update_model, delete_model))
+        .routes(routes!(list_revisions, add_revision))
+        .routes(routes!(set_champion))
+        .routes(routes!(show_revision))
+        .routes(routes!(unblock))
+        .routes(routes!(list_rollouts, start_rollout))
+        .routes(routes!(show_rollout))
+        .routes(routes!(rollout_action))
+        .routes(routes!(list_tokens, create_token))
+        .routes(routes!(revoke_token))
+        .routes(routes!(audit))
+        .routes(routes!(audit_export))
+        .routes(routes!(audit_verify))
+        .routes(routes!(leader))
+        .split_for_parts();
+    // After the paths are in: the conventions apply to every operation.
+    Conventions.modify(&mut spec);
+    (routes, spec)
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "rollgate admin API",
+        description = "Models, revisions, rollouts, tokens and the audit log. See docs/api.md."
+    ),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody, RolloutAction))
+)]
+struct ApiDoc;
+
+/// What every operation shares: bearer authentication, and the error
+/// envelope for any status it does not list.
+struct Conventions;
+
+impl utoipa::Modify for Conventions {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        let error = ResponseBuilder::new()
+            .description("An error, in the envelope (docs/api.md lists the codes)")
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(utoipa::openapi::Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build();
+        for item in doc.paths.paths.values_mut() {
+            for op in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                op.responses
+                    .responses
+                    .entry("default".into())
+                    .or_insert_with(|| RefOr::T(error.clone()));
+            }
+        }
+    }
+}
+
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateToken {
     name: String,
@@ -913,6 +1228,9 @@ struct CreateToken {
 
 /// Makes a named token. Its secret is in this answer and nowhere else:
 /// the store keeps its hash.
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens",
+    request_body = CreateToken,
+    responses((status = 201, description = "The token and its secret (shown only here)", body = CreatedToken)))]
 async fn create_token(
     State(s): State<ApiState>,
     Extension(me): Extension<Identity>,
@@ -926,10 +1244,7 @@ async fn create_token(
         st.create_token(&b.name, b.role, &hash, &who)
     })
     .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "token": t, "secret": secret })),
-    ))
+    Ok((StatusCode::CREATED, Json(CreatedToken { token: t, secret })))
 }
 
 /// A token secret: `rgt_` and 256 random bits in hex.
@@ -940,11 +1255,21 @@ fn new_secret() -> String {
     format!("rgt_{hex}")
 }
 
-async fn list_tokens(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
-    Ok(Json(blocking(&s.ctx.store, |st| st.tokens()).await?))
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens",
+    params(NamePage),
+    responses((status = 200, description = "Tokens by name (never their secrets), a page at a time", body = [rollgate_store::ApiToken])))]
+async fn list_tokens(
+    State(s): State<ApiState>,
+    Query(page): Query<NamePage>,
+) -> ApiResult<impl IntoResponse> {
+    let all = blocking(&s.ctx.store, |st| st.tokens()).await?;
+    Ok(Json(page.of(all, |t| &t.name)?))
 }
 
 /// Revokes a token: the next request that carries it is refused.
+#[utoipa::path(delete, path = "/api/v1/tokens/{name}", tag = "tokens",
+    params(("name" = String, Path, description = "The token's name")),
+    responses((status = 200, description = "The revoked token", body = rollgate_store::ApiToken)))]
 async fn revoke_token(
     State(s): State<ApiState>,
     Path(name): Path<String>,

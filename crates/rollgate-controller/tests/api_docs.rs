@@ -566,3 +566,23 @@ async fn the_rollout_list_is_summaries_a_page_at_a_time() {
         .collect();
     assert_eq!(second, ids[30..60]);
 }
+
+/// `docs/openapi.json` is the document the API serves, byte for byte, so
+/// it can be read (and fed to client generators) without a running API.
+/// After changing the API: `ROLLGATE_BLESS=1 cargo test -p
+/// rollgate-controller --test api_docs` rewrites it.
+#[test]
+fn the_committed_openapi_document_is_the_served_one() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
+    let served = serde_json::to_string_pretty(&rollgate_controller::api::openapi())
+        .expect("the document serialises")
+        + "\n";
+    if std::env::var_os("ROLLGATE_BLESS").is_some() {
+        std::fs::write(path, &served).expect("write docs/openapi.json");
+    }
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        committed == served,
+        "docs/openapi.json is stale: run ROLLGATE_BLESS=1 cargo test -p rollgate-controller --test api_docs"
+    );
+}

@@ -121,6 +121,7 @@ fn log_mean_exp(xs: &[f64]) -> f64 {
 /// over a grid of alternatives. [`below`](Self::below) tests the other
 /// side, "at least `r0` times", to show non-inferiority.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ConditionalBinomial {
     /// The null's boundary rate ratio.
     pub r0: f64,

@@ -27,6 +27,7 @@ use crate::stats::{Interval, rate};
 
 /// The three answers of a gate. Ordered by severity: `Pass < Wait < Fail`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Pass,
@@ -36,6 +37,7 @@ pub enum Outcome {
 
 /// Which gate spoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum GateKind {
     ErrorRate,
@@ -59,6 +61,7 @@ impl GateKind {
 
 /// Why a gate answered as it did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "code", rename_all = "snake_case")]
 pub enum Reason {
     /// The bound shows the candidate within budget.
@@ -83,6 +86,7 @@ pub enum Reason {
 
 /// Failures out of requests for one arm.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Counts {
     pub failures: u64,
     pub requests: u64,
@@ -101,6 +105,7 @@ impl Counts {
 
 /// One quantile of both arms, and what the bounds show.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QuantileComparison {
     pub quantile: f64,
     pub candidate: QuantileBounds,
@@ -115,6 +120,7 @@ pub struct QuantileComparison {
 
 /// One class's rate in both arms.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClassShift {
     pub class: String,
     pub candidate_rate: f64,
@@ -125,6 +131,7 @@ pub struct ClassShift {
 
 /// The numbers behind a verdict: what an operator reads in the audit log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Evidence {
     ErrorRate {
@@ -194,6 +201,7 @@ pub enum Evidence {
 
 /// A gate's answer, its reason and its evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GateVerdict {
     pub gate: GateKind,
     pub outcome: Outcome,

@@ -135,6 +135,7 @@ fn chunk_sum(s: &[u64], i: usize) -> u64 {
 
 /// Bounds on one quantile of a histogram, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QuantileBounds {
     /// Nearest-rank point estimate.
     pub estimate_us: u64,

@@ -23,6 +23,7 @@ fn err(field: &str, message: impl Into<String>) -> PlanError {
 
 /// How a rollout walks from SHADOW through the canary steps to PROMOTED.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Plan {
     /// The mirrored, zero-exposure stage before any canary step.
@@ -32,14 +33,17 @@ pub struct Plan {
     pub steps: Vec<u32>,
     /// A clean stage waits at least this long before it may pass.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "1m"))]
     pub min_stage_duration: Duration,
     /// A stage without enough evidence by this time (since its clock
     /// started) fails with `evidence_timeout`. At least `min_stage_duration`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "10m"))]
     pub evidence_timeout: Duration,
     /// The candidate must report ready within this time of the rollout's
     /// creation, or the rollout rolls back with `readiness_timeout`.
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "2m"))]
     pub readiness_timeout: Duration,
     /// Consecutive failing evaluations needed to roll back (gross breaches
     /// roll back at once). At least 1.
@@ -54,6 +58,7 @@ pub struct Plan {
     /// The champion is judged for an outage on this much recent evidence
     /// (not on totals since the rollout began, which dilute an outage).
     #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "5s"))]
     pub outage_window: Duration,
     /// Which rollbacks reject (block) the candidate.
     pub reject_on: RejectOn,
@@ -68,6 +73,7 @@ pub struct Plan {
 
 /// How live traffic is split between the champion and the candidate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Assignment {
     /// The default: by a salted hash of the request's key, so a user's
@@ -83,6 +89,7 @@ pub enum Assignment {
 /// Which rollbacks reject the candidate, so that it cannot be rolled out
 /// again until an operator unblocks it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RejectOn {
     /// The default: a candidate shown worse (a breach) or never ready. A
@@ -95,6 +102,7 @@ pub enum RejectOn {
 
 /// How gates are decided.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
     /// Fixed-horizon bounds per stage window; breaches confirmed on
@@ -110,6 +118,7 @@ pub enum Policy {
 
 /// When a `sequential` stage advances.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Advance {
     /// After the minimum duration, once every gate has its sample floor and
@@ -122,6 +131,7 @@ pub enum Advance {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct SequentialPlan {
     /// The rollout-wide error level, split across the gates (Bonferroni).
@@ -177,6 +187,7 @@ impl Default for Plan {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ShadowPlan {
     pub enabled: bool,
@@ -196,6 +207,7 @@ impl Default for ShadowPlan {
 /// Budgets of every gate. All comparisons are candidate versus champion over
 /// the same window; only the guard rails are absolute.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Gates {
     pub error_rate: ErrorRateGate,
@@ -207,6 +219,7 @@ pub struct Gates {
 
 /// Candidate error rate minus champion error rate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ErrorRateGate {
     pub enabled: bool,
@@ -236,6 +249,7 @@ impl Default for ErrorRateGate {
 /// tail to be worse by both the ratio and the absolute margin, with
 /// confidence: on ~100-request windows a tail alone is noise.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct LatencyGate {
     pub enabled: bool,
@@ -268,6 +282,7 @@ impl Default for LatencyGate {
 /// Per-class prediction rates, candidate versus champion. Needs the gateway
 /// to read predictions from the model's output, so it is opt-in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ShiftGate {
     pub enabled: bool,
@@ -299,6 +314,7 @@ impl Default for ShiftGate {
 
 /// Paired answers in the SHADOW stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ShadowGate {
     /// Pass needs the agreement lower bound at or above this; fail when the
@@ -325,6 +341,7 @@ impl Default for ShadowGate {
 
 /// Absolute limits on the candidate, and what counts as a champion outage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct GuardRails {
     /// Fail iff the candidate's error-rate lower bound is above this.
@@ -379,6 +396,25 @@ fn count(field: &str, x: u64) -> Result<(), PlanError> {
 }
 
 impl Plan {
+    /// Settings this plan's policy never reads, as dotted paths into the
+    /// plan's JSON: views of a plan (the API's rollout answers, `rollout
+    /// status`) leave them out, so a reader sees only what decides.
+    pub fn unused_by_policy(&self) -> &'static [&'static str] {
+        match self.policy {
+            Policy::Sequential => &[
+                "confirm_breaches",
+                "gates.error_rate.margin",
+                "gates.error_rate.gross_error_rate",
+                "gates.prediction_shift.margin",
+            ],
+            Policy::Windowed => &[
+                "sequential",
+                "gates.prediction_shift.max_class_ratio",
+                "gates.prediction_shift.min_class_share",
+            ],
+        }
+    }
+
     /// Checks every field; the first problem found is returned.
     pub fn validate(&self) -> Result<(), PlanError> {
         if self.steps.is_empty() {

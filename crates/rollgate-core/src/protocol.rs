@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// The inference protocol a model speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
     /// KServe V1: `POST /v1/models/{model}:predict`, `{"instances": …}` →

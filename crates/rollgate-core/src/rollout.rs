@@ -29,6 +29,7 @@ use crate::stage::{StageKind, StageReason, StageVerdict};
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(transparent)]
 pub struct Timestamp(pub u64);
 
@@ -46,6 +47,7 @@ impl Timestamp {
 
 /// Why a rollout rolled back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "code", rename_all = "snake_case")]
 pub enum RollbackReason {
     /// The candidate did not report ready within the readiness timeout.
@@ -116,6 +118,7 @@ impl RollbackReason {
 
 /// Where a rollout stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "phase", rename_all = "snake_case")]
 pub enum Phase {
     /// Created; waiting for the candidate to report ready. No traffic.
@@ -169,6 +172,7 @@ impl Phase {
 /// Traffic for the rollout's model, relative to its candidate, in basis
 /// points (1/10,000).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Routing {
     /// Share of live requests the candidate serves.
     pub candidate_weight_bp: u32,
@@ -231,6 +235,7 @@ impl Routing {
 
 /// What a rollout is about. Immutable for the rollout's life.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RolloutSpec {
     pub model: String,
     pub champion: String,
@@ -240,6 +245,7 @@ pub struct RolloutSpec {
 
 /// The clock of the current stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StageClock {
     pub started_at: Timestamp,
     /// The routing epoch the stage started in: its own evidence is that
@@ -264,6 +270,7 @@ impl StageClock {
 
 /// A rollout's mutable state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RolloutState {
     pub phase: Phase,
     pub paused: bool,
@@ -273,8 +280,10 @@ pub struct RolloutState {
     /// Shared with the evaluation's audit record (cloned on every look).
     pub last_verdict: Option<Arc<StageVerdict>>,
     pub evaluations: u64,
-    /// The policy's test state (from the first stage on).
+    /// The policy's test state (from the first stage on). Its shape is the
+    /// policy's own and not part of the API's contract.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub tests: Option<PolicyTests>,
     /// The sequential state as rollouts stored it before the policies had
     /// one enum: read, moved into `tests` at the next look, never written.
@@ -283,6 +292,7 @@ pub struct RolloutState {
     /// invented.)
     #[doc(hidden)]
     #[serde(default, rename = "sequential", skip_serializing)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub legacy_sequential: Option<SequentialState>,
     /// The current routing epoch (0 before the first stage).
     #[serde(default)]
@@ -290,8 +300,10 @@ pub struct RolloutState {
     /// The first epoch of each stage entered, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_starts: Vec<Epoch>,
-    /// Every gateway series' counts per epoch: the rollout's evidence.
+    /// Every gateway series' counts per epoch: the rollout's evidence. Its
+    /// shape is not part of the API's contract.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub evidence: Ledger,
     /// The last evaluation written to the audit log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,6 +313,7 @@ pub struct RolloutState {
 /// An evaluation written to the audit log: evaluations that say the same
 /// (outcome and reason) after it are summarised, not written one by one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditedEvaluation {
     pub at: Timestamp,
     /// Its number among the rollout's evaluations.
@@ -352,6 +365,7 @@ pub struct Observation {
 
 /// Something an operator asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum OperatorAction {
     Pause,
@@ -377,6 +391,7 @@ pub enum Input {
 
 /// Who caused an audit record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Actor {
     Controller,
@@ -384,6 +399,7 @@ pub enum Actor {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AuditKind {
     /// The candidate became ready and the first stage started.
@@ -401,6 +417,7 @@ pub enum AuditKind {
 
 /// An audit record, before the store gives it a sequence number and hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEvent {
     pub kind: AuditKind,
     pub actor: Actor,
@@ -414,6 +431,7 @@ pub struct AuditEvent {
 /// What the controller must do, in order. Routing returns to the champion
 /// before a rollout is marked rolled back: `SetRouting` comes first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "effect", rename_all = "snake_case")]
 pub enum Effect {
     SetRouting {

@@ -38,6 +38,7 @@ use crate::stats::{Interval, wilson, z_two_sided};
 /// The champion's own health in the window: the candidate is judged only
 /// against a champion that has a verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChampionHealth {
     pub requests: u64,
     pub failures: u64,

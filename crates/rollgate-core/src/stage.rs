@@ -10,6 +10,7 @@ use crate::safety::ChampionHealth;
 
 /// Which kind of stage is being judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StageKind {
     /// The candidate answers mirrored traffic; nobody sees its answers.
@@ -20,6 +21,7 @@ pub enum StageKind {
 
 /// Why the stage answered as it did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "code", rename_all = "snake_case")]
 pub enum StageReason {
     StatsUnavailable,
@@ -68,6 +70,7 @@ impl StageReason {
 
 /// A stage's verdict: outcome, reason, and every gate's verdict as evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StageVerdict {
     pub stage: StageKind,
     pub outcome: Outcome,
@@ -91,6 +94,7 @@ pub struct StageVerdict {
 /// `confirm_breaches` consecutive breached windows roll back; a window that
 /// judged without a breach resets the count.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WindowCheck {
     pub gates: Vec<GateVerdict>,
     /// Some gate failed in this window (and the champion was not in outage).

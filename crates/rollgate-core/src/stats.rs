@@ -23,6 +23,7 @@ use statrs::distribution::{Binomial, ContinuousCDF, Discrete, DiscreteCDF, Norma
 
 /// A closed interval `[lower, upper]`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Interval {
     pub lower: f64,
     pub upper: f64,

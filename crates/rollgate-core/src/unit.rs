@@ -59,6 +59,7 @@ pub const LOG_SCALE: f64 = 256.0;
 
 /// One unit group's totals for one revision.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct UnitTotals {
     /// Requests with an outcome (successes and failures).
@@ -217,6 +218,7 @@ pub fn latency_design_effect(units: &Units) -> f64 {
 /// request `r` holding `m_r` instances of which `x_r` count, the sums
 /// `Σm`, `Σx`, `Σx²`, `Σx·m`, `Σm²` and the number of requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct RequestMoments {
     pub requests: u64,

@@ -22,6 +22,7 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// One append-only audit record. `body` holds aggregates only (verdicts,
 /// counts, bounds, reasons), never request or response payloads.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditRecord {
     pub seq: u64,
     pub at: Timestamp,
@@ -89,6 +90,7 @@ pub struct AuditFilter {
 
 /// Where and how the chain is broken.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChainBreak {
     pub seq: u64,
     pub problem: String,
@@ -96,6 +98,7 @@ pub struct ChainBreak {
 
 /// The result of walking the chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChainReport {
     pub records: u64,
     pub first_break: Option<ChainBreak>,

@@ -24,6 +24,7 @@ use sha2::Sha256;
 
 /// "Record `seq` of the audit chain had hash `hash`", signed at `at`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Checkpoint {
     pub seq: u64,
     pub hash: String,
@@ -151,6 +152,7 @@ pub fn read_sink(path: &Path) -> std::io::Result<(Vec<Checkpoint>, Vec<usize>)> 
 
 /// One thing the checkpoints show is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AnchorProblem {
     pub seq: u64,
     pub problem: String,
@@ -158,6 +160,7 @@ pub struct AnchorProblem {
 
 /// What the checkpoints say of the chain.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AnchorReport {
     /// Distinct checkpoints checked (store and sink together).
     pub checkpoints: u64,

@@ -77,6 +77,7 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// A durable rollout: what it is about, where it stands, and the routing
 /// it implies. `version` increases by one with every transition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RolloutRecord {
     pub id: i64,
     pub spec: RolloutSpec,
@@ -95,6 +96,7 @@ impl RolloutRecord {
 
 /// A gateway that reported in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GatewayInfo {
     pub id: String,
     /// Where its `GET /rollgate/stats` is served.
@@ -105,6 +107,7 @@ pub struct GatewayInfo {
 /// A model's routing as stored: its champion and, during a rollout, the
 /// candidate and the routing the rollout implies.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelRoutes {
     pub model: Model,
     pub champion: Option<Revision>,
@@ -129,6 +132,7 @@ pub struct TransitionWrite<'a> {
 
 /// A lease's fencing token: increases every time the lease changes holder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Fence {
     pub lease: String,
     pub token: u64,
@@ -136,6 +140,7 @@ pub struct Fence {
 
 /// A held lease.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     pub fence: Fence,
     pub holder: String,

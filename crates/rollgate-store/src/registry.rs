@@ -11,6 +11,7 @@ use crate::{Result, StoreError};
 
 /// How the gateway talks to a model and reads its predictions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSpec {
     pub protocol: Protocol,
@@ -50,6 +51,7 @@ impl ModelSpec {
 
 /// A registered model and its current champion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Model {
     pub name: String,
     pub spec: ModelSpec,
@@ -67,6 +69,7 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 /// a zero default must not make an unchanged revision look new (the drift
 /// loop in the seeds).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct RevisionSpec {
     /// Base URL of the model server, `http://` or `https://`.
@@ -239,6 +242,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// Where a revision stands in its model's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RevisionState {
     /// Registered, not serving.
@@ -278,6 +282,7 @@ impl RevisionState {
 
 /// An immutable revision and its registry state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Revision {
     pub id: String,
     pub model: String,

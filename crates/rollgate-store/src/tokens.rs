@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 /// What a token may do; each role may do what the ones below it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Reads everything.
@@ -46,6 +47,7 @@ impl std::str::FromStr for Role {
 
 /// A named token, without its secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApiToken {
     pub name: String,
     pub role: Role,
