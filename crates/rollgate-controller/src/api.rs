@@ -1251,8 +1251,7 @@ async fn create_token(
 fn new_secret() -> String {
     use rand::Rng;
     let bytes: [u8; 32] = rand::rng().random();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("rgt_{hex}")
+    format!("rgt_{}", hex::encode(bytes))
 }
 
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens",

@@ -102,6 +102,7 @@ impl Default for ControllerMetrics {
                 version: env!("CARGO_PKG_VERSION").into(),
             }),
         );
+        rollgate_process::register(&mut registry);
         let leader = Gauge::default();
         registry.register(
             "rollgate_controller_leader",
@@ -208,5 +209,7 @@ mod tests {
             );
         }
         assert!(text.contains("rollgate_build_info{version="), "{text}");
+        assert!(text.contains("process_cpu_seconds_total "), "{text}");
+        assert!(text.contains("process_open_fds "), "{text}");
     }
 }

@@ -480,6 +480,8 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
 /// On an error, retry after a back-off that doubles with each consecutive
 /// failure of the rollout (from one tick, at least 500 ms, up to 30 s): the
 /// store is the truth, so a later pass simply starts again from it.
+/// Written here, not with a retry crate (e.g. `backon`): the back-off is an
+/// entry in the run loop's [`Schedule`], not a loop around one call.
 pub fn error_policy(err: &Error, ctx: &Context, failures: u32) -> Action {
     tracing::warn!(error = %err, failures, "reconcile failed; retrying");
     let base = ctx.tick.max(Duration::from_millis(500));

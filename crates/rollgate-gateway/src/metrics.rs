@@ -9,10 +9,14 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use std::collections::BTreeSet;
+
 use crate::{GatewaySnapshot, Inner};
 
+/// A snapshot, and the `(model, revision)` pairs routed now: only their
+/// series are exported.
 #[derive(Debug)]
-struct SnapshotCollector(GatewaySnapshot);
+struct SnapshotCollector(GatewaySnapshot, BTreeSet<(String, String)>);
 
 /// Bucket bounds of the latency histograms, in seconds (Prometheus's
 /// defaults): fixed, so every gateway's series can be summed in PromQL.
@@ -99,8 +103,9 @@ impl Collector for SnapshotCollector {
         let mut agreements = Vec::new();
         let mut flips = Vec::new();
         let mut drops = Vec::new();
+        let routed = |model: &String, r: &String| self.1.contains(&(model.clone(), r.clone()));
         for (model, snap) in &s.models {
-            for (r, st) in snap.revisions() {
+            for (r, st) in snap.revisions().iter().filter(|(r, _)| routed(model, r)) {
                 requests.push((rev(model, r), ConstCounter::new(st.requests())));
                 client_errors.push((rev(model, r), ConstCounter::new(st.client_errors())));
                 for class in rollgate_core::FailureClass::ALL {
@@ -110,7 +115,7 @@ impl Collector for SnapshotCollector {
                 }
                 latency.push((rev(model, r), LatencyBuckets::of(st.latency())));
             }
-            for (shadow, p) in snap.pairs() {
+            for (shadow, p) in snap.pairs().iter().filter(|(r, _)| routed(model, r)) {
                 pairs.push((rev(model, shadow), ConstCounter::new(p.pairs())));
                 agreements.push((rev(model, shadow), ConstCounter::new(p.agreements())));
                 flips.push((rev(model, shadow), ConstCounter::new(p.confident_flips())));
@@ -223,7 +228,9 @@ impl Collector for SnapshotCollector {
 
 pub(crate) fn render(inner: &Inner) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(SnapshotCollector(inner.snapshot())));
+    let routed = inner.routes.load().routed();
+    registry.register_collector(Box::new(SnapshotCollector(inner.snapshot(), routed)));
+    rollgate_process::register(&mut registry);
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
         out.clear();

@@ -216,6 +216,21 @@ impl RoutingTable {
             .collect()
     }
 
+    /// The `(model, revision)` pairs this table routes to: champions,
+    /// candidates and shadows. Metrics show only these, so a revision that
+    /// left the table (a rejected candidate) stops being exported.
+    pub fn routed(&self) -> std::collections::BTreeSet<(String, String)> {
+        self.by_name
+            .values()
+            .flat_map(|r| {
+                std::iter::once(&r.champion)
+                    .chain(r.candidate.as_ref().map(|(t, _)| t))
+                    .chain(r.shadow.as_ref().map(|(t, _, _)| t))
+                    .map(|t| (r.name.clone(), t.revision.clone()))
+            })
+            .collect()
+    }
+
     /// Why model `name` cannot be routed, if it cannot.
     pub fn unroutable_reason(&self, name: &str) -> Option<&str> {
         self.unroutable.get(name).map(String::as_str)

@@ -744,7 +744,54 @@ async fn v2_json_routes_metadata_stats_and_metrics() {
         metrics.body
     );
     assert!(!metrics.body.contains("quantile="), "{}", metrics.body);
+    // The process's own metrics, as every Prometheus client names them.
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(metrics.body.contains(name), "{name}: {}", metrics.body);
+    }
     promtool_accepts(&metrics.body);
+    gw.shutdown().await;
+}
+
+/// A revision that leaves the routing table (a rolled-back candidate, a
+/// shadow whose stage ended) stops being exported; the champion's series
+/// go on. The evidence in `/rollgate/stats` keeps it (the controller's
+/// ledger needs it).
+#[tokio::test]
+async fn metrics_stop_when_a_revision_leaves_the_routing_table() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Answer(200, ONE)).await;
+    let both = with_shadow(
+        with_candidate(route(&champ.url), &cand.url, 5_000),
+        &shadow.url,
+        10_000,
+    );
+    let gw = start(config(vec![both])).await;
+    let c = client();
+    for i in 0..40 {
+        let r = predict(&c, gw.addr, Some(&format!("user-{i}"))).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let _ = eventually(&gw.gateway, |s| rev(s, "cand").requests() > 0).await;
+    let series = |body: &str, revision: &str| {
+        body.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("revision=\"{revision}\"")))
+            .count()
+    };
+    let before = call(&c, gw.addr, "GET", "/metrics", None, "").await.body;
+    for r in ["champ", "cand", "shadow"] {
+        assert!(series(&before, r) > 0, "{r} not exported:\n{before}");
+    }
+    gw.gateway.set_routes(&[route(&champ.url)]);
+    let after = call(&c, gw.addr, "GET", "/metrics", None, "").await.body;
+    assert!(series(&after, "champ") > 0, "{after}");
+    assert_eq!(series(&after, "cand"), 0, "{after}");
+    assert_eq!(series(&after, "shadow"), 0, "{after}");
+    promtool_accepts(&after);
+    assert!(rev(&gw.gateway.snapshot(), "cand").requests() > 0);
     gw.shutdown().await;
 }
 

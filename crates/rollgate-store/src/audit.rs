@@ -14,8 +14,6 @@ use rollgate_core::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::registry::hex;
-
 /// The hash a chain starts from.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -49,7 +47,7 @@ pub const PRUNED_BODY: &str = r#"{"pruned":true}"#;
 
 /// SHA-256 of a body's canonical JSON.
 pub fn body_digest(body: &serde_json::Value) -> String {
-    hex(&Sha256::digest(body.to_string().as_bytes()))
+    hex::encode(Sha256::digest(body.to_string().as_bytes()))
 }
 
 impl AuditRecord {
@@ -74,7 +72,7 @@ impl AuditRecord {
         h.update(self.prev_hash.as_bytes());
         h.update(b"\n");
         h.update(content.to_string().as_bytes());
-        hex(&h.finalize())
+        hex::encode(h.finalize())
     }
 }
 

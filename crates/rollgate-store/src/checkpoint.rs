@@ -43,10 +43,6 @@ impl std::fmt::Debug for CheckpointKey {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl CheckpointKey {
     /// A key of at least 16 bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
@@ -65,7 +61,7 @@ impl CheckpointKey {
         match std::fs::read(path) {
             Ok(bytes) => Self::from_bytes(bytes.trim_ascii()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = hex(&fresh());
+                let key = hex::encode(fresh());
                 let mut opts = std::fs::OpenOptions::new();
                 opts.write(true).create_new(true);
                 #[cfg(unix)]
@@ -92,7 +88,7 @@ impl CheckpointKey {
             Err(_) => return String::new(),
         };
         m.update(format!("rollgate-checkpoint\n{seq}\n{hash}\n{}", at.0).as_bytes());
-        hex(&m.finalize().into_bytes())
+        hex::encode(m.finalize().into_bytes())
     }
 
     pub fn sign(&self, seq: u64, hash: &str, at: Timestamp) -> Checkpoint {

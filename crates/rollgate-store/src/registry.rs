@@ -232,12 +232,8 @@ impl RevisionSpec {
     pub fn identity(&self, model: &str) -> Result<String> {
         let canonical = serde_json::to_string(&self.normalised()?)?;
         let digest = Sha256::digest(format!("{model}\n{canonical}"));
-        Ok(format!("r{}", hex(&digest[..8])))
+        Ok(format!("r{}", hex::encode(&digest[..8])))
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Where a revision stands in its model's life.

@@ -59,10 +59,7 @@ pub struct ApiToken {
 
 /// The stored form of a token's secret: SHA-256, hex.
 pub fn secret_hash(secret: &str) -> String {
-    Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
 /// Token names are identities in the audit log: 1–64 of `A–Z a–z 0–9 . _ @ -`.

@@ -27,6 +27,11 @@ pub struct Global {
     /// Output of read commands.
     #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+    /// Show times in the local time zone (from `TZ` or the system's), not
+    /// UTC. Both are RFC 3339; JSON output keeps the API's epoch
+    /// milliseconds.
+    #[arg(long, global = true, env = "ROLLGATE_LOCAL_TIME")]
+    local_time: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -716,17 +721,31 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
     })()))
 }
 
-/// A store timestamp as RFC 3339 in UTC, to the millisecond.
-fn rfc3339(t: rollgate_core::Timestamp) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::from_millis(t.0);
-    humantime::format_rfc3339_millis(at).to_string()
+/// A store timestamp as RFC 3339 to the millisecond: in UTC (`Z`), or
+/// with `local` in the local time zone (its offset).
+fn rfc3339(t: rollgate_core::Timestamp, local: bool) -> String {
+    rfc3339_in(t, local.then(jiff::tz::TimeZone::system).as_ref())
 }
 
-fn audit_line(r: &AuditRecord) -> String {
+fn rfc3339_in(t: rollgate_core::Timestamp, zone: Option<&jiff::tz::TimeZone>) -> String {
+    let at = i64::try_from(t.0)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());
+    match (at, zone) {
+        (None, _) => format!("{} ms", t.0),
+        (Some(at), None) => at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        (Some(at), Some(z)) => at
+            .to_zoned(z.clone())
+            .strftime("%Y-%m-%dT%H:%M:%S%.3f%:z")
+            .to_string(),
+    }
+}
+
+fn audit_line(r: &AuditRecord, local: bool) -> String {
     let mut line = format!(
         "#{:<5} {} {:<12} {:<20} {}",
         r.seq,
-        rfc3339(r.at),
+        rfc3339(r.at, local),
         report::clean(&r.actor),
         report::clean(&r.kind),
         r.rollout
@@ -802,13 +821,31 @@ pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
                 hidden += 1;
                 continue;
             }
-            println!("{}", audit_line(r));
+            println!("{}", audit_line(r, g.local_time));
         }
         if hidden > 0 {
             println!("({hidden} evaluations not shown; --all shows them)");
         }
         Ok(ExitCode::SUCCESS)
     })()))
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_in_utc_or_the_zone_asked_for() {
+        let t = rollgate_core::Timestamp(1_767_225_600_123);
+        assert_eq!(rfc3339_in(t, None), "2026-01-01T00:00:00.123Z");
+        let kolkata = jiff::tz::TimeZone::get("Asia/Kolkata").expect("tzdata");
+        assert_eq!(
+            rfc3339_in(t, Some(&kolkata)),
+            "2026-01-01T05:30:00.123+05:30"
+        );
+        let far = rollgate_core::Timestamp(u64::MAX);
+        assert_eq!(rfc3339_in(far, None), format!("{} ms", u64::MAX));
+    }
 }
 
 #[cfg(test)]

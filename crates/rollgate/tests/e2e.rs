@@ -538,7 +538,27 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     // one line per change, and it ends with the rollout.
     let first = out.lines().next().unwrap_or("");
     let at = first.split_whitespace().nth(1).unwrap_or("");
-    assert!(humantime::parse_rfc3339(at).is_ok(), "{first}");
+    assert!(at.ends_with('Z') && at.parse::<jiff::Timestamp>().is_ok(), "{first}");
+    // The same instants in the local zone with `--local-time` (TZ names it).
+    let local = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["audit", "--rollout", "1", "--local-time"])
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env("TZ", "Asia/Kolkata")
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("run the CLI");
+    let local = String::from_utf8_lossy(&local.stdout).into_owned();
+    let local_at = local
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
+    assert!(local_at.ends_with("+05:30"), "{local}");
+    assert_eq!(
+        local_at.parse::<jiff::Timestamp>().ok(),
+        at.parse::<jiff::Timestamp>().ok(),
+        "{local_at} and {at} are one instant"
+    );
     let (code, watched, err) = cli(
         &api,
         &["rollout", "status", "1", "--watch", "--output", "json"],
