@@ -14,6 +14,9 @@ use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how
 /// many have run. Append only: never edit a released migration.
+/// (A list and a version number, not a migration crate such as refinery:
+/// each engine keeps its schema in its own dialect and PostgreSQL's runner
+/// migrates under an advisory lock; this is all either needs.)
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE models (

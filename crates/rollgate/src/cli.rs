@@ -294,8 +294,9 @@ pub struct AuditArgs {
     /// registry changes (the table; `json` always has everything).
     #[arg(long)]
     all: bool,
-    /// `table` (readable evidence) or `json` (JSON Lines).
-    #[arg(long, value_enum, default_value_t = Output::Table)]
+    /// The old spelling of `--output` (kept so scripts keep working; one
+    /// flag in the help: `--output json` is JSON Lines here).
+    #[arg(long, value_enum, default_value_t = Output::Table, hide = true)]
     format: Output,
 }
 

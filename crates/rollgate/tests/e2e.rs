@@ -538,7 +538,10 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     // one line per change, and it ends with the rollout.
     let first = out.lines().next().unwrap_or("");
     let at = first.split_whitespace().nth(1).unwrap_or("");
-    assert!(at.ends_with('Z') && at.parse::<jiff::Timestamp>().is_ok(), "{first}");
+    assert!(
+        at.ends_with('Z') && at.parse::<jiff::Timestamp>().is_ok(),
+        "{first}"
+    );
     // The same instants in the local zone with `--local-time` (TZ names it).
     let local = Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .args(["audit", "--rollout", "1", "--local-time"])
@@ -567,11 +570,19 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     assert_eq!(watched.lines().count(), 1, "{watched}");
     let v: Value = serde_json::from_str(&watched).expect("a JSON line");
     assert_eq!(phase(&v), "promoted");
-    // Piped into a reader that is gone (`| head -1`), every listing ends
-    // quietly and successfully.
+    // Piped into a reader that is gone (`| head -1`), every command that
+    // prints ends quietly and successfully.
     for args in [
         &["audit", "--rollout", "1", "--all"][..],
         &["audit", "--format", "json"],
+        &["audit", "--output", "json"],
+        &["audit", "verify"],
+        &["token", "list"],
+        &["rollout", "--help"],
+        &["completions", "bash"],
+        &["man"],
+        &["demo", "--simulated"],
+        &["sim", "--help"],
         &["rollout", "status", "1"],
         &["rollout", "status"],
         &["rollout", "status", "--output", "json"],
