@@ -141,6 +141,7 @@ async fn run(store: SqlStore, upstream_base: &str) -> Row {
         leader: Arc::new(Leader::holding(&lease, Duration::from_secs(3600))),
         concurrency: 16,
         stats: Default::default(),
+        notify: None,
     };
     let versions = |store: Arc<dyn Store>| async move {
         tokio::task::spawn_blocking(move || {

@@ -891,6 +891,20 @@ async fn audit_verify(State(s): State<ApiState>) -> ApiResult<impl IntoResponse>
     Ok(Json(Verification { chain, anchors }))
 }
 
+/// Each webhook receiver's delivery as this controller sees it: its
+/// cursor in the audit log, what it was sent and whether it is failing.
+#[utoipa::path(get, path = "/api/v1/notifications", tag = "controller",
+    responses((status = 200, description = "Every receiver's delivery (none configured: an empty list)", body = [crate::notify::Delivery])))]
+async fn notifications(State(s): State<ApiState>) -> impl IntoResponse {
+    Json(
+        s.ctx
+            .notify
+            .as_ref()
+            .map(|n| n.deliveries())
+            .unwrap_or_default(),
+    )
+}
+
 /// Who leads: this controller's standing and the lease as stored.
 #[utoipa::path(get, path = "/api/v1/leader", tag = "controller",
     responses((status = 200, description = "Who leads", body = LeaderView)))]
@@ -1161,6 +1175,7 @@ fn routes_and_spec() -> (Router<ApiState>, utoipa::openapi::OpenApi) {
         .routes(routes!(audit_export))
         .routes(routes!(audit_verify))
         .routes(routes!(leader))
+        .routes(routes!(notifications))
         .split_for_parts();
     // After the paths are in: the conventions apply to every operation.
     Conventions.modify(&mut spec);

@@ -13,6 +13,7 @@ pub mod api;
 pub mod http;
 pub mod lead;
 pub mod metrics;
+pub mod notify;
 pub mod oidc;
 pub mod reconcile;
 

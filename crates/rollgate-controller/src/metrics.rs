@@ -47,6 +47,14 @@ pub struct ControllerMetrics {
     phase: Family<ModelPhaseLabel, Gauge>,
     /// The `(model, phase)` series set last time, to remove those that ended.
     shown: Mutex<Vec<(String, String)>>,
+    notifications_sent: Family<ReceiverLabel, Counter>,
+    notification_failures: Family<ReceiverLabel, Counter>,
+    notifications_behind: Family<ReceiverLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReceiverLabel {
+    receiver: String,
 }
 
 impl std::fmt::Debug for ControllerMetrics {
@@ -102,6 +110,24 @@ impl Default for ControllerMetrics {
                 version: env!("CARGO_PKG_VERSION").into(),
             }),
         );
+        let notifications_sent = Family::<ReceiverLabel, Counter>::default();
+        registry.register(
+            "rollgate_notifications_sent",
+            "Notifications a receiver answered with a 2xx",
+            notifications_sent.clone(),
+        );
+        let notification_failures = Family::<ReceiverLabel, Counter>::default();
+        registry.register(
+            "rollgate_notification_failures",
+            "Notification attempts that failed (each is retried)",
+            notification_failures.clone(),
+        );
+        let notifications_behind = Family::<ReceiverLabel, Gauge>::default();
+        registry.register(
+            "rollgate_notifications_behind",
+            "Audit records a receiver has not been sent (or skipped) yet",
+            notifications_behind.clone(),
+        );
         rollgate_process::register(&mut registry);
         let leader = Gauge::default();
         registry.register(
@@ -118,11 +144,49 @@ impl Default for ControllerMetrics {
             weight,
             phase,
             shown: Mutex::new(Vec::new()),
+            notifications_sent,
+            notification_failures,
+            notifications_behind,
         }
     }
 }
 
 impl ControllerMetrics {
+    /// Starts a receiver's series at zero (an alert on failures fires on
+    /// the first).
+    pub fn receiver(&self, receiver: &str) {
+        let l = ReceiverLabel {
+            receiver: receiver.into(),
+        };
+        self.notifications_sent.get_or_create(&l).inc_by(0);
+        self.notification_failures.get_or_create(&l).inc_by(0);
+        self.notifications_behind.get_or_create(&l).set(0);
+    }
+
+    pub fn notification_sent(&self, receiver: &str) {
+        self.notifications_sent
+            .get_or_create(&ReceiverLabel {
+                receiver: receiver.into(),
+            })
+            .inc();
+    }
+
+    pub fn notification_failed(&self, receiver: &str) {
+        self.notification_failures
+            .get_or_create(&ReceiverLabel {
+                receiver: receiver.into(),
+            })
+            .inc();
+    }
+
+    pub fn notifications_behind(&self, receiver: &str, records: u64) {
+        self.notifications_behind
+            .get_or_create(&ReceiverLabel {
+                receiver: receiver.into(),
+            })
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+    }
+
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }

@@ -75,6 +75,9 @@ pub struct Context {
     pub concurrency: usize,
     /// Gateway stats, fetched once per pass and shared by its rollouts.
     pub stats: Arc<PassStats>,
+    /// Webhook receivers of every decision (their delivery is shown by the
+    /// API); none configured: `None`.
+    pub notify: Option<Arc<crate::notify::Notifier>>,
 }
 
 /// The gateways' stats as fetched in one pass: `(stats URL, snapshot if it

@@ -261,6 +261,14 @@ pub trait Store: Send + Sync {
     fn prune_evaluations(&self, before: Timestamp) -> Result<u64>;
     /// The chain's last record, `(seq, hash)`.
     fn audit_head(&self) -> Result<Option<(u64, String)>>;
+
+    /// The audit record notification receiver `receiver` was last sent
+    /// (its cursor), if it has one. The audit log is the outbox: a receiver
+    /// is sent the records after its cursor, in order.
+    fn notify_cursor(&self, receiver: &str) -> Result<Option<u64>>;
+
+    /// Moves `receiver`'s cursor to `seq` (never back).
+    fn set_notify_cursor(&self, receiver: &str, seq: u64) -> Result<()>;
     /// The hashes of the records at `seqs` that exist.
     fn audit_hashes(&self, seqs: &[u64]) -> Result<std::collections::BTreeMap<u64, String>>;
     /// Keeps a signed checkpoint of the chain (once per seq).

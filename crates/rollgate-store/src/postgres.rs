@@ -26,7 +26,8 @@ use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `rollgate_schema.version` records
 /// how many have run. Append only: never edit a released migration.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE models (
     name TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -129,7 +130,16 @@ CREATE TABLE routes_version (
     version BIGINT NOT NULL
 );
 INSERT INTO routes_version (id, version) VALUES (1, 0);
-"#];
+"#,
+    // How far each notification receiver has been sent the audit log.
+    r#"
+CREATE TABLE notify_cursors (
+    receiver TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+"#,
+];
 
 /// The advisory lock every write transaction holds ("roll"), and the one
 /// migrations hold so that processes starting together migrate once.

@@ -1259,6 +1259,29 @@ impl Store for SqlStore {
         })
     }
 
+    fn notify_cursor(&self, receiver: &str) -> Result<Option<u64>> {
+        self.read_one(|db| {
+            db.row(
+                "SELECT seq FROM notify_cursors WHERE receiver = ?1",
+                p![receiver],
+            )?
+            .map(|r| r.u64(0))
+            .transpose()
+        })
+    }
+
+    fn set_notify_cursor(&self, receiver: &str, seq: u64) -> Result<()> {
+        self.write(|db, now| {
+            db.exec(
+                "INSERT INTO notify_cursors (receiver, seq, updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(receiver) DO UPDATE SET seq = excluded.seq, updated_at = excluded.updated_at
+                 WHERE notify_cursors.seq < excluded.seq",
+                p![receiver, seq, now.0],
+            )?;
+            Ok(())
+        })
+    }
+
     fn routes_version(&self) -> Result<u64> {
         self.read_one(|db| {
             db.row("SELECT version FROM routes_version WHERE id = 1", &[])?

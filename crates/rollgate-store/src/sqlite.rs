@@ -133,6 +133,14 @@ CREATE TABLE routes_version (
 );
 INSERT INTO routes_version (id, version) VALUES (1, 0);
 "#,
+    // How far each notification receiver has been sent the audit log.
+    r#"
+CREATE TABLE notify_cursors (
+    receiver TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {

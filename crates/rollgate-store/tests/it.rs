@@ -1401,3 +1401,20 @@ fn concurrent_commits_are_grouped_and_each_keeps_its_own_answer() {
         assert!(store.verify_audit().expect("verify").is_intact());
     }
 }
+
+#[test]
+fn a_notification_cursor_is_kept_and_never_moves_back() {
+    for_each_store(|store, _| {
+        assert_eq!(store.notify_cursor("ops").expect("read"), None);
+        store.set_notify_cursor("ops", 5).expect("set");
+        assert_eq!(store.notify_cursor("ops").expect("read"), Some(5));
+        // A late writer (a deposed leader's notifier) cannot move it back.
+        store.set_notify_cursor("ops", 3).expect("set");
+        assert_eq!(store.notify_cursor("ops").expect("read"), Some(5));
+        store.set_notify_cursor("ops", 9).expect("set");
+        assert_eq!(store.notify_cursor("ops").expect("read"), Some(9));
+        assert_eq!(store.notify_cursor("slack").expect("read"), None);
+        // Cursors are not part of the audited record.
+        assert!(store.verify_audit().expect("verify").is_intact());
+    });
+}

@@ -37,6 +37,7 @@ pub struct ControlPart {
     pub api: ApiConfig,
     pub controller: ControllerConfig,
     pub audit: AuditConfig,
+    pub notify: crate::serve::NotifyConfig,
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
 }
 
@@ -154,6 +155,14 @@ where
             )),
             concurrency: c.controller.concurrency,
             stats: Default::default(),
+            notify: if c.notify.webhooks.is_empty() {
+                None
+            } else {
+                Some(Arc::new(
+                    rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
+                        .map_err(anyhow::Error::msg)?,
+                ))
+            },
         };
         let state = ApiState {
             ctx: ctx.clone(),
@@ -168,6 +177,13 @@ where
             allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &c.api.allowed_hosts),
         };
         rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
+        if let Some(n) = ctx.notify.clone() {
+            tasks.push(tokio::spawn(rollgate_controller::notify::run(
+                ctx.clone(),
+                n,
+                wait(),
+            )));
+        }
         tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
         tasks.push(tokio::spawn(logged(
             "admin API",

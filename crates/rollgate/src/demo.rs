@@ -276,6 +276,7 @@ async fn demo(
                     checkpoints: false,
                     ..Default::default()
                 },
+                notify: Default::default(),
                 clock: Arc::new(now),
             }),
         },

@@ -30,6 +30,14 @@ pub struct UpConfig {
     /// The gateway; its `models` are ignored: routes come from the store.
     pub gateway: GatewayConfig,
     pub audit: AuditConfig,
+    pub notify: NotifyConfig,
+}
+
+/// Where every decision is sent (docs/config.md, "Notifications").
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotifyConfig {
+    pub webhooks: Vec<rollgate_controller::notify::Webhook>,
 }
 
 /// Signed checkpoints of the audit chain (docs/api.md, "What the audit log
@@ -275,11 +283,20 @@ pub struct UpArgs {
     log_format: LogFormat,
 }
 
+/// An `up`/`controller` config file, read and checked (what only a
+/// running part would otherwise find wrong, e.g. a webhook's URL).
+fn read_up_config(path: &Path) -> anyhow::Result<UpConfig> {
+    let c: UpConfig = read_toml(path)?;
+    rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(c)
+}
+
 /// Store, gateway, controller and admin API in one process.
 pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let cfg: UpConfig = match &args.config {
         // A bad file is the user's input error: exit 2, as documented.
-        Some(p) => match read_toml(p) {
+        Some(p) => match read_up_config(p) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("rollgate: {e:#}");
@@ -329,6 +346,7 @@ fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> ControlPar
         api: cfg.api.clone(),
         controller: cfg.controller.clone(),
         audit: cfg.audit.clone(),
+        notify: cfg.notify.clone(),
         clock: Arc::new(system_clock),
     }
 }
@@ -364,7 +382,7 @@ pub struct ControllerArgs {
 pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
     let mut cfg: UpConfig = match &args.config {
         // A bad file is the user's input error: exit 2, as documented.
-        Some(p) => match read_toml(p) {
+        Some(p) => match read_up_config(p) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("rollgate: {e:#}");

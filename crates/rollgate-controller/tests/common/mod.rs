@@ -40,6 +40,7 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
         retention: None,
         concurrency: 4,
         stats: Default::default(),
+        notify: None,
     }
 }
 
