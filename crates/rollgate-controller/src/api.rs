@@ -138,7 +138,7 @@ impl From<StepError> for ApiError {
             StepError::Terminal { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "rollout_finished", e.to_string())
             }
-            StepError::AlreadyPaused | StepError::NotPaused => {
+            StepError::AlreadyPaused | StepError::NotPaused | StepError::NothingToApprove => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
         }
@@ -300,7 +300,14 @@ fn required_role(method: &Method, path: &str) -> Role {
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     match parts.as_slice() {
         ["", "api", "v1", "rollouts"] if *method == Method::POST => Role::Operator,
-        ["", "api", "v1", "rollouts", _, "pause" | "resume" | "abort"] => Role::Operator,
+        [
+            "",
+            "api",
+            "v1",
+            "rollouts",
+            _,
+            "pause" | "resume" | "abort" | "approve",
+        ] => Role::Operator,
         _ => Role::Admin,
     }
 }
@@ -440,6 +447,7 @@ enum RolloutAction {
     Resume,
     Abort,
     Promote,
+    Approve,
 }
 
 /// A rollout as the API shows it: the record, with the plan showing only
@@ -767,7 +775,7 @@ async fn show_rollout(
 
 #[utoipa::path(post, path = "/api/v1/rollouts/{id}/{action}", tag = "rollouts",
     params(("id" = i64, Path, description = "The rollout"),
-        ("action" = RolloutAction, Path, description = "pause and resume need no body; abort and promote need a reason")),
+        ("action" = RolloutAction, Path, description = "pause and resume need no body; abort, promote and approve need a reason")),
     request_body(content = Option<Reason>, description = "A reason (required for abort and promote)"),
     responses((status = 200, description = "The rollout after the action", body = RolloutRecord)))]
 async fn rollout_action(
@@ -797,11 +805,14 @@ async fn rollout_action(
         "resume" => OperatorAction::Resume,
         "abort" => OperatorAction::Abort { reason },
         "promote" => OperatorAction::Promote { reason },
+        "approve" => OperatorAction::Approve { reason },
         other => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                format!("no rollout action {other:?}; use pause, resume, abort or promote"),
+                format!(
+                    "no rollout action {other:?}; use pause, resume, abort, promote or approve"
+                ),
             ));
         }
     };

@@ -36,10 +36,12 @@ use crate::reconcile::{Context, blocking};
 /// The audit kinds sent when a receiver names none: every decision and
 /// registry change a person would want to hear of (not evaluations, not
 /// token changes).
-pub const DEFAULT_KINDS: [&str; 11] = [
+pub const DEFAULT_KINDS: [&str; 13] = [
     "rollout_created",
     "started",
     "advanced",
+    "awaiting_approval",
+    "approved",
     "paused",
     "resumed",
     "promoted",
@@ -388,7 +390,8 @@ pub fn summary(rec: &AuditRecord) -> String {
     let why = event.as_ref().and_then(|e| match &e.to {
         rollgate_core::Phase::RolledBack { reason } => {
             let gates = match reason {
-                rollgate_core::RollbackReason::ReadinessTimeout => vec![],
+                rollgate_core::RollbackReason::ReadinessTimeout
+                | rollgate_core::RollbackReason::ApprovalTimeout { .. } => vec![],
                 rollgate_core::RollbackReason::Breach { gates, .. }
                 | rollgate_core::RollbackReason::GrossBreach { gates }
                 | rollgate_core::RollbackReason::EvidenceTimeout { gates }

@@ -312,6 +312,18 @@ async fn roles_limit_tokens_the_actor_is_the_token_and_revocation_is_immediate()
     )
     .await;
     assert_eq!(status, 403);
+    // Approving is an operator's: a viewer may not; with nothing waiting
+    // for approval it is a conflict, not a silent no-op.
+    let approve = ("POST", "/api/v1/rollouts/1/approve");
+    let why = Some(serde_json::json!({ "reason": "dashboards look fine" }));
+    let (status, _) = common::call(&app, approve, Some(vera), None, why.clone()).await;
+    assert_eq!(status, 403);
+    let (status, v) = common::call(&app, approve, Some(otto), None, why).await;
+    assert_eq!(
+        (status, v["error"]["message"].as_str()),
+        (409, Some("the rollout is not waiting for an approval")),
+        "{v}"
+    );
     let (status, v) = common::call(
         &app,
         pause,

@@ -69,6 +69,76 @@ pub struct Plan {
     /// is still counted, and so is the fallback.
     pub fallback_to_champion: bool,
     pub gates: Gates,
+    /// Points a person must approve before the rollout passes them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalStep>,
+}
+
+/// A step that waits for a person: once the stage before `before` has
+/// passed, the rollout stays where it is (still judged: a breach still
+/// rolls back) until an operator approves, or the deadline passes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalStep {
+    /// A canary weight of `steps` (before entering it), or `"promotion"`.
+    pub before: ApprovalPoint,
+    /// How long it may wait once its stage has passed; unset: for ever.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub deadline: Option<Duration>,
+    /// What the deadline does.
+    #[serde(default)]
+    pub on_deadline: OnDeadline,
+}
+
+/// Where an approval step stands: before a canary weight, or before
+/// promotion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum ApprovalPoint {
+    /// Before entering this canary weight, in percent.
+    Weight(u32),
+    /// Before promotion: `"promotion"`.
+    Promotion(Promotion),
+}
+
+/// The word `promotion` (an [`ApprovalPoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Promotion {
+    Promotion,
+}
+
+impl ApprovalPoint {
+    pub const PROMOTION: ApprovalPoint = ApprovalPoint::Promotion(Promotion::Promotion);
+}
+
+impl std::fmt::Display for ApprovalPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApprovalPoint::Weight(w) => write!(f, "{w}%"),
+            ApprovalPoint::Promotion(_) => f.write_str("promotion"),
+        }
+    }
+}
+
+/// What an approval step's deadline does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum OnDeadline {
+    /// Roll back (`approval_timeout`; the candidate is not rejected).
+    #[default]
+    RollBack,
+    /// Keep waiting, at the same weight (the deadline is audited).
+    Hold,
 }
 
 /// How live traffic is split between the champion and the candidate.
@@ -182,6 +252,7 @@ impl Default for Plan {
             assignment: Assignment::Sticky,
             fallback_to_champion: false,
             gates: Gates::default(),
+            approvals: Vec::new(),
         }
     }
 }
@@ -554,7 +625,34 @@ impl Plan {
             "gates.guard_rails.champion_outage_error_rate",
             g.guard_rails.champion_outage_error_rate,
         )?;
+        for (i, a) in self.approvals.iter().enumerate() {
+            if let ApprovalPoint::Weight(w) = a.before
+                && !self.steps.contains(&w)
+            {
+                return Err(err(
+                    &format!("approvals[{i}].before"),
+                    format!("{w} is not one of the plan's steps {:?}", self.steps),
+                ));
+            }
+            if self.approvals[..i].iter().any(|b| b.before == a.before) {
+                return Err(err(
+                    &format!("approvals[{i}].before"),
+                    format!("{} has an approval step already", a.before),
+                ));
+            }
+            if a.deadline.is_some_and(|d| d < Duration::from_secs(1)) {
+                return Err(err(
+                    &format!("approvals[{i}].deadline"),
+                    "must be at least 1s",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The approval step before `point`, if the plan has one.
+    pub fn approval_before(&self, point: ApprovalPoint) -> Option<&ApprovalStep> {
+        self.approvals.iter().find(|a| a.before == point)
     }
 
     /// Candidate weight of canary step `i`, in basis points (1/10,000).

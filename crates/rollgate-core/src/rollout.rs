@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exposure::{Epoch, Exposure, Ledger};
 use crate::gate::{GateKind, Outcome};
-use crate::plan::{Assignment, Plan, Policy, RejectOn};
+use crate::plan::{ApprovalPoint, Assignment, OnDeadline, Plan, Policy, RejectOn};
 use crate::policy::PolicyTests;
 use crate::policy::sequential::{self, SequentialInput, SequentialState};
 use crate::policy::windowed::{self, WindowedTests};
@@ -67,6 +67,9 @@ pub enum RollbackReason {
     /// the champion" (its error is bounded by `sequential.alpha` over the
     /// whole rollout, so no confirmation is needed).
     AnytimeBreach { gates: Vec<GateKind> },
+    /// Nobody approved the step before `before` by its deadline (the
+    /// candidate is not rejected: nothing was shown against it).
+    ApprovalTimeout { before: ApprovalPoint },
 }
 
 impl RollbackReason {
@@ -95,13 +98,14 @@ impl RollbackReason {
 
     /// Every reason's [`code`](Self::code), so a counter by reason can
     /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 6] = [
+    pub const CODES: [&'static str; 7] = [
         "readiness_timeout",
         "breach",
         "gross_breach",
         "evidence_timeout",
         "metrics_missing",
         "anytime_breach",
+        "approval_timeout",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -112,6 +116,7 @@ impl RollbackReason {
             RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
             RollbackReason::MetricsMissing { .. } => "metrics_missing",
             RollbackReason::AnytimeBreach { .. } => "anytime_breach",
+            RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
         }
     }
 }
@@ -308,6 +313,25 @@ pub struct RolloutState {
     /// The last evaluation written to the audit log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audited: Option<AuditedEvaluation>,
+    /// The approval the rollout waits for: its stage passed, and the plan
+    /// wants a person to approve what comes next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting: Option<Awaiting>,
+    /// The approval points operators approved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approved: Vec<ApprovalPoint>,
+}
+
+/// An approval a rollout waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Awaiting {
+    pub before: ApprovalPoint,
+    /// When its stage passed and the wait began.
+    pub since: Timestamp,
+    /// The step's deadline passed under `on_deadline = "hold"`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deadline_passed: bool,
 }
 
 /// An evaluation written to the audit log: evaluations that say the same
@@ -349,6 +373,8 @@ impl RolloutState {
             epoch: 0,
             stage_starts: Vec::new(),
             evidence: Ledger::default(),
+            awaiting: None,
+            approved: Vec::new(),
         }
     }
 }
@@ -375,6 +401,10 @@ pub enum OperatorAction {
     },
     /// Promote now, skipping the remaining stages; the reason is required.
     Promote {
+        reason: String,
+    },
+    /// Approve the step the rollout waits for; the reason is required.
+    Approve {
         reason: String,
     },
 }
@@ -413,6 +443,10 @@ pub enum AuditKind {
     Paused,
     Resumed,
     Aborted,
+    /// A stage passed and the next step waits for a person's approval.
+    AwaitingApproval,
+    /// An operator approved the step the rollout waited for.
+    Approved,
 }
 
 /// An audit record, before the store gives it a sequence number and hash.
@@ -464,6 +498,8 @@ pub enum StepError {
     NotPaused,
     #[error("{action} requires a non-empty reason")]
     ReasonRequired { action: &'static str },
+    #[error("the rollout is not waiting for an approval")]
+    NothingToApprove,
 }
 
 /// Advances a rollout by one input. Pure: no clock, no I/O.
@@ -607,7 +643,32 @@ fn advance(
     current: Option<Snapshot>,
     now: Timestamp,
 ) {
-    match next_phase(&spec.plan, &phase) {
+    let next = next_phase(&spec.plan, &phase);
+    let point = match &next {
+        Some(Phase::Canary { weight_percent, .. }) => ApprovalPoint::Weight(*weight_percent),
+        _ => ApprovalPoint::PROMOTION,
+    };
+    if spec.plan.approval_before(point).is_some() && !t.state.approved.contains(&point) {
+        // The stage passed; what comes next waits for a person.
+        if t.state.awaiting.is_none() {
+            t.state.awaiting = Some(Awaiting {
+                before: point,
+                since: now,
+                deadline_passed: false,
+            });
+            audit(
+                t,
+                AuditKind::AwaitingApproval,
+                Actor::Controller,
+                phase,
+                Some(verdict),
+                Some(format!("waiting for an operator to approve {point}")),
+            );
+        }
+        return;
+    }
+    t.state.awaiting = None;
+    match next {
         Some(next) => {
             enter(spec, t, next, current, now);
             audit(
@@ -631,6 +692,7 @@ fn roll_back(
 ) {
     let from = t.state.phase.clone();
     let rejects = reason.rejects(plan);
+    t.state.awaiting = None;
     t.state.phase = Phase::RolledBack { reason };
     t.effects.push(Effect::SetRouting {
         routing: Routing::CHAMPION_ONLY,
@@ -699,6 +761,42 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             roll_back(plan, t, RollbackReason::ReadinessTimeout, None);
         }
         return;
+    }
+    if let Some(a) = t.state.awaiting.clone()
+        && let Some(deadline) = plan.approval_before(a.before).and_then(|s| s.deadline)
+        && !a.deadline_passed
+        && !t.state.paused
+        && now.since(a.since) >= deadline
+    {
+        match plan.approval_before(a.before).map(|s| s.on_deadline) {
+            Some(OnDeadline::Hold) => {
+                t.state.awaiting = Some(Awaiting {
+                    deadline_passed: true,
+                    ..a
+                });
+                let phase = t.state.phase.clone();
+                audit(
+                    t,
+                    AuditKind::AwaitingApproval,
+                    Actor::Controller,
+                    phase,
+                    None,
+                    Some(format!(
+                        "the approval deadline for {} passed; holding until an operator approves",
+                        a.before
+                    )),
+                );
+            }
+            _ => {
+                t.state.awaiting = None;
+                return roll_back(
+                    plan,
+                    t,
+                    RollbackReason::ApprovalTimeout { before: a.before },
+                    None,
+                );
+            }
+        }
     }
     let Some(kind) = t.state.phase.stage_kind() else {
         return;
@@ -918,6 +1016,7 @@ fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<
         }
         OperatorAction::Abort { reason } => {
             let reason = required(reason, "abort")?;
+            t.state.awaiting = None;
             t.state.phase = Phase::Aborted;
             t.effects.push(Effect::SetRouting {
                 routing: Routing::CHAMPION_ONLY,
@@ -926,7 +1025,23 @@ fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<
         }
         OperatorAction::Promote { reason } => {
             let reason = required(reason, "promote")?;
+            t.state.awaiting = None;
             promote(t, who, true, None, Some(reason));
+        }
+        OperatorAction::Approve { reason } => {
+            let reason = required(reason, "approve")?;
+            let Some(a) = t.state.awaiting.take() else {
+                return Err(StepError::NothingToApprove);
+            };
+            t.state.approved.push(a.before);
+            audit(
+                t,
+                AuditKind::Approved,
+                who,
+                from,
+                None,
+                Some(format!("{}: {reason}", a.before)),
+            );
         }
     }
     Ok(())

@@ -252,6 +252,14 @@ pub enum RolloutCmd {
         #[arg(long)]
         reason: String,
     },
+    /// Approve the step the rollout waits for (the plan's `approvals`).
+    Approve {
+        /// The rollout.
+        id: i64,
+        /// Why (kept in the audit log).
+        #[arg(long)]
+        reason: String,
+    },
     /// Allow a rejected revision to start a rollout again.
     Unblock {
         /// The rejected revision.
@@ -565,6 +573,32 @@ fn rollout_view(r: &RolloutRecord) -> String {
     if r.state.phase.is_terminal() {
         out.push_str(&format!("  {}\n", report::phase_line(&r.state.phase)));
     }
+    if let Some(a) = &r.state.awaiting {
+        let deadline = r
+            .spec
+            .plan
+            .approval_before(a.before)
+            .and_then(|s| s.deadline.map(|d| (d, s.on_deadline)));
+        out.push_str(&format!(
+            "  WAITING FOR APPROVAL of {} since {}{} (rollgate rollout approve {} --reason ...)\n",
+            a.before,
+            rfc3339(a.since, false),
+            match deadline {
+                Some((d, on)) if !a.deadline_passed => format!(
+                    "; {} at {}",
+                    if on == rollgate_core::plan::OnDeadline::Hold {
+                        "holds"
+                    } else {
+                        "rolls back"
+                    },
+                    rfc3339(a.since.plus(d), false)
+                ),
+                Some(_) => "; its deadline passed, holding".to_string(),
+                None => String::new(),
+            },
+            r.id
+        ));
+    }
     if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
         out.push_str(&format!(
             "  {}\n",
@@ -684,6 +718,9 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
         RolloutCmd::Abort { id, reason } => action(*id, "abort", Some(json!({ "reason": reason }))),
         RolloutCmd::Promote { id, reason } => {
             action(*id, "promote", Some(json!({ "reason": reason })))
+        }
+        RolloutCmd::Approve { id, reason } => {
+            action(*id, "approve", Some(json!({ "reason": reason })))
         }
         RolloutCmd::Unblock { revision, reason } => {
             let r = a.call(

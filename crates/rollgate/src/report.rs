@@ -218,6 +218,9 @@ fn rollback_words(r: &RollbackReason) -> String {
                 names(gates)
             )
         }
+        RollbackReason::ApprovalTimeout { before } => {
+            format!("nobody approved {before} by the plan's deadline")
+        }
     }
 }
 

@@ -496,7 +496,7 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     let plan = write(
         dir.path(),
         "plan.toml",
-        "steps = [20, 50]\nmin_stage_duration = \"1s\"\nevidence_timeout = \"10s\"\n[gates.error_rate]\nmin_requests = 20\nmargin = 0.05\n[gates.latency]\nmin_requests = 20\n[gates.shadow]\nmin_pairs = 30\n",
+        "steps = [20, 50]\nmin_stage_duration = \"1s\"\nevidence_timeout = \"10s\"\n[gates.error_rate]\nmin_requests = 20\nmargin = 0.05\n[gates.latency]\nmin_requests = 20\n[gates.shadow]\nmin_pairs = 30\n[[approvals]]\nbefore = \"promotion\"\n",
     );
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&gw, Arc::clone(&stop));
@@ -504,6 +504,23 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
         cli(&api, &["rollout", "start", "m", &cand, "--plan", &plan]).0,
         0
     );
+    // The last stage passes, then it waits for a person (the status says
+    // for what and how to give it); approving lets it promote.
+    let started = std::time::Instant::now();
+    loop {
+        let (_, out, _) = cli(&api, &["rollout", "status", "1"]);
+        if out.contains("WAITING FOR APPROVAL of promotion") {
+            assert!(out.contains("rollgate rollout approve 1"), "{out}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{out}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, _, err) = cli(
+        &api,
+        &["rollout", "approve", "1", "--reason", "metrics look right"],
+    );
+    assert_eq!(code, 0, "{err}");
     let (code, out, _) = cli(&api, &["rollout", "wait", "1", "--timeout", "60s"]);
     assert_eq!((code, out.starts_with("PROMOTED")), (0, true), "{out}");
     stop.store(true, Ordering::SeqCst);
@@ -522,6 +539,10 @@ async fn the_cli_drives_a_rollout_against_rollgate_up() {
     assert_eq!(code, 0);
     assert!(
         out.contains("promoted") && out.contains("error_rate"),
+        "{out}"
+    );
+    assert!(
+        out.contains("awaiting_approval") && out.contains(" approved "),
         "{out}"
     );
     // Decisions by default; every audited evaluation with --all.
