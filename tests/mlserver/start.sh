@@ -3,19 +3,16 @@
 # three tiny scikit-learn models (champion, retrained, broken), for the e2e
 # tests. Prints shell assignments to eval:
 #   export ROLLGATE_MLSERVER_URL=http://127.0.0.1:PORT  ROLLGATE_MLSERVER_PID=PID
+#   export ROLLGATE_MLSERVER_METRICS_URL=http://127.0.0.1:PORT/metrics
 # The venv is kept in target/mlserver-venv (reused when its pins match).
 # Stop it with: kill "$ROLLGATE_MLSERVER_PID".
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 venv="$root/target/mlserver-venv"
-python="${PYTHON:-python3}"
-if ! cmp -s "$here/requirements.txt" "$venv/requirements.txt" 2>/dev/null; then
-  rm -rf "$venv"
-  "$python" -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt" >&2
-  cp "$here/requirements.txt" "$venv/requirements.txt"
-fi
+# shellcheck source=../support/venv.sh
+. "$root/tests/support/venv.sh"
+ensure_venv "$here/requirements.txt" "$venv"
 work="$(mktemp -d /tmp/rollgate-mlserver.XXXX)"
 "$venv/bin/python" "$here/train.py" "$work/models" >&2
 port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -31,6 +28,7 @@ for _ in $(seq 1 600); do
     && curl -sf "http://127.0.0.1:$http/v2/models/broken/ready" >/dev/null 2>&1 \
     && curl -sf "http://127.0.0.1:$http/v2/models/retrained/ready" >/dev/null 2>&1; then
     echo "export ROLLGATE_MLSERVER_URL=http://127.0.0.1:$http"
+    echo "export ROLLGATE_MLSERVER_METRICS_URL=http://127.0.0.1:$metrics/metrics"
     echo "export ROLLGATE_MLSERVER_PID=$pid"
     exit 0
   fi

@@ -7,12 +7,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 venv="$root/target/schemathesis-venv"
-python="${PYTHON:-python3}"
-if ! cmp -s "$here/requirements.txt" "$venv/requirements.txt" 2>/dev/null; then
-  rm -rf "$venv"
-  "$python" -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt" >&2
-  cp "$here/requirements.txt" "$venv/requirements.txt"
-fi
+# shellcheck source=../support/venv.sh
+. "$root/tests/support/venv.sh"
+ensure_venv "$here/requirements.txt" "$venv"
 "$venv/bin/schemathesis" --version >&2
 echo "export ROLLGATE_SCHEMATHESIS=$venv/bin/schemathesis"

@@ -7,7 +7,9 @@
 //! - [`server`]: a KServe V1 / Open Inference Protocol V2 model server with
 //!   fault injection (failure rate, added latency, ready-then-503).
 //! - [`traffic`]: an open-loop load generator with sticky keys.
+//! - [`metrics`]: the server's Prometheus metrics, in MLServer's shape.
 
+pub mod metrics;
 pub mod model;
 pub mod server;
 pub mod task;

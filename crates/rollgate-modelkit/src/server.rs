@@ -2,6 +2,8 @@
 //! fault injection for tests, the demo and benchmarks. Faults touch only
 //! predictions: health, readiness and metadata always answer, so a
 //! "ready-then-503" server passes its readiness probe and fails every call.
+//! `GET /metrics` serves Prometheus metrics in MLServer's shape
+//! ([`crate::metrics`]), on the same port.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,6 +20,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+use crate::metrics::ServerMetrics;
 use crate::model::LinearModel;
 
 /// Faults to inject into predictions.
@@ -196,11 +199,83 @@ async fn handle(cfg: Arc<ServerConfig>, req: Request<Incoming>) -> Response<Full
     }
 }
 
+/// The route template a request matched (bounded label values), and the
+/// model when it is an inference of the served one.
+fn route_of<'a>(method: &Method, path: &str, name: &'a str) -> (&'static str, Option<&'a str>) {
+    let post = method == Method::POST;
+    if let Some(rest) = path.strip_prefix("/v1/models/") {
+        if post && rest.strip_suffix(":predict").is_some() {
+            let ours = rest.strip_suffix(":predict") == Some(name);
+            return ("/v1/models/{model_name}:predict", ours.then_some(name));
+        }
+        return ("/v1/models/{model_name}", None);
+    }
+    if let Some(rest) = path.strip_prefix("/v2/models/") {
+        if post && rest.strip_suffix("/infer").is_some() {
+            let ours = rest.strip_suffix("/infer") == Some(name);
+            return ("/v2/models/{model_name}/infer", ours.then_some(name));
+        }
+        if rest.ends_with("/ready") {
+            return ("/v2/models/{model_name}/ready", None);
+        }
+        return ("/v2/models/{model_name}", None);
+    }
+    match path {
+        "/v2/health/live" => ("/v2/health/live", None),
+        "/v2/health/ready" => ("/v2/health/ready", None),
+        _ => ("unknown", None),
+    }
+}
+
 fn not_found(model: &str) -> Response<Full<Bytes>> {
     reply(
         StatusCode::NOT_FOUND,
         json!({ "error": format!("model {model:?} is not served here") }),
     )
+}
+
+/// Answers `req`, counting it in `metrics` (`GET /metrics` itself is not
+/// counted).
+async fn measured(
+    cfg: Arc<ServerConfig>,
+    metrics: &ServerMetrics,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if req.method() == Method::GET && req.uri().path() == "/metrics" {
+        // Prometheus text, or OpenMetrics for a scraper that asks for it.
+        use rollgate_core::exposition as x;
+        let accept = req
+            .headers()
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        let om = metrics.render();
+        let (body, kind) = if x::wants_openmetrics(accept) {
+            (om, x::OPENMETRICS_TEXT)
+        } else {
+            (x::openmetrics_to_prometheus_text(&om), x::PROMETHEUS_TEXT)
+        };
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(kind),
+        );
+        return r;
+    }
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let name = cfg.name.clone();
+    metrics.begin(method.as_str());
+    let resp = handle(cfg, req).await;
+    let (route, model) = route_of(&method, &path, &name);
+    metrics.record(
+        model,
+        method.as_str(),
+        route,
+        resp.status().as_u16(),
+        started.elapsed(),
+    );
+    resp
 }
 
 /// Serves until `shutdown` resolves.
@@ -210,6 +285,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let cfg = Arc::new(cfg);
+    let metrics = Arc::new(ServerMetrics::default());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -217,10 +293,12 @@ pub async fn serve(
                 let Ok((stream, _)) = accepted else { continue };
                 let _ = stream.set_nodelay(true);
                 let cfg = Arc::clone(&cfg);
+                let metrics = Arc::clone(&metrics);
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
+                    let svc = service_fn(move |req: Request<Incoming>| {
                         let cfg = Arc::clone(&cfg);
-                        async move { Ok::<_, Infallible>(handle(cfg, req).await) }
+                        let metrics = Arc::clone(&metrics);
+                        async move { Ok::<_, Infallible>(measured(cfg, &metrics, req).await) }
                     });
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
                 });

@@ -89,20 +89,6 @@ async fn receiver(inbox: Arc<Inbox>, key: &'static [u8]) -> String {
     format!("http://{addr}/hooks/rollgate")
 }
 
-fn controller(dir: &std::path::Path, cfg: &str) -> Proc {
-    let data = dir.join("data");
-    spawn(
-        &[
-            "controller",
-            "--data",
-            &data.to_string_lossy(),
-            "--config",
-            cfg,
-        ],
-        &[],
-    )
-}
-
 /// The notifiable decisions in the audit log, in order: `(seq, kind)`.
 async fn decisions(c: &HttpClient, ctl: &Proc) -> Vec<(u64, String)> {
     let (s, v) = api(c, ctl, "GET", "/api/v1/audit", None).await;
@@ -131,7 +117,7 @@ async fn a_receiver_down_across_a_rollback_and_a_controller_kill_gets_every_deci
              secret_file = \"{key_file}\"\nmax_backoff = \"500ms\"\n"
         ),
     );
-    let mut ctl = controller(dir.path(), &cfg);
+    let mut ctl = start_controller_with(dir.path(), &cfg, &[]);
     let gw = start_gateway(dir.path());
     let c = client();
     // A receiver added now hears from now on (its cursor starts at the
@@ -162,7 +148,7 @@ async fn a_receiver_down_across_a_rollback_and_a_controller_kill_gets_every_deci
 
     // Killed while the receiver is down; a new controller takes over.
     ctl.kill();
-    let ctl = controller(dir.path(), &cfg);
+    let ctl = start_controller_with(dir.path(), &cfg, &[]);
     let tried = inbox.attempts.load(Ordering::SeqCst);
     let started = Instant::now();
     while inbox.attempts.load(Ordering::SeqCst) == tried {

@@ -119,6 +119,11 @@ lease_ttl = "2s"
 
 pub fn start_controller(dir: &Path, env: &[(&str, &str)]) -> Proc {
     let cfg = write(dir, "controller.toml", CONTROLLER_TOML);
+    start_controller_with(dir, &cfg, env)
+}
+
+/// A controller on `dir`'s data directory with the config file `cfg`.
+pub fn start_controller_with(dir: &Path, cfg: &str, env: &[(&str, &str)]) -> Proc {
     let data = dir.join("data");
     spawn(
         &[
@@ -126,7 +131,7 @@ pub fn start_controller(dir: &Path, env: &[(&str, &str)]) -> Proc {
             "--data",
             &data.to_string_lossy(),
             "--config",
-            &cfg,
+            cfg,
         ],
         env,
     )
