@@ -640,8 +640,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 7,
-        "one per migration: checkpoints (5), retention (6) and leases (7) are the latest"
+        v, 8,
+        "one per migration: retention (6), leases (7) and notification cursors (8) are the latest"
     );
 }
 
