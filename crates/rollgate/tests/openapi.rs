@@ -137,8 +137,11 @@ parameters = {{ "path.id" = "{bad}" }}
     );
     let out = tokio::task::spawn_blocking({
         let url = format!("http://{}/api/v1/openapi.json", ctl.addr());
+        // Its cache goes to the test's own directory, not the source tree.
+        let cwd = dir.path().to_path_buf();
         move || {
             Command::new(st)
+                .current_dir(cwd)
                 .arg("--config-file")
                 .arg(config)
                 .args(["run", &url])
