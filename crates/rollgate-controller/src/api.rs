@@ -947,17 +947,9 @@ async fn readyz(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
 #[utoipa::path(get, path = "/metrics", tag = "controller",
     responses((status = 200, description = "Prometheus text, or OpenMetrics when the scraper's Accept asks for it", content_type = "text/plain", body = String)))]
 async fn metrics(State(s): State<ApiState>, headers: HeaderMap) -> impl IntoResponse {
-    use rollgate_core::exposition as x;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    let om = s.ctx.metrics.render();
-    if x::wants_openmetrics(accept) {
-        ([(header::CONTENT_TYPE, x::OPENMETRICS_TEXT)], om)
-    } else {
-        (
-            [(header::CONTENT_TYPE, x::PROMETHEUS_TEXT)],
-            x::openmetrics_to_prometheus_text(&om),
-        )
-    }
+    let (body, kind) = s.ctx.metrics.expose(accept);
+    ([(header::CONTENT_TYPE, kind)], body)
 }
 
 async fn not_found() -> ApiError {

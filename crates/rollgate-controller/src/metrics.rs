@@ -247,13 +247,10 @@ impl ControllerMetrics {
         }
     }
 
-    pub fn render(&self) -> String {
-        let mut out = String::new();
+    /// The registry as the scraper's `Accept` asks: body and content type.
+    pub fn expose(&self, accept: Option<&str>) -> (String, &'static str) {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-            out.clear();
-        }
-        out
+        rollgate_process::expose(&registry, accept)
     }
 }
 
@@ -263,7 +260,7 @@ mod tests {
 
     #[test]
     fn every_rollback_reason_starts_at_zero_and_the_build_is_shown() {
-        let text = ControllerMetrics::default().render();
+        let text = ControllerMetrics::default().expose(None).0;
         for reason in rollgate_core::RollbackReason::CODES {
             assert!(
                 text.contains(&format!(

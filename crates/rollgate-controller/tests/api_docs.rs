@@ -460,7 +460,7 @@ async fn active_rollouts_show_phase_and_weight_until_they_end() {
     let state = common::api_state(store.clone(), Timestamp(0));
     let metrics = &state.ctx.metrics;
     metrics.set_active(&store.rollouts(true).expect("rollouts"));
-    let text = metrics.render();
+    let text = metrics.expose(None).0;
     assert!(
         text.contains(r#"rollgate_rollout_phase{model="m",phase="PENDING"} 1"#),
         "{text}"
@@ -506,7 +506,7 @@ async fn active_rollouts_show_phase_and_weight_until_they_end() {
     assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
     assert!(om.ends_with("# EOF\n"), "{om}");
     metrics.set_active(&[]);
-    let text = metrics.render();
+    let text = metrics.expose(None).0;
     assert!(!text.contains(r#"model="m""#), "{text}");
 }
 

@@ -1333,6 +1333,19 @@ fn with_approval(
     plan
 }
 
+/// A fresh rollout of `plan` with one approval step, and healthy traffic
+/// for both revisions from `seed`.
+fn approval_run(
+    plan: Plan,
+    before: ApprovalPoint,
+    deadline: Option<u64>,
+    on: OnDeadline,
+    seed: u64,
+) -> (RolloutSpec, Traffic, Run) {
+    let spec = spec(with_approval(plan, before, deadline, on));
+    (spec, Traffic::new(seed, 400, HEALTHY, HEALTHY), fresh())
+}
+
 /// Steps the rollout a second at a time over `(from, to]` seconds (or to
 /// its end), with the operator's `act` (if any) applied before each look.
 fn drive(
@@ -1405,14 +1418,13 @@ fn an_approval_step_holds_the_rollout_until_an_operator_approves() {
         quick_plan(),
         sequential_plan(rollgate_core::Advance::OnTime),
     ] {
-        let spec = spec(with_approval(
+        let (spec, mut traffic, mut r) = approval_run(
             plan,
             ApprovalPoint::Weight(25),
             None,
             OnDeadline::RollBack,
-        ));
-        let mut traffic = Traffic::new(7, 400, HEALTHY, HEALTHY);
-        let mut r = fresh();
+            7,
+        );
         drive(&spec, &mut r, &mut traffic, 900, |_, _| None);
         // Stopped before 25%, still judged, waiting (once audited).
         assert_eq!(
@@ -1469,15 +1481,13 @@ fn an_approval_step_holds_the_rollout_until_an_operator_approves() {
 
 #[test]
 fn an_unapproved_promotion_rolls_back_at_its_deadline_without_rejecting() {
-    let plan = with_approval(
+    let (spec, mut traffic, mut r) = approval_run(
         sequential_plan(rollgate_core::Advance::OnTime),
         ApprovalPoint::PROMOTION,
         Some(120),
         OnDeadline::RollBack,
+        3,
     );
-    let spec = spec(plan);
-    let mut traffic = Traffic::new(3, 400, HEALTHY, HEALTHY);
-    let mut r = fresh();
     drive(&spec, &mut r, &mut traffic, 3000, |_, _| None);
     assert_eq!(
         r.state.phase,
@@ -1504,15 +1514,13 @@ fn an_unapproved_promotion_rolls_back_at_its_deadline_without_rejecting() {
 
 #[test]
 fn a_held_approval_keeps_waiting_past_its_deadline_until_approved() {
-    let plan = with_approval(
+    let (spec, mut traffic, mut r) = approval_run(
         quick_plan(),
         ApprovalPoint::Weight(50),
         Some(60),
         OnDeadline::Hold,
+        5,
     );
-    let spec = spec(plan);
-    let mut traffic = Traffic::new(5, 400, HEALTHY, HEALTHY);
-    let mut r = fresh();
     drive(&spec, &mut r, &mut traffic, 1500, |_, _| None);
     assert_eq!(
         r.state.phase,
@@ -1538,15 +1546,13 @@ fn a_held_approval_keeps_waiting_past_its_deadline_until_approved() {
 
 #[test]
 fn a_breach_while_waiting_for_approval_still_rolls_back() {
-    let plan = with_approval(
+    let (spec, mut traffic, mut r) = approval_run(
         sequential_plan(rollgate_core::Advance::OnTime),
         ApprovalPoint::Weight(25),
         None,
         OnDeadline::RollBack,
+        9,
     );
-    let spec = spec(plan);
-    let mut traffic = Traffic::new(9, 400, HEALTHY, HEALTHY);
-    let mut r = fresh();
     drive(&spec, &mut r, &mut traffic, 900, |_, _| None);
     assert!(r.state.awaiting.is_some());
     traffic.candidate = failing(0.5);

@@ -256,8 +256,9 @@ impl Gateway {
         self.inner.snapshot()
     }
 
-    /// Prometheus text exposition, as served at `GET /metrics`.
+    /// Prometheus text exposition, as `GET /metrics` serves a scraper
+    /// that does not ask for OpenMetrics.
     pub fn metrics_text(&self) -> String {
-        metrics::render(&self.inner)
+        metrics::expose(&self.inner, None).0
     }
 }

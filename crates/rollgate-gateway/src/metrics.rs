@@ -226,14 +226,10 @@ impl Collector for SnapshotCollector {
     }
 }
 
-pub(crate) fn render(inner: &Inner) -> String {
+pub(crate) fn expose(inner: &Inner, accept: Option<&str>) -> (String, &'static str) {
     let mut registry = Registry::default();
     let routed = inner.routes.load().routed();
     registry.register_collector(Box::new(SnapshotCollector(inner.snapshot(), routed)));
     rollgate_process::register(&mut registry);
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-        out.clear();
-    }
-    out
+    rollgate_process::expose(&registry, accept)
 }

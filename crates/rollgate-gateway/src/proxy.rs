@@ -105,17 +105,11 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
         Endpoint::Stats => json_ok(serde_json::to_string(&inner.snapshot()).unwrap_or_default()),
         Endpoint::Metrics => {
-            use rollgate_core::exposition as x;
             let accept = req
                 .headers()
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            let om = crate::metrics::render(&inner);
-            let (body, kind) = if x::wants_openmetrics(accept) {
-                (om, x::OPENMETRICS_TEXT)
-            } else {
-                (x::openmetrics_to_prometheus_text(&om), x::PROMETHEUS_TEXT)
-            };
+            let (body, kind) = crate::metrics::expose(&inner, accept);
             let mut r = Response::new(Full::new(Bytes::from(body)));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));

@@ -174,13 +174,9 @@ impl ServerMetrics {
         }
     }
 
-    /// OpenMetrics text.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
+    /// The registry as the scraper's `Accept` asks: body and content type.
+    pub fn expose(&self, accept: Option<&str>) -> (String, &'static str) {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-            out.clear();
-        }
-        out
+        rollgate_process::expose(&registry, accept)
     }
 }

@@ -242,18 +242,11 @@ async fn measured(
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
     if req.method() == Method::GET && req.uri().path() == "/metrics" {
-        // Prometheus text, or OpenMetrics for a scraper that asks for it.
-        use rollgate_core::exposition as x;
         let accept = req
             .headers()
             .get(http::header::ACCEPT)
             .and_then(|v| v.to_str().ok());
-        let om = metrics.render();
-        let (body, kind) = if x::wants_openmetrics(accept) {
-            (om, x::OPENMETRICS_TEXT)
-        } else {
-            (x::openmetrics_to_prometheus_text(&om), x::PROMETHEUS_TEXT)
-        };
+        let (body, kind) = metrics.expose(accept);
         let mut r = Response::new(Full::new(Bytes::from(body)));
         r.headers_mut().insert(
             http::header::CONTENT_TYPE,

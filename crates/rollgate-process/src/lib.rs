@@ -14,6 +14,23 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+/// A registry as a scraper asked for it: OpenMetrics when its `Accept`
+/// names it, the Prometheus text format otherwise (see
+/// `rollgate_core::exposition`). Returns the body and its content type; the
+/// one place every rollgate `/metrics` endpoint encodes.
+pub fn expose(registry: &Registry, accept: Option<&str>) -> (String, &'static str) {
+    use rollgate_core::exposition as x;
+    let mut om = String::new();
+    if prometheus_client::encoding::text::encode(&mut om, registry).is_err() {
+        om.clear();
+    }
+    if x::wants_openmetrics(accept) {
+        (om, x::OPENMETRICS_TEXT)
+    } else {
+        (x::openmetrics_to_prometheus_text(&om), x::PROMETHEUS_TEXT)
+    }
+}
+
 /// Registers the process metrics in `registry` (read at every scrape).
 pub fn register(registry: &mut Registry) {
     registry.register_collector(Box::new(ProcessCollector));
