@@ -35,6 +35,8 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::reconcile::{Context, Error as ReconcileError, blocking, commit};
 
+mod timeline;
+
 /// An API error: status, stable code, message.
 #[derive(Debug)]
 pub struct ApiError {
@@ -409,6 +411,8 @@ struct RolloutQuery {
     /// Only rollouts older than this id: the next page after the last id
     /// of the previous one.
     before: Option<i64>,
+    /// Only this model's rollouts.
+    model: Option<String>,
 }
 
 /// A page of a list ordered by name (or, for revisions, by registration).
@@ -440,7 +444,7 @@ impl NamePage {
 }
 
 /// An operator action on a rollout (`POST /api/v1/rollouts/{id}/{action}`).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 enum RolloutAction {
     Pause,
@@ -448,6 +452,26 @@ enum RolloutAction {
     Abort,
     Promote,
     Approve,
+}
+
+impl RolloutAction {
+    const ALL: [RolloutAction; 5] = [
+        RolloutAction::Pause,
+        RolloutAction::Resume,
+        RolloutAction::Abort,
+        RolloutAction::Promote,
+        RolloutAction::Approve,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RolloutAction::Pause => "pause",
+            RolloutAction::Resume => "resume",
+            RolloutAction::Abort => "abort",
+            RolloutAction::Promote => "promote",
+            RolloutAction::Approve => "approve",
+        }
+    }
 }
 
 /// A rollout as the API shows it: the record, with the plan showing only
@@ -757,6 +781,7 @@ async fn list_rollouts(
     let page: Vec<RolloutSummary> = all
         .iter()
         .filter(|r| q.before.is_none_or(|b| r.id < b))
+        .filter(|r| q.model.as_ref().is_none_or(|m| *m == r.spec.model))
         .take(limit)
         .map(RolloutSummary::from)
         .collect();
@@ -1052,7 +1077,9 @@ fn require_json(headers: &HeaderMap) -> ApiResult<()> {
 /// Authenticates every request but the health checks, and refuses one
 /// whose identity's role is below what it needs (401, 403).
 async fn authorize(State(s): State<ApiState>, mut req: Request<Body>, next: Next) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+    if matches!(req.uri().path(), "/healthz" | "/readyz")
+        || crate::dashboard::is_dashboard(req.uri().path())
+    {
         return next.run(req).await;
     }
     let bearer = req
@@ -1130,6 +1157,33 @@ async fn authorize(State(s): State<ApiState>, mut req: Request<Body>, next: Next
     next.run(req).await
 }
 
+/// Who the caller is, and which rollout actions its role allows.
+#[derive(Serialize, ToSchema)]
+struct WhoAmI {
+    name: String,
+    role: Role,
+    /// The rollout actions (`POST /api/v1/rollouts/{id}/{action}`) this
+    /// identity may take: what the dashboard offers as buttons.
+    rollout_actions: Vec<RolloutAction>,
+}
+
+#[utoipa::path(get, path = "/api/v1/whoami", tag = "tokens",
+    responses((status = 200, description = "The caller's identity and role", body = WhoAmI)))]
+async fn whoami(Extension(me): Extension<Identity>) -> Json<WhoAmI> {
+    let rollout_actions = RolloutAction::ALL
+        .into_iter()
+        .filter(|a| {
+            let path = format!("/api/v1/rollouts/1/{}", a.as_str());
+            me.role >= required_role(&Method::POST, &path)
+        })
+        .collect();
+    Json(WhoAmI {
+        name: me.name,
+        role: me.role,
+        rollout_actions,
+    })
+}
+
 /// Compares without an early exit, so timing does not reveal the prefix.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -1145,10 +1199,14 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/openapi.json",
             get(move || std::future::ready(Json(Arc::clone(&spec)))),
         )
+        .merge(crate::dashboard::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        // gzip for clients that ask (browsers, Prometheus): a long
+        // rollout's timeline or an audit export shrinks several-fold.
+        .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
 
@@ -1179,6 +1237,8 @@ fn routes_and_spec() -> (Router<ApiState>, utoipa::openapi::OpenApi) {
         .routes(routes!(audit_verify))
         .routes(routes!(leader))
         .routes(routes!(notifications))
+        .routes(routes!(whoami))
+        .routes(routes!(timeline::timeline))
         .split_for_parts();
     // After the paths are in: the conventions apply to every operation.
     Conventions.modify(&mut spec);

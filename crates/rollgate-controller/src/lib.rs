@@ -10,6 +10,7 @@
 //! duplicate or half-apply one.
 
 pub mod api;
+pub mod dashboard;
 pub mod http;
 pub mod lead;
 pub mod metrics;

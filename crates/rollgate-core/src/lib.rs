@@ -12,6 +12,7 @@ pub mod gate;
 pub mod histogram;
 mod memo;
 pub mod plan;
+pub mod plot;
 pub mod policy;
 pub mod protocol;
 pub mod rollout;
@@ -21,6 +22,7 @@ pub mod spec;
 pub mod stage;
 pub mod stats;
 pub mod unit;
+pub mod words;
 
 pub use exposure::{Epoch, Exposure, GatewaySnapshot, Ledger, SeriesReport, epoch_label, epoch_of};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};

@@ -255,6 +255,13 @@ pub trait Store: Send + Sync {
 
     // --- audit ----------------------------------------------------------
     fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+    /// A rollout's records for reading at a glance: every one but its
+    /// evaluations, and of those about `points` evenly spaced (the last
+    /// always) plus every one that failed a gate. Returns them in order,
+    /// with how many evaluation records the rollout has. Its bodies are
+    /// read only for the records returned: a long rollout has tens of
+    /// thousands of evaluations.
+    fn audit_sample(&self, rollout: i64, points: u64) -> Result<(Vec<AuditRecord>, u64)>;
     /// Retention: prunes the bodies of evaluation records written before
     /// `before` (their digests keep the chain whole; decisions are never
     /// pruned). Returns how many.

@@ -1231,6 +1231,33 @@ impl Store for SqlStore {
         })
     }
 
+    fn audit_sample(&self, rollout: i64, points: u64) -> Result<(Vec<AuditRecord>, u64)> {
+        self.read_one(|db| {
+            let evaluated = db
+                .row(
+                    "SELECT COUNT(*) FROM audit WHERE rollout = ?1 AND kind = 'evaluated'",
+                    p![rollout],
+                )?
+                .map_or(Ok(0), |r| r.u64(0))?;
+            let every = evaluated.div_ceil(points.max(1)).max(1);
+            // Numbered in order, evaluations are kept at every `every`-th
+            // and the last; a failing one's canonical body says so (the
+            // caller reads the parsed outcome; this only keeps it).
+            let rows = db.rows(
+                &format!(
+                    "SELECT {AUDIT_COLS} FROM audit WHERE rollout = ?1 AND (kind <> 'evaluated' OR seq IN (
+                       SELECT seq FROM (
+                         SELECT seq, body, ROW_NUMBER() OVER (ORDER BY seq) AS n FROM audit
+                         WHERE rollout = ?1 AND kind = 'evaluated') numbered
+                       WHERE n % ?2 = 0 OR n = ?3 OR body LIKE '%\"outcome\":\"fail\"%'))
+                     ORDER BY seq"
+                ),
+                p![rollout, every, evaluated],
+            )?;
+            Ok((all(rows, audit_row)?, evaluated))
+        })
+    }
+
     fn heartbeat(&self, id: &str, stats_url: &str) -> Result<()> {
         self.write(|db, now| {
             db.exec(

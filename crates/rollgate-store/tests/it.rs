@@ -1418,3 +1418,90 @@ fn a_notification_cursor_is_kept_and_never_moves_back() {
         assert!(store.verify_audit().expect("verify").is_intact());
     });
 }
+
+#[test]
+fn a_sample_of_a_rollouts_evaluations_keeps_its_decisions_its_failures_and_its_last() {
+    use rollgate_core::{Actor, AuditEvent, AuditKind, StageVerdict};
+    for_each_store(|store, _| {
+        let ids = model_with_champion(store, 1);
+        let r = store
+            .create_rollout("risk", &ids[1], &Plan::default(), "alice")
+            .expect("rollout");
+        let verdict = |outcome: &str| -> StageVerdict {
+            serde_json::from_value(serde_json::json!({
+                "stage": "canary", "outcome": outcome, "reason": {"code": "stats_unavailable"},
+                "gross": false, "elapsed_ms": 0, "gates": []
+            }))
+            .expect("verdict")
+        };
+        let mut version = r.version;
+        for n in 1..=50 {
+            let kind = if n == 30 {
+                AuditKind::Paused
+            } else {
+                AuditKind::Evaluated
+            };
+            let outcome = if n == 17 { "fail" } else { "wait" };
+            let effects = [Effect::Audit {
+                event: Box::new(AuditEvent {
+                    kind,
+                    actor: Actor::Controller,
+                    from: Phase::Pending,
+                    to: Phase::Pending,
+                    verdict: Some(Arc::new(verdict(outcome))),
+                    note: Some(format!("look {n}")),
+                }),
+            }];
+            version = store
+                .apply(TransitionWrite {
+                    rollout: r.id,
+                    expected_version: version,
+                    state: &r.state,
+                    effects: &effects,
+                    actor: "controller",
+                    fence: None,
+                })
+                .expect("apply")
+                .version;
+        }
+        let everything = store
+            .audit(&AuditFilter {
+                rollout: Some(r.id),
+                ..AuditFilter::default()
+            })
+            .expect("audit");
+        let (sample, evaluated) = store.audit_sample(r.id, 10).expect("sample");
+        assert_eq!(evaluated, 49);
+        // Every record but evaluations, all of them.
+        let others = |rs: &[rollgate_store::AuditRecord]| -> Vec<u64> {
+            rs.iter()
+                .filter(|r| r.kind != "evaluated")
+                .map(|r| r.seq)
+                .collect()
+        };
+        assert_eq!(others(&sample), others(&everything));
+        assert!(others(&sample).len() >= 2, "created and paused");
+        // Evaluations: every 5th of 49 (5, 10, …, 45), the last (49th),
+        // and the failing one (the 17th), in order.
+        let evals: Vec<u64> = everything
+            .iter()
+            .filter(|r| r.kind == "evaluated")
+            .map(|r| r.seq)
+            .collect();
+        let kept: Vec<u64> = sample
+            .iter()
+            .filter(|r| r.kind == "evaluated")
+            .map(|r| r.seq)
+            .collect();
+        let mut want: Vec<u64> = (1..=49)
+            .filter(|n| n % 5 == 0 || *n == 49 || *n == 17)
+            .map(|n| evals[n - 1])
+            .collect();
+        want.sort_unstable();
+        assert_eq!(kept, want);
+        assert!(sample.windows(2).all(|w| w[0].seq < w[1].seq));
+        // Asking for more points than there are returns them all.
+        let (all, _) = store.audit_sample(r.id, 1_000).expect("sample");
+        assert_eq!(all.len(), everything.len());
+    });
+}

@@ -12,7 +12,7 @@ use rollgate_store::{AuditRecord, RolloutRecord};
 use serde_json::{Value, json};
 
 use crate::client::{Api, CallError};
-use crate::report;
+use rollgate_core::words;
 
 #[derive(Args, Debug, Clone)]
 pub struct Global {
@@ -381,7 +381,7 @@ pub fn token(g: &Global, cmd: &TokenCmd) -> anyhow::Result<ExitCode> {
                         vec![
                             s(t, "name"),
                             s(t, "role"),
-                            report::clean(&s(t, "created_by")).into_owned(),
+                            words::clean(&s(t, "created_by")).into_owned(),
                             if t["revoked_at"].is_null() {
                                 "no"
                             } else {
@@ -571,7 +571,7 @@ fn rollout_view(r: &RolloutRecord) -> String {
         if r.state.paused { "  (PAUSED)" } else { "" }
     );
     if r.state.phase.is_terminal() {
-        out.push_str(&format!("  {}\n", report::phase_line(&r.state.phase)));
+        out.push_str(&format!("  {}\n", words::phase_line(&r.state.phase)));
     }
     if let Some(a) = &r.state.awaiting {
         let deadline = r
@@ -602,11 +602,11 @@ fn rollout_view(r: &RolloutRecord) -> String {
     if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
         out.push_str(&format!(
             "  {}\n",
-            report::rejection_line(reason, &r.spec.plan)
+            words::rejection_line(reason, &r.spec.plan)
         ));
     }
     if r.state.phase == (rollgate_core::Phase::Promoted { manual: false }) {
-        out.push_str(&format!("  {}\n", report::promotion_line(&r.spec.plan)));
+        out.push_str(&format!("  {}\n", words::promotion_line(&r.spec.plan)));
     }
     if let Some(v) = &r.state.last_verdict {
         out.push_str(&format!(
@@ -615,7 +615,7 @@ fn rollout_view(r: &RolloutRecord) -> String {
             v.reason.code(),
             v.elapsed_ms as f64 / 1000.0
         ));
-        for line in report::verdict_lines(v) {
+        for line in words::verdict_lines(v) {
             out.push_str(&format!("    {line}\n"));
         }
     }
@@ -703,7 +703,7 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                         let phase = serde_json::from_value::<Phase>(r["phase"].clone()).ok()?;
                         Some(vec![
                             r["id"].to_string(),
-                            report::clean(&s(r, "model")).into_owned(),
+                            words::clean(&s(r, "model")).into_owned(),
                             s(r, "candidate"),
                             weight_label(&phase),
                             r["evaluations"].to_string(),
@@ -738,11 +738,11 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                     rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
                 match &rec.state.phase {
                     Phase::Promoted { .. } => {
-                        println!("{}", report::phase_line(&rec.state.phase));
+                        println!("{}", words::phase_line(&rec.state.phase));
                         return Ok(ExitCode::SUCCESS);
                     }
                     p @ (Phase::RolledBack { .. } | Phase::Aborted) => {
-                        println!("{}", report::phase_line(p));
+                        println!("{}", words::phase_line(p));
                         return Ok(ExitCode::from(3));
                     }
                     _ => {}
@@ -784,8 +784,8 @@ fn audit_line(r: &AuditRecord, local: bool) -> String {
         "#{:<5} {} {:<12} {:<20} {}",
         r.seq,
         rfc3339(r.at, local),
-        report::clean(&r.actor),
-        report::clean(&r.kind),
+        words::clean(&r.actor),
+        words::clean(&r.kind),
         r.rollout
             .map_or(String::from("-"), |id| format!("rollout {id}"))
     );
@@ -796,7 +796,7 @@ fn audit_line(r: &AuditRecord, local: bool) -> String {
             weight_label(&event.to)
         ));
         if let Some(note) = &event.note {
-            line.push_str(&format!("  ({})", report::clean(note)));
+            line.push_str(&format!("  ({})", words::clean(note)));
         }
         if let Some(v) = &event.verdict {
             line.push_str(&format!(
@@ -804,12 +804,12 @@ fn audit_line(r: &AuditRecord, local: bool) -> String {
                 v.outcome,
                 v.reason.code()
             ));
-            for l in report::verdict_lines(v) {
+            for l in words::verdict_lines(v) {
                 line.push_str(&format!("\n          {l}"));
             }
         }
     } else if let Some(reason) = r.body.get("reason").and_then(Value::as_str) {
-        line.push_str(&format!("  reason: {}", report::clean(reason)));
+        line.push_str(&format!("  reason: {}", words::clean(reason)));
     }
     line
 }

@@ -21,7 +21,7 @@ use rollgate_modelkit::traffic::{TrafficConfig, run as run_traffic};
 use rollgate_store::{ModelSpec, RevisionSpec, SqlStore, Store};
 use tokio::sync::watch;
 
-use crate::report;
+use rollgate_core::words;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -135,16 +135,16 @@ async fn rollout(
             last = now_label;
         }
         if r.state.phase.is_terminal() {
-            println!("  {}", report::phase_line(&r.state.phase));
+            println!("  {}", words::phase_line(&r.state.phase));
             if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
-                println!("  {}", report::rejection_line(reason, &r.spec.plan));
+                println!("  {}", words::rejection_line(reason, &r.spec.plan));
             }
             if r.state.phase == (rollgate_core::Phase::Promoted { manual: false }) {
-                println!("  {}", report::promotion_line(&r.spec.plan));
+                println!("  {}", words::promotion_line(&r.spec.plan));
             }
             if let Some(v) = &r.state.last_verdict {
                 println!("  evidence ({} s into the stage):", v.elapsed_ms / 1000);
-                for line in report::verdict_lines(v) {
+                for line in words::verdict_lines(v) {
                     println!("    {line}");
                 }
             }

@@ -7,7 +7,6 @@ mod demo;
 mod follow;
 mod gateway;
 mod kit;
-mod report;
 mod serve;
 mod sim;
 mod sim_demo;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rollgate_core::{AuditKind, Phase, Plan};
 use rollgate_sim::{ArmModel, Scenario, SimResult, simulate};
 
-use crate::report;
+use rollgate_core::words;
 
 struct Case {
     scenario: Scenario,
@@ -87,14 +87,14 @@ fn print_result(r: &SimResult, story: &str) {
                 )
             }
             AuditKind::Promoted | AuditKind::RolledBack => {
-                println!("  t={:>5.0}s  {}", t.at_s, report::phase_line(&e.to));
+                println!("  t={:>5.0}s  {}", t.at_s, words::phase_line(&e.to));
                 if let Some(v) = &e.verdict {
                     println!(
                         "  evidence at {} ({} s into the stage):",
                         phase_label(&e.from),
                         v.elapsed_ms / 1000
                     );
-                    for line in report::verdict_lines(v) {
+                    for line in words::verdict_lines(v) {
                         println!("    {line}");
                     }
                 }

@@ -1,7 +1,8 @@
-//! Verdicts in plain words, for people reading a terminal.
+//! Verdicts in plain words, for people: the CLI prints them, the admin
+//! API serves them to the dashboard, so both say the same thing.
 
-use rollgate_core::gate::{Evidence, QuantileComparison};
-use rollgate_core::{GateVerdict, Outcome, Phase, RollbackReason, StageVerdict};
+use crate::gate::{Evidence, QuantileComparison};
+use crate::{GateVerdict, Outcome, Phase, RollbackReason, StageVerdict};
 
 fn pct(x: f64) -> String {
     format!("{:.2}%", x * 100.0)
@@ -137,7 +138,7 @@ pub fn gate_line(g: &GateVerdict) -> String {
 }
 
 fn serde_reason(g: &GateVerdict) -> String {
-    use rollgate_core::Reason::*;
+    use crate::Reason::*;
     match &g.reason {
         WithinBudget => "within budget".into(),
         InsufficientSamples { have, need } => format!("{have}/{need} samples"),
@@ -162,8 +163,8 @@ pub fn phase_line(p: &Phase) -> String {
 }
 
 /// What an automatic promotion under `plan` guarantees, in words.
-pub fn promotion_line(plan: &rollgate_core::Plan) -> String {
-    use rollgate_core::{Advance, Policy};
+pub fn promotion_line(plan: &crate::Plan) -> String {
+    use crate::{Advance, Policy};
     match (plan.policy, plan.sequential.advance) {
         (Policy::Sequential, Advance::OnTime) => format!(
             "guarantee: no regression was shown (advance = on_time); a regression too small \
@@ -185,7 +186,7 @@ pub fn promotion_line(plan: &rollgate_core::Plan) -> String {
 }
 
 /// Whether a rollback rejected (blocked) the candidate, in words.
-pub fn rejection_line(r: &RollbackReason, plan: &rollgate_core::Plan) -> String {
+pub fn rejection_line(r: &RollbackReason, plan: &crate::Plan) -> String {
     if r.rejects(plan) {
         "candidate REJECTED: blocked from new rollouts until an operator unblocks it".into()
     } else {
@@ -194,8 +195,7 @@ pub fn rejection_line(r: &RollbackReason, plan: &rollgate_core::Plan) -> String 
 }
 
 fn rollback_words(r: &RollbackReason) -> String {
-    let names =
-        |g: &[rollgate_core::GateKind]| g.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
+    let names = |g: &[crate::GateKind]| g.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
     match r {
         RollbackReason::ReadinessTimeout => "the candidate never became ready".into(),
         RollbackReason::Breach {
@@ -266,7 +266,7 @@ pub fn verdict_lines(v: &StageVerdict) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rollgate_core::{GateKind, Plan, plan::RejectOn};
+    use crate::{GateKind, Plan, plan::RejectOn};
 
     #[test]
     fn a_rollback_says_whether_it_rejected_the_candidate() {
@@ -304,9 +304,9 @@ mod tests {
     fn a_promotion_says_what_it_guarantees_under_each_advance_mode() {
         let mut plan = Plan::default();
         assert!(promotion_line(&plan).contains("no regression was shown"));
-        plan.sequential.advance = rollgate_core::Advance::OnEvidence;
+        plan.sequential.advance = crate::Advance::OnEvidence;
         assert!(promotion_line(&plan).contains("within its margin"));
-        plan.policy = rollgate_core::Policy::Windowed;
+        plan.policy = crate::Policy::Windowed;
         assert!(promotion_line(&plan).contains("fixed-window"));
     }
 }

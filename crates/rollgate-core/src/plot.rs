@@ -1,0 +1,286 @@
+//! A gate's evidence as one number (or interval) against the limit it is
+//! judged by: what the dashboard plots over a rollout's evaluations. One
+//! measure per gate, chosen as the policy decides: the e-process against
+//! its threshold under `sequential`, the bound against the margin under
+//! `windowed`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::gate::{Evidence, QuantileComparison};
+use crate::sequential::metric_alpha;
+use crate::{GateVerdict, Plan};
+
+/// Which side of the limit fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Fails {
+    /// The gate fails when the measure (its lower bound) rises above the limit.
+    Above,
+    /// The gate fails when the measure (its upper bound) falls below the limit.
+    Below,
+}
+
+/// One evaluation of one gate, as plotted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GatePoint {
+    /// What is plotted, in words (e.g. "failures e-value").
+    pub measure: String,
+    /// The point estimate (or the e-value).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper: Option<f64>,
+    /// The threshold or margin the gate judges by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+    pub fails: Fails,
+    /// Plot on a log scale (e-values).
+    pub log: bool,
+}
+
+impl GatePoint {
+    fn interval(measure: &str, lower: f64, upper: f64, limit: Option<f64>, fails: Fails) -> Self {
+        GatePoint {
+            measure: measure.into(),
+            value: None,
+            lower: Some(lower),
+            upper: Some(upper),
+            limit,
+            fails,
+            log: false,
+        }
+    }
+
+    fn e_value(measure: &str, e: f64, threshold: f64) -> Self {
+        GatePoint {
+            measure: measure.into(),
+            value: Some(e),
+            lower: None,
+            upper: None,
+            limit: Some(threshold),
+            fails: Fails::Above,
+            log: true,
+        }
+    }
+}
+
+fn ms(us: Option<u64>) -> Option<f64> {
+    us.map(|u| u as f64 / 1000.0)
+}
+
+/// A latency quantile: the candidate's bounds in ms against the champion's
+/// upper bound widened by both margins (a regression must exceed both).
+fn latency(name: &str, q: &QuantileComparison) -> GatePoint {
+    let limit = ms(q.champion.upper_us).map(|up| (up * q.max_ratio).max(up + q.max_added_ms));
+    GatePoint {
+        measure: format!("{name} candidate (ms)"),
+        value: ms(Some(q.candidate.estimate_us)),
+        lower: ms(q.candidate.lower_us),
+        upper: ms(q.candidate.upper_us),
+        limit,
+        fails: Fails::Above,
+        log: false,
+    }
+}
+
+/// The plotted measure of one gate's verdict under `plan`; `None` when the
+/// evidence has nothing to plot yet (no samples).
+pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
+    let alpha = metric_alpha(plan);
+    Some(match &g.evidence {
+        Evidence::ErrorRate {
+            difference,
+            margin,
+            e_value,
+            ..
+        } => match e_value {
+            Some(e) => GatePoint::e_value("failures e-value", *e, 2.0 / alpha),
+            None => GatePoint::interval(
+                "error-rate difference",
+                difference.lower,
+                difference.upper,
+                Some(*margin),
+                Fails::Above,
+            ),
+        },
+        Evidence::Latency { median, tail, .. } => match (tail, median) {
+            (Some(t), _) => latency("p95", t),
+            (None, Some(m)) => latency("p50", m),
+            (None, None) => return None,
+        },
+        Evidence::PredictionShift {
+            classes,
+            margin,
+            e_value,
+            ..
+        } => match e_value {
+            Some(e) => GatePoint::e_value("class-shift e-value", *e, 1.0 / alpha),
+            None => {
+                // The class whose difference is farthest from zero.
+                let far = |d: &crate::stats::Interval| d.lower.max(-d.upper);
+                let worst = classes
+                    .iter()
+                    .max_by(|a, b| far(&a.difference).total_cmp(&far(&b.difference)))?;
+                GatePoint {
+                    measure: format!("class {:?}: distance of the difference from 0", worst.class),
+                    value: Some(far(&worst.difference)),
+                    lower: None,
+                    upper: None,
+                    limit: Some(*margin),
+                    fails: Fails::Above,
+                    log: false,
+                }
+            }
+        },
+        Evidence::ShadowAgreement {
+            pairs,
+            agreement,
+            min_agreement,
+            ..
+        } => {
+            if *pairs == 0 {
+                return None;
+            }
+            GatePoint::interval(
+                "shadow agreement",
+                agreement.lower,
+                agreement.upper,
+                Some(*min_agreement),
+                Fails::Below,
+            )
+        }
+        Evidence::GuardRails {
+            error_rate,
+            max_error_rate,
+            p95,
+            max_p95_ms,
+            ..
+        } => match (max_error_rate, max_p95_ms) {
+            (None, Some(max)) => GatePoint {
+                measure: "p95 candidate (ms)".into(),
+                value: ms(p95.map(|b| b.estimate_us)),
+                lower: ms(p95.and_then(|b| b.lower_us)),
+                upper: ms(p95.and_then(|b| b.upper_us)),
+                limit: Some(*max),
+                fails: Fails::Above,
+                log: false,
+            },
+            (max, _) => GatePoint::interval(
+                "candidate error rate",
+                error_rate.lower,
+                error_rate.upper,
+                *max,
+                Fails::Above,
+            ),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+    use crate::gate::{Counts, GateKind, Outcome, Reason};
+    use crate::histogram::QuantileBounds;
+    use crate::stats::Interval;
+
+    fn verdict(evidence: Evidence) -> GateVerdict {
+        GateVerdict {
+            gate: GateKind::ErrorRate,
+            outcome: Outcome::Wait,
+            reason: Reason::Inconclusive,
+            evidence,
+        }
+    }
+
+    fn error_rate(e_value: Option<f64>) -> Evidence {
+        let c = Counts {
+            failures: 1,
+            requests: 100,
+            rate: 0.01,
+        };
+        Evidence::ErrorRate {
+            candidate: c,
+            champion: c,
+            difference: Interval {
+                lower: -0.02,
+                upper: 0.03,
+            },
+            margin: 0.01,
+            candidate_rate: Interval {
+                lower: 0.0,
+                upper: 0.05,
+            },
+            champion_rate: Interval {
+                lower: 0.0,
+                upper: 0.05,
+            },
+            e_value,
+            client_error_e_value: None,
+            pass_e_value: None,
+            design_effect: None,
+        }
+    }
+
+    #[test]
+    fn sequential_plots_the_e_process_against_two_over_its_alpha() {
+        let plan = Plan::default();
+        assert_eq!(plan.policy, Policy::Sequential);
+        let p = gate_point(&verdict(error_rate(Some(3.0))), &plan).expect("point");
+        assert_eq!(p.value, Some(3.0));
+        assert!(p.log);
+        let limit = p.limit.expect("limit");
+        assert!((limit - 2.0 / metric_alpha(&plan)).abs() < 1e-9, "{limit}");
+        assert_eq!(p.fails, Fails::Above);
+    }
+
+    #[test]
+    fn windowed_plots_the_bound_against_the_margin() {
+        let plan = Plan::default();
+        let p = gate_point(&verdict(error_rate(None)), &plan).expect("point");
+        assert_eq!(
+            (p.lower, p.upper, p.limit),
+            (Some(-0.02), Some(0.03), Some(0.01))
+        );
+        assert!(!p.log);
+    }
+
+    #[test]
+    fn latency_is_judged_against_the_larger_of_both_margins() {
+        let q = |est, lo, up| QuantileBounds {
+            estimate_us: est,
+            lower_us: lo,
+            upper_us: up,
+        };
+        let cmp = QuantileComparison {
+            quantile: 0.95,
+            candidate: q(30_000, Some(28_000), Some(32_000)),
+            champion: q(20_000, Some(19_000), Some(21_000)),
+            max_ratio: 1.2,
+            max_added_ms: 10.0,
+            regressed: false,
+            not_regressed: false,
+        };
+        let ev = Evidence::Latency {
+            candidate_successes: 100,
+            champion_successes: 100,
+            median: None,
+            tail: Some(cmp),
+        };
+        let p = gate_point(&verdict(ev), &Plan::default()).expect("point");
+        // max(21 × 1.2, 21 + 10) = 31 ms.
+        assert_eq!(p.limit, Some(31.0));
+        assert_eq!((p.lower, p.upper), (Some(28.0), Some(32.0)));
+        let empty = Evidence::Latency {
+            candidate_successes: 0,
+            champion_successes: 0,
+            median: None,
+            tail: None,
+        };
+        assert_eq!(gate_point(&verdict(empty), &Plan::default()), None);
+    }
+}

@@ -1,0 +1,159 @@
+// Drives Debian's Chromium (playwright-core) against a running rollgate
+// controller's dashboard, one check per run; crates/rollgate/tests/dashboard.rs
+// starts the stack and runs each check. Every check fails (exit 1) on a
+// console error or an uncaught page error, and every wait is bounded.
+//
+//   node dashboard.mjs CHECK BASE_URL TOKEN ARG... (env ROLLGATE_CHROMIUM)
+//
+//   follow ID SHOT       sees rollout ID in SHADOW, prints "seen shadow",
+//                        then sees it reach PROMOTED; screenshot to SHOT;
+//                        prints the phases the page showed, in order
+//   why MODEL ID SHOT    from the model's page, one click on rollout ID:
+//                        the reason and the deciding bound are on the page
+//   abort ID             aborts rollout ID from the page, with a reason
+//   viewer ID            a viewer sees rollout ID without action buttons
+//   weigh ID             bytes transferred for the page and rollout ID's
+//                        view, and the time until its plots are drawn
+import { chromium } from "playwright-core";
+
+const [check, base, token, ...args] = process.argv.slice(2);
+const TIMEOUT = 60_000;
+const problems = [];
+
+function fail(msg) {
+  console.error(`FAIL ${check}: ${msg}`);
+  process.exitCode = 1;
+}
+
+// Playwright starts Chromium with a fresh, temporary profile of its own.
+const browser = await chromium.launch({
+  executablePath: process.env.ROLLGATE_CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+    "--disable-quic", "--disable-component-update", "--disable-sync"],
+  headless: true,
+  timeout: TIMEOUT,
+});
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 1000 } });
+  // The token as the sign-in form would keep it.
+  await context.addInitScript((t) => sessionStorage.setItem("rollgate.token", t), token);
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  page.on("console", (m) => { if (m.type() === "error") problems.push(`console: ${m.text()}`); });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+  await run(page);
+  await context.close();
+} catch (e) {
+  fail(e.stack || String(e));
+} finally {
+  await browser.close();
+}
+if (problems.length) fail(problems.join("\n"));
+
+async function open(page, hash) {
+  await page.goto(`${base}/dashboard/?refresh=250${hash}`);
+  await page.waitForSelector("body[data-ready=true]");
+}
+
+function phaseOf(page) {
+  return page.getAttribute("h1 [data-phase]", "data-phase", { timeout: 1000 });
+}
+
+async function run(page) {
+  switch (check) {
+    case "follow": {
+      const [id, shot] = args;
+      await open(page, `#/rollouts/${id}`);
+      const seen = [];
+      let announced = false;
+      const deadline = Date.now() + 120_000;
+      while (Date.now() < deadline) {
+        const p = await phaseOf(page).catch(() => null);
+        const weight = p === "canary" ? await page.textContent("h1 [data-phase]") : p;
+        if (weight && seen[seen.length - 1] !== weight) {
+          seen.push(weight);
+          if (p === "shadow" && !announced) { announced = true; console.log("seen shadow"); }
+        }
+        if (p === "promoted" || p === "rolled_back" || p === "aborted") break;
+        await page.waitForTimeout(100);
+      }
+      console.log(`phases ${JSON.stringify(seen)}`);
+      if (seen[seen.length - 1] !== "promoted") fail(`did not end PROMOTED: ${seen}`);
+      if (!seen.includes("shadow")) fail(`never showed SHADOW: ${seen}`);
+      if (seen.indexOf("shadow") > seen.findIndex((s) => s.startsWith("CANARY"))) fail(`SHADOW after CANARY: ${seen}`);
+      // Give the page one refresh with the final record, then keep it.
+      await page.waitForSelector("[data-gate] svg polyline", { state: "attached", timeout: 15_000 });
+      await page.waitForTimeout(600);
+      const why = await page.textContent("[data-phase-line]");
+      if (!why.includes("PROMOTED")) fail(`phase line: ${why}`);
+      await page.screenshot({ path: shot, fullPage: true });
+      break;
+    }
+    case "why": {
+      const [model, id, shot] = args;
+      await open(page, `#/models/${encodeURIComponent(model)}`);
+      await page.click(`[data-rollout="${id}"]`);
+      await page.waitForSelector("[data-phase-line]");
+      await page.waitForSelector("[data-gate] svg polyline", { state: "attached", timeout: 15_000 });
+      const why = await page.textContent("[data-phase-line]");
+      const verdict = await page.textContent("#verdict");
+      console.log(`why ${why}`);
+      console.log(`verdict ${verdict}`);
+      if (!why.includes("ROLLED BACK")) fail(`no rollback reason on the page: ${why}`);
+      // The deciding bound: the gate's FAIL line with its interval or e-value.
+      if (!/FAIL/.test(verdict) || !/(difference in \[|e-value \d)/.test(verdict)) fail(`no deciding bound: ${verdict}`);
+      if ((await page.locator("[data-gate] circle.failpt").count()) === 0) fail("the failing evaluation is not marked on the plot");
+      await page.screenshot({ path: shot, fullPage: true });
+      break;
+    }
+    case "abort": {
+      const [id] = args;
+      await open(page, `#/rollouts/${id}`);
+      await page.click('[data-action="abort"]');
+      await page.fill('[data-reason="abort"]', "aborted from the dashboard");
+      await page.click('[data-confirm="abort"]');
+      await page.waitForFunction(() => document.querySelector("h1 [data-phase]")?.dataset.phase === "aborted");
+      console.log(`after abort ${await page.textContent("[data-phase-line]")}`);
+      if (await page.isVisible('[data-action="abort"]')) fail("an ended rollout still offers abort");
+      break;
+    }
+    case "viewer": {
+      const [id] = args;
+      await open(page, `#/rollouts/${id}`);
+      const who = await page.textContent("#who");
+      if (!who.includes("viewer")) fail(`not signed in as a viewer: ${who}`);
+      const buttons = await page.locator("[data-action], [data-confirm], #actions").count();
+      if (buttons !== 0) fail(`a viewer is offered ${buttons} action buttons`);
+      const phase = await phaseOf(page);
+      console.log(`viewer sees ${phase} and ${buttons} action buttons`);
+      break;
+    }
+    case "weigh": {
+      const [id] = args;
+      await open(page, `#/rollouts/${id}`);
+      await page.waitForSelector("[data-gate] svg polyline", { state: "attached", timeout: 15_000 });
+      // From the start of the navigation by the page's own clock (the
+      // browser's start-up is not counted) to the plots in the document.
+      const drawn = Math.round(await page.evaluate(() => performance.now()));
+      const sizes = await page.evaluate(() => {
+        const nav = performance.getEntriesByType("navigation")[0];
+        // The first load of each file (later ones are the live refresh).
+        const seen = new Set();
+        const files = [];
+        for (const r of performance.getEntriesByType("resource")) {
+          const path = new URL(r.name).pathname + new URL(r.name).search;
+          if (seen.has(path)) continue;
+          seen.add(path);
+          files.push([path, r.transferSize, Math.round(r.duration)]);
+        }
+        return { page: nav.transferSize, files };
+      });
+      const total = sizes.page + sizes.files.reduce((a, [, n]) => a + n, 0);
+      console.log(JSON.stringify({ drawn_ms: drawn, transferred_bytes: total, ...sizes,
+        points: await page.locator("[data-gate]").count() }));
+      break;
+    }
+    default:
+      fail(`unknown check ${check}`);
+  }
+}
