@@ -61,9 +61,10 @@ function phaseName(p) {
   if (p.phase === "canary") return `CANARY ${p.weight_percent}%`;
   return p.phase.toUpperCase();
 }
-function phaseBadge(p, paused) {
-  return h("span", { class: `badge phase-${p.phase}`, "data-phase": p.phase },
+function phaseBadge(p, paused, dryRun) {
+  const badge = h("span", { class: `badge phase-${p.phase}`, "data-phase": p.phase },
     phaseName(p) + (paused ? " (paused)" : ""));
+  return dryRun ? h("span", {}, badge, " ", h("span", { class: "badge dry-run", "data-dry-run": "" }, "DRY RUN")) : badge;
 }
 const ended = (p) => ["promoted", "rolled_back", "aborted"].includes(p.phase);
 const approvalPoint = (a) => (a === "promotion" ? "promotion" : `${a}%`);
@@ -79,7 +80,7 @@ async function overview() {
     h("td", {}, h("a", { href: `#/rollouts/${r.id}` }, `#${r.id}`)),
     h("td", {}, h("a", { href: `#/models/${encodeURIComponent(r.model)}` }, r.model)),
     h("td", {}, `${r.champion} → ${r.candidate}`),
-    h("td", {}, phaseBadge(r.phase, r.paused)),
+    h("td", {}, phaseBadge(r.phase, r.paused, r.dry_run)),
     h("td", {}, `${r.weight_percent}%`),
     h("td", {}, String(r.evaluations))));
   const modelRows = models.map((m) => h("tr", {},
@@ -112,7 +113,7 @@ async function modelView(name) {
   const rollRows = rollouts.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `#/rollouts/${r.id}`, "data-rollout": r.id }, `#${r.id}`)),
     h("td", {}, `${r.champion} → ${r.candidate}`),
-    h("td", {}, phaseBadge(r.phase, r.paused)),
+    h("td", {}, phaseBadge(r.phase, r.paused, r.dry_run)),
     h("td", {}, r.phase.reason ? r.phase.reason.code.replaceAll("_", " ") : ""),
     h("td", {}, time(r.updated_at))));
   return [
@@ -234,7 +235,7 @@ async function rolloutView(id) {
     ? h("p", { id: "awaiting", class: "wait" }, `Waiting for an operator (role operator or admin) to approve ${approvalPoint(st.awaiting.before)} since ${time(st.awaiting.since)}` + (st.awaiting.deadline_passed ? " — its deadline has passed; holding." : "."))
     : null;
   return [
-    h("h1", {}, `Rollout #${r.id} of `, h("a", { href: `#/models/${encodeURIComponent(r.spec.model)}` }, r.spec.model), " ", phaseBadge(st.phase, st.paused)),
+    h("h1", {}, `Rollout #${r.id} of `, h("a", { href: `#/models/${encodeURIComponent(r.spec.model)}` }, r.spec.model), " ", phaseBadge(st.phase, st.paused, r.spec.plan.mode === "observe")),
     h("section", { id: "why" },
       h("p", { class: "why", "data-phase-line": "" }, tl.phase_line),
       tl.outcome_lines.map((l) => h("p", {}, l)),

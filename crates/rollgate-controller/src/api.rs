@@ -140,7 +140,10 @@ impl From<StepError> for ApiError {
             StepError::Terminal { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "rollout_finished", e.to_string())
             }
-            StepError::AlreadyPaused | StepError::NotPaused | StepError::NothingToApprove => {
+            StepError::AlreadyPaused
+            | StepError::NotPaused
+            | StepError::NothingToApprove
+            | StepError::DryRunCannotPromote => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
         }
@@ -553,6 +556,9 @@ struct RolloutSummary {
     candidate: String,
     phase: rollgate_core::Phase,
     paused: bool,
+    /// A dry run (plan `mode = "observe"`): its decisions are recorded,
+    /// not taken.
+    dry_run: bool,
     weight_percent: u32,
     evaluations: u64,
     version: u64,
@@ -569,6 +575,7 @@ impl From<&RolloutRecord> for RolloutSummary {
             candidate: r.spec.candidate.clone(),
             phase: r.state.phase.clone(),
             paused: r.state.paused,
+            dry_run: !r.spec.plan.mode.is_enforce(),
             weight_percent: r.routing.candidate_weight_bp / 100,
             evaluations: r.state.evaluations,
             version: r.version,

@@ -419,13 +419,23 @@ pub fn summary(rec: &AuditRecord) -> String {
         .get("reason")
         .and_then(|r| r.as_str())
         .map(str::to_string);
+    // A dry run's decisions were recorded, not taken: said first.
+    let dry = if event.as_ref().is_some_and(|e| e.dry_run) {
+        "[dry run] "
+    } else {
+        ""
+    };
     match why.or(note).filter(|w| !w.is_empty()) {
         Some(w) => format!(
-            "{what} {} by {}: {w}",
+            "{dry}{what} {} by {}: {w}",
             rec.kind.replace('_', " "),
             rec.actor
         ),
-        None => format!("{what} {} by {}", rec.kind.replace('_', " "), rec.actor),
+        None => format!(
+            "{dry}{what} {} by {}",
+            rec.kind.replace('_', " "),
+            rec.actor
+        ),
     }
 }
 

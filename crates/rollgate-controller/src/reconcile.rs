@@ -425,6 +425,7 @@ fn log_decision(before: &RolloutRecord, after: &RolloutRecord) {
         from = from.name(),
         to = to.name(),
         weight_bp = after.routing.candidate_weight_bp,
+        dry_run = !after.spec.plan.mode.is_enforce(),
         reason,
         "decision"
     );
@@ -470,7 +471,10 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
         if evaluated {
             ctx.metrics.evaluation();
         }
-        if let Phase::RolledBack { reason } = &next {
+        // A dry run's "rollback" took nothing back: not counted as one.
+        if let Phase::RolledBack { reason } = &next
+            && rec.spec.plan.mode.is_enforce()
+        {
             ctx.metrics.rollback(reason.code());
         }
         if done.state.phase.is_terminal() {

@@ -21,6 +21,7 @@ fn evaluated(store: &dyn Store, id: i64) {
             to: Phase::Pending,
             verdict: None,
             note: None,
+            dry_run: false,
         }),
     }];
     store

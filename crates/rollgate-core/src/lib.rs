@@ -27,7 +27,7 @@ pub mod words;
 pub use exposure::{Epoch, Exposure, GatewaySnapshot, Ledger, SeriesReport, epoch_label, epoch_of};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
-pub use plan::{Advance, Plan, PlanError, Policy};
+pub use plan::{Advance, Mode, Plan, PlanError, Policy};
 pub use policy::{PolicyTests, sequential, windowed};
 pub use protocol::Protocol;
 pub use rollout::{

@@ -72,6 +72,34 @@ pub struct Plan {
     /// Points a person must approve before the rollout passes them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalStep>,
+    /// `enforce` (the default) moves traffic and the registry; `observe` is
+    /// a dry run (see [`Mode`]).
+    #[serde(skip_serializing_if = "Mode::is_enforce")]
+    pub mode: Mode,
+}
+
+/// Whether a rollout's decisions take effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Decisions move traffic, promote and reject.
+    #[default]
+    Enforce,
+    /// A dry run: every gate is evaluated on live traffic and every
+    /// decision the rollout would take is recorded (marked `dry_run`), but
+    /// no user is ever served by the candidate — it gets mirrored copies of
+    /// the traffic at each stage's share (the shadow's share in SHADOW, the
+    /// step's weight in a canary step) — and nothing in the registry
+    /// changes: a "promotion" leaves the champion, a "rollback" rejects
+    /// nothing. Approval steps are not waited for.
+    Observe,
+}
+
+impl Mode {
+    pub fn is_enforce(&self) -> bool {
+        *self == Mode::Enforce
+    }
 }
 
 /// A step that waits for a person: once the stage before `before` has
@@ -253,6 +281,7 @@ impl Default for Plan {
             fallback_to_champion: false,
             gates: Gates::default(),
             approvals: Vec::new(),
+            mode: Mode::Enforce,
         }
     }
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exposure::{Epoch, Exposure, Ledger};
 use crate::gate::{GateKind, Outcome};
-use crate::plan::{ApprovalPoint, Assignment, OnDeadline, Plan, Policy, RejectOn};
+use crate::plan::{ApprovalPoint, Assignment, Mode, OnDeadline, Plan, Policy, RejectOn};
 use crate::policy::PolicyTests;
 use crate::policy::sequential::{self, SequentialInput, SequentialState};
 use crate::policy::windowed::{self, WindowedTests};
@@ -460,6 +460,9 @@ pub struct AuditEvent {
     pub verdict: Option<Arc<StageVerdict>>,
     /// Operator's reason, or the controller's explanation.
     pub note: Option<String>,
+    /// A dry run's decision (plan `mode = "observe"`): recorded, not taken.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// What the controller must do, in order. Routing returns to the champion
@@ -500,6 +503,8 @@ pub enum StepError {
     ReasonRequired { action: &'static str },
     #[error("the rollout is not waiting for an approval")]
     NothingToApprove,
+    #[error("a dry run (mode = \"observe\") cannot promote: abort it and start a rollout")]
+    DryRunCannotPromote,
 }
 
 /// Advances a rollout by one input. Pure: no clock, no I/O.
@@ -515,9 +520,52 @@ pub fn step(
     };
     match input {
         Input::Observe(obs) => observe(spec, &mut t, obs, now),
-        Input::Operator { actor, action } => operate(&mut t, actor, action)?,
+        Input::Operator { actor, action } => {
+            if spec.plan.mode == Mode::Observe && matches!(action, OperatorAction::Promote { .. }) {
+                return Err(StepError::DryRunCannotPromote);
+            }
+            operate(&mut t, actor, action)?
+        }
+    }
+    if spec.plan.mode == Mode::Observe {
+        dry_run(state, &mut t);
     }
     Ok(t)
+}
+
+/// A dry run's transition: the enforcing one with its consequences taken
+/// out. The decisions (phases, verdicts, audit records) are the same; the
+/// candidate never serves a user — a live share becomes a mirrored one of
+/// the same size, and a "promotion" routes everything back to the
+/// champion — and the registry is never touched (no promotion, no
+/// rejection). Every audit record says it was a dry run.
+fn dry_run(before: &RolloutState, t: &mut Transition) {
+    let promoted_now = matches!(t.state.phase, Phase::Promoted { .. })
+        && !matches!(before.phase, Phase::Promoted { .. });
+    let mut effects = Vec::with_capacity(t.effects.len() + 1);
+    for effect in t.effects.drain(..) {
+        match effect {
+            Effect::PromoteCandidate | Effect::RejectCandidate => {}
+            Effect::SetRouting { routing } => effects.push(Effect::SetRouting {
+                routing: Routing {
+                    candidate_weight_bp: 0,
+                    mirror_bp: routing.mirror_bp.max(routing.candidate_weight_bp),
+                    ..routing
+                },
+            }),
+            Effect::Audit { mut event } => {
+                if promoted_now && event.kind == AuditKind::Promoted {
+                    // Routing returns to the champion before the record.
+                    effects.push(Effect::SetRouting {
+                        routing: Routing::CHAMPION_ONLY,
+                    });
+                }
+                event.dry_run = true;
+                effects.push(Effect::Audit { event });
+            }
+        }
+    }
+    t.effects = effects;
 }
 
 fn audit(
@@ -537,6 +585,7 @@ fn audit(
             to,
             verdict,
             note,
+            dry_run: false,
         }),
     });
 }
@@ -648,7 +697,10 @@ fn advance(
         Some(Phase::Canary { weight_percent, .. }) => ApprovalPoint::Weight(*weight_percent),
         _ => ApprovalPoint::PROMOTION,
     };
-    if spec.plan.approval_before(point).is_some() && !t.state.approved.contains(&point) {
+    if spec.plan.approval_before(point).is_some()
+        && !t.state.approved.contains(&point)
+        && spec.plan.mode != Mode::Observe
+    {
         // The stage passed; what comes next waits for a person.
         if t.state.awaiting.is_none() {
             t.state.awaiting = Some(Awaiting {

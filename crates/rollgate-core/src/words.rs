@@ -162,9 +162,28 @@ pub fn phase_line(p: &Phase) -> String {
     }
 }
 
+/// The phase of a rollout under `plan` in words: a dry run (`mode =
+/// "observe"`) says so, and that its ending changed nothing.
+pub fn rollout_phase_line(plan: &crate::Plan, p: &Phase) -> String {
+    match (plan.mode, p.is_terminal()) {
+        (crate::Mode::Enforce, _) => phase_line(p),
+        (crate::Mode::Observe, false) => format!(
+            "DRY RUN (routing and registry unchanged): {}",
+            phase_line(p)
+        ),
+        (crate::Mode::Observe, true) => format!(
+            "DRY RUN, nothing was changed; a real rollout would have ended {}",
+            phase_line(p)
+        ),
+    }
+}
+
 /// What an automatic promotion under `plan` guarantees, in words.
 pub fn promotion_line(plan: &crate::Plan) -> String {
     use crate::{Advance, Policy};
+    if plan.mode == crate::Mode::Observe {
+        return "dry run: the champion is unchanged; start a rollout (mode = \"enforce\") to promote".into();
+    }
     match (plan.policy, plan.sequential.advance) {
         (Policy::Sequential, Advance::OnTime) => format!(
             "guarantee: no regression was shown (advance = on_time); a regression too small \
@@ -187,6 +206,16 @@ pub fn promotion_line(plan: &crate::Plan) -> String {
 
 /// Whether a rollback rejected (blocked) the candidate, in words.
 pub fn rejection_line(r: &RollbackReason, plan: &crate::Plan) -> String {
+    if plan.mode == crate::Mode::Observe {
+        let would = if r.rejects(plan) {
+            "would have"
+        } else {
+            "would not have"
+        };
+        return format!(
+            "dry run: candidate not rejected (a real rollout's rollback {would} rejected it)"
+        );
+    }
     if r.rejects(plan) {
         "candidate REJECTED: blocked from new rollouts until an operator unblocks it".into()
     } else {

@@ -1676,3 +1676,147 @@ proptest! {
         }
     }
 }
+
+// --- dry runs (plan `mode = "observe"`) -------------------------------------
+
+fn dry(mut plan: Plan) -> RolloutSpec {
+    plan.mode = rollgate_core::Mode::Observe;
+    spec(plan)
+}
+
+/// What a dry run must never do, whatever it decides: serve a user from
+/// the candidate, or touch the registry; and every record says dry run.
+fn assert_harmless(effects: &[Effect]) {
+    for e in effects {
+        match e {
+            Effect::SetRouting { routing } => assert_eq!(routing.candidate_weight_bp, 0, "{e:?}"),
+            Effect::PromoteCandidate | Effect::RejectCandidate => panic!("{e:?} in a dry run"),
+            Effect::Audit { event } => assert!(event.dry_run, "{event:?}"),
+        }
+    }
+}
+
+fn mirrors(effects: &[Effect]) -> Vec<u32> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::SetRouting { routing } => Some(routing.mirror_bp),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_dry_run_walks_every_stage_on_mirrored_traffic_and_changes_nothing() {
+    for plan in [
+        quick_plan(),
+        sequential_plan(rollgate_core::Advance::OnTime),
+    ] {
+        let spec = dry(plan);
+        let mut traffic = Traffic::new(11, 400, HEALTHY, HEALTHY);
+        let mut r = fresh();
+        drive(&spec, &mut r, &mut traffic, 3000, |_, _| None);
+        assert_eq!(r.state.phase, Phase::Promoted { manual: false });
+        assert_harmless(&r.effects);
+        // Shadow at its share, each canary step mirrored at its weight,
+        // then everything back to the champion.
+        assert_eq!(mirrors(&r.effects), vec![10_000, 500, 2500, 5000, 0]);
+        assert!(audits(&r.effects).contains(&AuditKind::Promoted));
+    }
+}
+
+#[test]
+fn a_dry_run_of_a_broken_candidate_would_roll_back_and_rejects_nothing() {
+    let spec = dry(sequential_plan(rollgate_core::Advance::OnTime));
+    let mut traffic = Traffic::new(12, 400, HEALTHY, failing(0.5));
+    let mut r = fresh();
+    drive(&spec, &mut r, &mut traffic, 3000, |_, _| None);
+    assert!(
+        matches!(
+            r.state.phase,
+            Phase::RolledBack {
+                reason: RollbackReason::AnytimeBreach { .. }
+            }
+        ),
+        "{:?}",
+        r.state.phase
+    );
+    assert_harmless(&r.effects);
+    assert_eq!(mirrors(&r.effects).last(), Some(&0));
+}
+
+#[test]
+fn a_dry_run_cannot_be_promoted_by_hand_and_does_not_wait_for_approvals() {
+    let plan = with_approval(
+        quick_plan(),
+        ApprovalPoint::Weight(25),
+        None,
+        OnDeadline::Hold,
+    );
+    let spec = dry(plan);
+    let promote = step(
+        &spec,
+        &RolloutState::new(Timestamp(0)),
+        Input::Operator {
+            actor: "bob".into(),
+            action: OperatorAction::Promote {
+                reason: "ship it".into(),
+            },
+        },
+        Timestamp(0),
+    );
+    assert_eq!(promote.err(), Some(StepError::DryRunCannotPromote));
+    let mut traffic = Traffic::new(13, 400, HEALTHY, HEALTHY);
+    let mut r = fresh();
+    drive(&spec, &mut r, &mut traffic, 3000, |_, _| None);
+    assert_eq!(r.state.phase, Phase::Promoted { manual: false });
+    assert!(!audits(&r.effects).contains(&AuditKind::AwaitingApproval));
+    assert_harmless(&r.effects);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Whatever is observed and whatever an operator does (but promote),
+    /// a dry run never routes a user to the candidate, never touches the
+    /// registry, and marks every record.
+    #[test]
+    fn a_dry_run_is_harmless_whatever_happens(obs in proptest::collection::vec((any::<bool>(), arb_snapshot(), 0u8..8), 1..120), sequential in any::<bool>()) {
+        let plan = if sequential { sequential_plan(rollgate_core::Advance::OnTime) } else { quick_plan() };
+        let spec = dry(plan);
+        let mut state = RolloutState::new(Timestamp(0));
+        let mut cumulative = Snapshot::default();
+        for (i, (ready, snap, act)) in obs.into_iter().enumerate() {
+            let now = Timestamp(i as u64 * 5000);
+            let action = match act {
+                0 => Some(OperatorAction::Pause),
+                1 => Some(OperatorAction::Resume),
+                2 => Some(OperatorAction::Abort { reason: "stop".into() }),
+                3 => Some(OperatorAction::Approve { reason: "go".into() }),
+                _ => None,
+            };
+            if let Some(action) = action
+                && let Ok(t) = step(&spec, &state, Input::Operator { actor: "op".into(), action }, now)
+            {
+                assert_harmless(&t.effects);
+                state = t.state;
+            }
+            let snapshot = snap.map(|(ho, hf, co, cf)| {
+                let r = cumulative.revision_mut(CH);
+                for _ in 0..ho { r.record_success(20_000, ["ok"]); }
+                for _ in 0..hf { r.record_failure(FailureClass::Timeout); }
+                let r = cumulative.revision_mut(CA);
+                for _ in 0..co { r.record_success(21_000, ["ok"]); }
+                for _ in 0..cf { r.record_failure(FailureClass::Timeout); }
+                for _ in 0..co.min(ho) { cumulative.pairs_mut(CA).record_pair(true, true); }
+                cumulative.clone()
+            });
+            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), now).expect("observe");
+            assert_harmless(&t.effects);
+            if t.state.phase.is_terminal() && !state.phase.is_terminal() {
+                let last = mirrors(&t.effects).last().copied();
+                prop_assert_eq!(last, Some(0), "{:?}", t.effects);
+            }
+            state = t.state;
+        }
+    }
+}

@@ -45,6 +45,7 @@ fn verdict_effect() -> Effect {
             to: Phase::Shadow,
             verdict: Some(std::sync::Arc::new(verdict)),
             note: None,
+            dry_run: false,
         }),
     }
 }

@@ -1010,6 +1010,7 @@ fn retention_prunes_old_evaluations_only_and_the_chain_still_verifies() {
             to: Phase::Pending,
             verdict: None,
             note: Some("evidence".into()),
+            dry_run: false,
         }),
     };
     let mut version = r.version;
@@ -1450,6 +1451,7 @@ fn a_sample_of_a_rollouts_evaluations_keeps_its_decisions_its_failures_and_its_l
                     to: Phase::Pending,
                     verdict: Some(Arc::new(verdict(outcome))),
                     note: Some(format!("look {n}")),
+                    dry_run: false,
                 }),
             }];
             version = store

@@ -99,6 +99,7 @@ fn rollout(store: &SqlStore, model: &str, evaluations: u64) -> i64 {
                         serde_json::from_value(verdict(i)).expect("a verdict"),
                     )),
                     note: None,
+                    dry_run: false,
                 };
                 (
                     state,

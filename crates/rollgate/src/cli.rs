@@ -571,7 +571,10 @@ fn rollout_view(r: &RolloutRecord) -> String {
         if r.state.paused { "  (PAUSED)" } else { "" }
     );
     if r.state.phase.is_terminal() {
-        out.push_str(&format!("  {}\n", words::phase_line(&r.state.phase)));
+        out.push_str(&format!(
+            "  {}\n",
+            words::rollout_phase_line(&r.spec.plan, &r.state.phase)
+        ));
     }
     if let Some(a) = &r.state.awaiting {
         let deadline = r
@@ -705,7 +708,11 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                             r["id"].to_string(),
                             words::clean(&s(r, "model")).into_owned(),
                             s(r, "candidate"),
-                            weight_label(&phase),
+                            if r["dry_run"] == true {
+                                format!("{} (dry run)", weight_label(&phase))
+                            } else {
+                                weight_label(&phase)
+                            },
                             r["evaluations"].to_string(),
                         ])
                     }),
@@ -738,11 +745,14 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                     rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
                 match &rec.state.phase {
                     Phase::Promoted { .. } => {
-                        println!("{}", words::phase_line(&rec.state.phase));
+                        println!(
+                            "{}",
+                            words::rollout_phase_line(&rec.spec.plan, &rec.state.phase)
+                        );
                         return Ok(ExitCode::SUCCESS);
                     }
                     p @ (Phase::RolledBack { .. } | Phase::Aborted) => {
-                        println!("{}", words::phase_line(p));
+                        println!("{}", words::rollout_phase_line(&rec.spec.plan, p));
                         return Ok(ExitCode::from(3));
                     }
                     _ => {}

@@ -135,7 +135,10 @@ async fn rollout(
             last = now_label;
         }
         if r.state.phase.is_terminal() {
-            println!("  {}", words::phase_line(&r.state.phase));
+            println!(
+                "  {}",
+                words::rollout_phase_line(&r.spec.plan, &r.state.phase)
+            );
             if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
                 println!("  {}", words::rejection_line(reason, &r.spec.plan));
             }

@@ -1478,3 +1478,125 @@ async fn store_outage_while_the_candidate_dies(outage: Outage) {
     let _ = load.await;
     drop(up);
 }
+
+/// Sends traffic until `stop`, counting answers by the revision that gave
+/// them (bounded by 120 s).
+fn traffic_by_revision(
+    gateway: &str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    let url = format!("http://{gateway}/v1/models/m:predict");
+    tokio::spawn(async move {
+        let c = client();
+        let started = Instant::now();
+        let mut by = std::collections::BTreeMap::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+            let req = Request::builder()
+                .method("POST")
+                .uri(&url)
+                .header("content-type", "application/json")
+                .header("x-rollgate-key", format!("user-{}", n % 5000))
+                .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+                .expect("request");
+            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await {
+                let rev = r
+                    .headers()
+                    .get("x-rollgate-revision")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_string();
+                *by.entry(rev).or_insert(0) += 1;
+                let _ = r.into_body().collect().await;
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        by
+    })
+}
+
+/// A dry run (plan `mode = "observe"`) through real processes: the broken
+/// candidate is judged on mirrored traffic and "would roll back", the
+/// healthy one "would promote"; meanwhile every user is answered by the
+/// champion, nothing is rejected or promoted, every record is marked, and
+/// no rollback is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_judges_on_mirrored_traffic_and_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let broken = model_server(Model::new(true)).await;
+    let healthy = model_server(Model::new(false)).await;
+    let (champ, bad) = setup(&c, &ctl, &champion, &broken).await;
+    let (_, good) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": healthy })),
+    )
+    .await;
+    let good = good["id"].as_str().expect("id").to_string();
+    let gw = start_gateway(dir.path());
+    let mut observe = plan();
+    observe["mode"] = json!("observe");
+    for (cand, ends) in [(&bad, "rolled_back"), (&good, "promoted")] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = traffic_by_revision(gw.addr(), Arc::clone(&stop));
+        let id = start_rollout_with(&c, &ctl, cand, observe.clone()).await;
+        let r = wait_for(&c, &ctl, id, Duration::from_secs(60), finished).await;
+        stop.store(true, Ordering::SeqCst);
+        let by = load.await.expect("traffic");
+        assert_eq!(phase(&r), ends, "{r}");
+        // Every user was answered by the champion, all along.
+        assert_eq!(by.keys().collect::<Vec<_>>(), [&champ], "{by:?}");
+        assert!(by[&champ] > 50, "{by:?}");
+        // The candidate was judged on mirrored copies.
+        assert!(ledger_requests(&r, cand) > 0, "{}", r["state"]["evidence"]);
+        let (_, rev) = api(&c, &ctl, "GET", &format!("/api/v1/revisions/{cand}"), None).await;
+        assert_eq!(rev["state"], "available", "{rev}");
+        assert_eq!(rev["blocked"], false, "{rev}");
+        let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+        assert_eq!(m["champion"].as_str(), Some(champ.as_str()));
+        let (_, records) = api(
+            &c,
+            &ctl,
+            "GET",
+            &format!("/api/v1/audit?rollout={id}"),
+            None,
+        )
+        .await;
+        for rec in records.as_array().into_iter().flatten() {
+            if rec["kind"] != "rollout_created" {
+                assert_eq!(rec["body"]["dry_run"], true, "{rec}");
+            }
+        }
+        let (_, list) = api(&c, &ctl, "GET", "/api/v1/rollouts?model=m&limit=1", None).await;
+        assert_eq!(list[0]["dry_run"], true, "{list}");
+    }
+    let metrics = raw_get(&format!("http://{}/metrics", ctl.addr())).await;
+    // No rollback counted, for any reason (each series is there, at 0).
+    let rollbacks: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("rollgate_rollbacks_total{"))
+        .collect();
+    assert!(!rollbacks.is_empty(), "{metrics}");
+    assert!(rollbacks.iter().all(|l| l.ends_with(" 0")), "{rollbacks:?}");
+    assert!(chain_intact(&c, &ctl).await);
+}
+
+async fn raw_get(url: &str) -> String {
+    let resp = client()
+        .request(
+            Request::builder()
+                .uri(url)
+                .body(Full::new(Bytes::new()))
+                .expect("req"),
+        )
+        .await
+        .expect("http");
+    String::from_utf8_lossy(&resp.into_body().collect().await.expect("body").to_bytes())
+        .into_owned()
+}

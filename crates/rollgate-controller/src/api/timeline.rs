@@ -197,7 +197,7 @@ fn build(
     Timeline {
         rollout: rollout.id,
         model: rollout.spec.model.clone(),
-        phase_line: words::phase_line(&rollout.state.phase),
+        phase_line: words::rollout_phase_line(plan, &rollout.state.phase),
         outcome_lines,
         events,
         evaluations: rollout.state.evaluations,
