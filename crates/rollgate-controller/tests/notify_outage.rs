@@ -15,8 +15,8 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use rollgate_controller::notify::{self, Format, Notifier, Webhook};
-use rollgate_core::{Actor, AuditEvent, AuditKind, Effect, Phase, Timestamp};
-use rollgate_store::{SqlStore, Store, TransitionWrite};
+use rollgate_core::{AuditKind, Timestamp};
+use rollgate_store::{SqlStore, Store};
 
 mod common;
 
@@ -87,35 +87,6 @@ fn start(ctx: rollgate_controller::Context, url: &str) -> tokio::task::JoinHandl
     tokio::spawn(notify::run(ctx, notifier, std::future::pending()))
 }
 
-/// Commits one decision (a pause or a resume) of rollout `id`; its seq.
-fn decide(store: &dyn Store, id: i64, kind: AuditKind) -> u64 {
-    let r = store.rollout(id).expect("rollout");
-    let effects = [Effect::Audit {
-        event: Box::new(AuditEvent {
-            kind,
-            actor: Actor::Operator {
-                name: "alice".into(),
-            },
-            from: Phase::Pending,
-            to: Phase::Pending,
-            verdict: None,
-            note: None,
-            dry_run: false,
-        }),
-    }];
-    store
-        .apply(TransitionWrite {
-            rollout: id,
-            expected_version: r.version,
-            state: &r.state,
-            effects: &effects,
-            actor: "alice",
-            fence: None,
-        })
-        .expect("apply");
-    store.audit_head().expect("head").expect("a record").0
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_receiver_down_ten_minutes_across_a_crash_gets_every_decision_once_in_order() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -144,7 +115,7 @@ async fn a_receiver_down_ten_minutes_across_a_crash_gets_every_decision_once_in_
         } else {
             AuditKind::Resumed
         };
-        expected.push(decide(store.as_ref(), id, kind));
+        expected.push(common::record(store.as_ref(), id, kind));
         tokio::time::sleep(Duration::from_secs(60)).await;
         if minute == 4 {
             controller.abort();

@@ -6,34 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollgate_controller::{PRUNE_EVERY, Retention, prune};
-use rollgate_core::{Actor, AuditEvent, AuditKind, Effect, Phase, Timestamp};
-use rollgate_store::{AuditFilter, SqlStore, Store, TransitionWrite};
+use rollgate_core::{AuditKind, Timestamp};
+use rollgate_store::{AuditFilter, SqlStore, Store};
 
 mod common;
 
 fn evaluated(store: &dyn Store, id: i64) {
-    let r = store.rollout(id).expect("rollout");
-    let effects = [Effect::Audit {
-        event: Box::new(AuditEvent {
-            kind: AuditKind::Evaluated,
-            actor: Actor::Controller,
-            from: Phase::Pending,
-            to: Phase::Pending,
-            verdict: None,
-            note: None,
-            dry_run: false,
-        }),
-    }];
-    store
-        .apply(TransitionWrite {
-            rollout: id,
-            expected_version: r.version,
-            state: &r.state,
-            effects: &effects,
-            actor: "controller",
-            fence: None,
-        })
-        .expect("apply");
+    common::record(store, id, AuditKind::Evaluated);
 }
 
 #[tokio::test(start_paused = true)]

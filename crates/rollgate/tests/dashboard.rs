@@ -128,19 +128,6 @@ async fn token(c: &HttpClient, ctl: &Proc, name: &str, role: &str) -> String {
     t["secret"].as_str().expect("secret").to_string()
 }
 
-async fn register(c: &HttpClient, ctl: &Proc, url: &str) -> String {
-    let (s, r) = api(
-        c,
-        ctl,
-        "POST",
-        "/api/v1/models/m/revisions",
-        Some(json!({ "upstream": url })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
-    r["id"].as_str().expect("id").to_string()
-}
-
 /// Where the screenshots go: `$ROLLGATE_SCREENSHOTS` (docs/img to refresh
 /// the committed ones), or the test's directory.
 fn shots(dir: &Path) -> PathBuf {

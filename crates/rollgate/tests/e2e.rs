@@ -1479,43 +1479,6 @@ async fn store_outage_while_the_candidate_dies(outage: Outage) {
     drop(up);
 }
 
-/// Sends traffic until `stop`, counting answers by the revision that gave
-/// them (bounded by 120 s).
-fn traffic_by_revision(
-    gateway: &str,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
-    let url = format!("http://{gateway}/v1/models/m:predict");
-    tokio::spawn(async move {
-        let c = client();
-        let started = Instant::now();
-        let mut by = std::collections::BTreeMap::new();
-        let mut n = 0u64;
-        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
-            let req = Request::builder()
-                .method("POST")
-                .uri(&url)
-                .header("content-type", "application/json")
-                .header("x-rollgate-key", format!("user-{}", n % 5000))
-                .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
-                .expect("request");
-            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await {
-                let rev = r
-                    .headers()
-                    .get("x-rollgate-revision")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("none")
-                    .to_string();
-                *by.entry(rev).or_insert(0) += 1;
-                let _ = r.into_body().collect().await;
-            }
-            n += 1;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        by
-    })
-}
-
 /// A dry run (plan `mode = "observe"`) through real processes: the broken
 /// candidate is judged on mirrored traffic and "would roll back", the
 /// healthy one "would promote"; meanwhile every user is answered by the
@@ -1530,15 +1493,7 @@ async fn a_dry_run_judges_on_mirrored_traffic_and_changes_nothing() {
     let broken = model_server(Model::new(true)).await;
     let healthy = model_server(Model::new(false)).await;
     let (champ, bad) = setup(&c, &ctl, &champion, &broken).await;
-    let (_, good) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models/m/revisions",
-        Some(json!({ "upstream": healthy })),
-    )
-    .await;
-    let good = good["id"].as_str().expect("id").to_string();
+    let good = register(&c, &ctl, &healthy).await;
     let gw = start_gateway(dir.path());
     let mut observe = plan();
     observe["mode"] = json!("observe");

@@ -54,16 +54,7 @@ async fn the_api_answers_as_its_openapi_document_says() {
     let broken = model_server(Model::new(true)).await;
     let healthy = model_server(Model::new(false)).await;
     let (_, bad) = setup(&c, &ctl, &champion, &broken).await;
-    let (s, good) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models/m/revisions",
-        Some(json!({ "upstream": healthy })),
-    )
-    .await;
-    assert_eq!(s, 201, "{good}");
-    let good = good["id"].as_str().expect("id").to_string();
+    let good = register(&c, &ctl, &healthy).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(gw.addr(), Arc::clone(&stop));
     let mut windowed = plan();

@@ -127,3 +127,32 @@ pub async fn call(
 mod promtool;
 #[allow(unused_imports)] // not every test crate scrapes metrics
 pub use promtool::promtool_accepts;
+
+/// Commits one audit record of `kind` for rollout `id` (by the controller,
+/// no verdict), as a decision would; returns its seq.
+pub fn record(store: &dyn Store, id: i64, kind: rollgate_core::AuditKind) -> u64 {
+    use rollgate_core::{Actor, AuditEvent, Effect, Phase};
+    let r = store.rollout(id).expect("rollout");
+    let effects = [Effect::Audit {
+        event: Box::new(AuditEvent {
+            kind,
+            actor: Actor::Controller,
+            from: Phase::Pending,
+            to: Phase::Pending,
+            verdict: None,
+            note: None,
+            dry_run: false,
+        }),
+    }];
+    store
+        .apply(rollgate_store::TransitionWrite {
+            rollout: id,
+            expected_version: r.version,
+            state: &r.state,
+            effects: &effects,
+            actor: "controller",
+            fence: None,
+        })
+        .expect("apply");
+    store.audit_head().expect("head").expect("a record").0
+}

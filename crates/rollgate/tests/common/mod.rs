@@ -428,12 +428,25 @@ pub async fn start_rollout_with(c: &HttpClient, ctl: &Proc, cand: &str, plan: Va
     r["id"].as_i64().expect("rollout id")
 }
 
-/// Sends traffic with sticky keys until `stop` is set (bounded by 120 s).
+/// Sends traffic with sticky keys until `stop` is set (bounded by 120 s);
+/// how many requests it sent.
 pub fn traffic(gateway: &str, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+    let by = traffic_by_revision(gateway, stop);
+    tokio::spawn(async move { by.await.map(|m| m.into_values().sum()).unwrap_or(0) })
+}
+
+/// Sends traffic with sticky keys until `stop` is set (bounded by 120 s),
+/// counting requests by the revision that answered them (`none`: no
+/// answer, or no revision header).
+pub fn traffic_by_revision(
+    gateway: &str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
     let url = format!("http://{gateway}/v1/models/m:predict");
     tokio::spawn(async move {
         let c = client();
         let started = Instant::now();
+        let mut by = std::collections::BTreeMap::new();
         let mut n = 0u64;
         while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
             let req = Request::builder()
@@ -443,14 +456,40 @@ pub fn traffic(gateway: &str, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<
                 .header("x-rollgate-key", format!("user-{}", n % 5000))
                 .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
                 .expect("request");
-            if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await {
-                let _ = r.into_body().collect().await;
-            }
+            let answer = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;
+            let rev = match answer {
+                Ok(Ok(r)) => {
+                    let rev = r
+                        .headers()
+                        .get("x-rollgate-revision")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("none")
+                        .to_string();
+                    let _ = r.into_body().collect().await;
+                    rev
+                }
+                _ => "none".to_string(),
+            };
+            *by.entry(rev).or_insert(0) += 1;
             n += 1;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        n
+        by
     })
+}
+
+/// Registers a revision of model `m` served at `url`; its id.
+pub async fn register(c: &HttpClient, ctl: &Proc, url: &str) -> String {
+    let (s, r) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": url })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    r["id"].as_str().expect("id").to_string()
 }
 
 /// Polls the rollout until `done` holds; panics after `limit`.
