@@ -151,6 +151,14 @@ fn serde_reason(g: &GateVerdict) -> String {
     }
 }
 
+/// A phase as a stage label: `SHADOW`, `CANARY 25%`, `PROMOTED`, ….
+pub fn stage_label(p: &Phase) -> String {
+    match p {
+        Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
+        other => other.name().to_string(),
+    }
+}
+
 /// The final phase in words.
 pub fn phase_line(p: &Phase) -> String {
     match p {

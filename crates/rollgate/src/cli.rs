@@ -552,13 +552,6 @@ pub fn champion(g: &Global, cmd: &ChampionCmd) -> anyhow::Result<ExitCode> {
     })()))
 }
 
-fn weight_label(p: &Phase) -> String {
-    match p {
-        Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
-        other => other.name().to_string(),
-    }
-}
-
 /// A compact view of one rollout: stage, weight, per-gate verdict and bounds.
 fn rollout_view(r: &RolloutRecord) -> String {
     let mut out = format!(
@@ -567,7 +560,7 @@ fn rollout_view(r: &RolloutRecord) -> String {
         r.spec.model,
         r.spec.champion,
         r.spec.candidate,
-        weight_label(&r.state.phase),
+        words::stage_label(&r.state.phase),
         if r.state.paused { "  (PAUSED)" } else { "" }
     );
     if r.state.phase.is_terminal() {
@@ -709,9 +702,9 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                             words::clean(&s(r, "model")).into_owned(),
                             s(r, "candidate"),
                             if r["dry_run"] == true {
-                                format!("{} (dry run)", weight_label(&phase))
+                                format!("{} (dry run)", words::stage_label(&phase))
                             } else {
-                                weight_label(&phase)
+                                words::stage_label(&phase)
                             },
                             r["evaluations"].to_string(),
                         ])
@@ -760,7 +753,7 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
                 if timeout.is_some_and(|t| started.elapsed() >= t) {
                     return Err(CallError::Other(format!(
                         "rollout {id} still {} after the timeout",
-                        weight_label(&rec.state.phase)
+                        words::stage_label(&rec.state.phase)
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(500));
@@ -802,8 +795,8 @@ fn audit_line(r: &AuditRecord, local: bool) -> String {
     if let Ok(event) = serde_json::from_value::<rollgate_core::AuditEvent>(r.body.clone()) {
         line.push_str(&format!(
             "  {} -> {}",
-            weight_label(&event.from),
-            weight_label(&event.to)
+            words::stage_label(&event.from),
+            words::stage_label(&event.to)
         ));
         if let Some(note) = &event.note {
             line.push_str(&format!("  ({})", words::clean(note)));

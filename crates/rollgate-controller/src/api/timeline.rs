@@ -112,13 +112,6 @@ pub(super) async fn timeline(
     Ok(Json(build(&rollout, &records, recorded)))
 }
 
-fn stage_name(p: &Phase) -> String {
-    match p {
-        Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
-        other => other.name().to_string(),
-    }
-}
-
 /// The timeline of `rollout` from its audit records (as
 /// [`rollgate_store::Store::audit_sample`] reads them: the evaluations
 /// among them a sample of the `recorded` ones).
@@ -139,7 +132,7 @@ fn build(
             at: rec.at,
             kind: rec.kind.clone(),
             actor: rec.actor.clone(),
-            to: event(rec).map(|e| stage_name(&e.to)),
+            to: event(rec).map(|e| words::stage_label(&e.to)),
             summary: crate::notify::summary(rec),
         })
         .collect();
@@ -177,7 +170,7 @@ fn build(
             series.fails = point.fails;
             series.points.push(SeriesPoint {
                 at: rec.at,
-                stage: stage_name(&e.from),
+                stage: words::stage_label(&e.from),
                 outcome: g.outcome,
                 point,
             });
