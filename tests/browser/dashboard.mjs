@@ -108,6 +108,13 @@ async function run(page) {
     }
     case "abort": {
       const [id] = args;
+      // Every read of the rollout takes 300 ms, longer than the page's
+      // refresh: the reason box is opened while a redraw is fetching, and
+      // must survive that redraw (it once did not).
+      await page.route("**/api/v1/rollouts/**", async (route) => {
+        await new Promise((done) => setTimeout(done, 300));
+        await route.continue();
+      });
       await open(page, `#/rollouts/${id}`);
       await page.click('[data-action="abort"]');
       await page.fill('[data-reason="abort"]', "aborted from the dashboard");

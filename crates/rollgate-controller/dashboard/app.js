@@ -283,14 +283,17 @@ function route() {
 }
 
 let busy = false;
+const typing = () => document.activeElement && document.activeElement.tagName === "INPUT";
 async function refresh(force = false) {
   // Do not redraw under a person typing a reason.
-  if (busy || (!force && document.activeElement && document.activeElement.tagName === "INPUT")) return;
+  if (busy || (!force && typing())) return;
   busy = true;
   try {
     if (!me && !(await whoami())) return;
     const { view, crumbs } = route();
     const nodes = await view();
+    // Nor under one who opened a reason box while this redraw was fetching.
+    if (!force && typing()) return;
     document.getElementById("crumbs").replaceChildren(...crumbs.map(([t, href]) => (href ? h("a", { href }, t) : h("span", {}, ` / ${t}`))));
     document.getElementById("view").replaceChildren(...nodes.flat().filter(Boolean));
     const box = document.getElementById("updated");

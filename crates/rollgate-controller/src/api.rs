@@ -1378,15 +1378,22 @@ pub fn check_binding(addr: SocketAddr, state: &ApiState) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves the API until `shutdown` resolves.
+/// Serves the API until `shutdown` resolves: over TLS when `tls` is set
+/// (HTTP/2 offered by ALPN), else plain HTTP/1.1 or h2c.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
+    tls: Option<rollgate_net::ServerTls>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     check_binding(addr, &state).map_err(std::io::Error::other)?;
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let router = router(state);
+    let serving = rollgate_net::Serving {
+        header_timeout: std::time::Duration::from_secs(10),
+        drain_timeout: std::time::Duration::from_secs(30),
+        tls,
+    };
+    let make = move || hyper_util::service::TowerToHyperService::new(router.clone());
+    rollgate_net::serve(listener, serving, make, shutdown).await
 }

@@ -1,5 +1,5 @@
-//! The controller's outbound HTTP: readiness probes and gateway stats.
-//! Every call is bounded by a timeout.
+//! The controller's outbound HTTP: readiness probes and gateway stats,
+//! to `http://` or `https://` URLs. Every call is bounded by a timeout.
 
 use std::time::Duration;
 
@@ -8,23 +8,46 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rollgate_net::{ClientTls, Connector, TlsError};
 
 /// A small pooled HTTP client.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<Connector, Empty<Bytes>>,
     timeout: Duration,
 }
 
 impl HttpClient {
+    /// A client trusting the public roots only.
     pub fn new(timeout: Duration) -> HttpClient {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(Self::http(timeout));
+        HttpClient {
+            client: Client::builder(TokioExecutor::new()).build(https),
+            timeout,
+        }
+    }
+
+    /// A client trusting and presenting what `tls` says (the gateways'
+    /// `upstream_tls`: model servers and gateways behind a team's CA).
+    pub fn with_tls(timeout: Duration, tls: &ClientTls) -> Result<HttpClient, TlsError> {
+        Ok(HttpClient {
+            client: Client::builder(TokioExecutor::new())
+                .build(rollgate_net::connector(Self::http(timeout), tls)?),
+            timeout,
+        })
+    }
+
+    fn http(timeout: Duration) -> HttpConnector {
         let mut c = HttpConnector::new();
         c.set_connect_timeout(Some(timeout));
         c.set_nodelay(true);
-        HttpClient {
-            client: Client::builder(TokioExecutor::new()).build(c),
-            timeout,
-        }
+        c.enforce_http(false);
+        c
     }
 
     /// `GET url`: the status and body, or `None` on any error or timeout.

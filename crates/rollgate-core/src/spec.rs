@@ -127,22 +127,19 @@ pub fn check_header(name: &str, value: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
-/// An upstream base URL: `http://host:port` with an optional path. HTTPS
-/// upstreams are refused here rather than accepted and failed later: the
-/// gateway speaks plain HTTP to model servers (terminate TLS beside them,
-/// e.g. a sidecar, or reach them over a private network).
+/// An upstream base URL: `http://` or `https://`, a host and an optional
+/// port and path. (An `https://` upstream is verified against the public
+/// roots and the gateway's `upstream_tls.ca_file`.)
 pub fn check_upstream_url(field: &str, url: &str) -> Result<(), SpecError> {
     let url = url.trim();
-    if url.starts_with("https://") {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
         return Err(bad(
             field,
-            format!(
-                "https upstreams are not supported (the gateway speaks plain HTTP to model servers), got {url:?}"
-            ),
+            format!("must be an http:// or https:// URL, got {url:?}"),
         ));
-    }
-    let Some(rest) = url.strip_prefix("http://") else {
-        return Err(bad(field, format!("must be an http:// URL, got {url:?}")));
     };
     let authority = rest.split('/').next().unwrap_or("");
     let valid =
@@ -224,17 +221,19 @@ mod tests {
     }
 
     #[test]
-    fn upstreams_are_plain_http_with_a_host() {
+    fn upstreams_are_http_or_https_with_a_host() {
         for ok in [
             "http://127.0.0.1:8080",
+            "https://m:443",
+            "https://models.internal",
             "http://models.internal/v1",
             "http://[::1]:9",
         ] {
             assert_eq!(check_upstream_url("upstream", ok), Ok(()), "{ok}");
         }
         for bad in [
-            "https://m:443",
             "ftp://m",
+            "https://",
             "http://",
             "http:// m",
             "127.0.0.1:80",
@@ -244,10 +243,10 @@ mod tests {
             assert_eq!(e.field, "upstream");
         }
         assert!(
-            check_upstream_url("u", "https://m")
-                .expect_err("https")
+            check_upstream_url("u", "ftp://m")
+                .expect_err("ftp")
                 .message
-                .contains("https")
+                .contains("https://")
         );
     }
 

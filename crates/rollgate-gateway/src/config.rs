@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rollgate_core::Protocol;
+use rollgate_net::{ClientTls, ListenerTls};
 use serde::{Deserialize, Serialize};
 
 /// A bad configuration or route, naming the field at fault.
@@ -32,6 +33,13 @@ pub struct GatewayConfig {
     pub key_header: String,
     pub limits: Limits,
     pub mirror: MirrorConfig,
+    /// TLS on the listener (HTTP/2 offered by ALPN); unset: plain HTTP
+    /// (HTTP/1.1, or h2c with prior knowledge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ListenerTls>,
+    /// What `https://` upstreams are verified against, and the client
+    /// certificate presented to those that ask (mTLS).
+    pub upstream_tls: ClientTls,
     pub models: Vec<ModelRoute>,
 }
 
@@ -43,6 +51,8 @@ impl Default for GatewayConfig {
             key_header: "x-rollgate-key".into(),
             limits: Limits::default(),
             mirror: MirrorConfig::default(),
+            tls: None,
+            upstream_tls: ClientTls::default(),
             models: Vec::new(),
         }
     }
@@ -280,6 +290,18 @@ impl GatewayConfig {
             return Err(err("mirror.max_outstanding", "must be at least 1"));
         }
         validate_routes(&self.models)
+    }
+
+    /// Reads the TLS files the config names: a missing or bad one is an
+    /// error naming the field and the file, at start, not at the first
+    /// connection.
+    pub fn check_tls_files(&self) -> Result<(), ConfigError> {
+        if let Some(t) = &self.tls {
+            t.server().map_err(|e| err("tls", e.to_string()))?;
+        }
+        self.upstream_tls
+            .validate()
+            .map_err(|e| err("upstream_tls", e.to_string()))
     }
 }
 

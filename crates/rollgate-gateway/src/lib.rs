@@ -28,6 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 pub use rollgate_core::GatewaySnapshot;
+use rollgate_net::Connector;
 use tokio::sync::Semaphore;
 
 pub use config::{
@@ -74,9 +75,11 @@ struct Inner {
     /// one-model change must not overwrite each other.
     route_writes: Mutex<()>,
     recorders: Recorders,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
     /// Never pools: for sending a request again on a fresh connection.
-    fresh: Client<HttpConnector, Full<Bytes>>,
+    fresh: Client<Connector, Full<Bytes>>,
+    /// TLS on the listener, if configured.
+    tls: Option<rollgate_net::ServerTls>,
     capacity: Arc<Semaphore>,
     mirror_slots: Arc<Semaphore>,
     counters: Counters,
@@ -154,9 +157,21 @@ impl Gateway {
                 field: "key_header".into(),
                 message: format!("{:?} is not a valid header name", config.key_header),
             })?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.limits.connect_timeout));
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.limits.connect_timeout));
+        let connector =
+            rollgate_net::connector(http, &config.upstream_tls).map_err(|e| ConfigError {
+                field: "upstream_tls".into(),
+                message: e.to_string(),
+            })?;
+        let tls = match &config.tls {
+            None => None,
+            Some(t) => Some(t.server().map_err(|e| ConfigError {
+                field: "tls".into(),
+                message: e.to_string(),
+            })?),
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(config.limits.pool_idle_timeout)
             .pool_max_idle_per_host(1024)
@@ -182,6 +197,7 @@ impl Gateway {
                 recorders,
                 client,
                 fresh,
+                tls,
                 capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),
                 mirror_slots: Arc::new(Semaphore::new(config.mirror.max_outstanding)),
                 counters: Counters::default(),

@@ -1168,9 +1168,9 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
         json_path: Some("/score".into()),
         ..route(&champ.url)
     };
-    let https = ModelRoute {
+    let ftp = ModelRoute {
         name: "tls".into(),
-        champion: up("champ", "https://127.0.0.1:1"),
+        champion: up("champ", "ftp://127.0.0.1:1"),
         ..route(&champ.url)
     };
     let isolated = gw.gateway.set_routes(&[
@@ -1178,7 +1178,7 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
         route(&champ.url),
         json("first"),
         json("second"),
-        https,
+        ftp,
     ]);
     let names: Vec<&str> = isolated.iter().map(|u| u.model.as_str()).collect();
     assert_eq!(names, ["bad", "second", "tls"]);
@@ -1187,7 +1187,7 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
         "{:?}",
         isolated[0]
     );
-    assert!(isolated[2].reason.contains("https"), "{:?}", isolated[2]);
+    assert!(isolated[2].reason.contains("http://"), "{:?}", isolated[2]);
 
     let c = client();
     assert_eq!(predict(&c, gw.addr, Some("u")).await.status, StatusCode::OK);

@@ -14,9 +14,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -43,6 +41,9 @@ pub struct ServerConfig {
     pub name: String,
     pub model: LinearModel,
     pub faults: Faults,
+    /// Serve over TLS (HTTP/2 offered by ALPN), as model servers behind a
+    /// team's CA do.
+    pub tls: Option<rollgate_net::ServerTls>,
 }
 
 fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
@@ -277,26 +278,21 @@ pub async fn serve(
     cfg: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let serving = rollgate_net::Serving {
+        header_timeout: Duration::from_secs(30),
+        drain_timeout: Duration::from_secs(5),
+        tls: cfg.tls.clone(),
+    };
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(ServerMetrics::default());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let cfg = Arc::clone(&cfg);
-                let metrics = Arc::clone(&metrics);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req: Request<Incoming>| {
-                        let cfg = Arc::clone(&cfg);
-                        let metrics = Arc::clone(&metrics);
-                        async move { Ok::<_, Infallible>(measured(cfg, &metrics, req).await) }
-                    });
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
-                });
-            }
-            () = &mut shutdown => return Ok(()),
-        }
-    }
+    let make = move || {
+        let cfg = Arc::clone(&cfg);
+        let metrics = Arc::clone(&metrics);
+        service_fn(move |req: Request<Incoming>| {
+            let cfg = Arc::clone(&cfg);
+            let metrics = Arc::clone(&metrics);
+            async move { Ok::<_, Infallible>(measured(cfg, &metrics, req).await) }
+        })
+    };
+    rollgate_net::serve(listener, serving, make, shutdown).await
 }

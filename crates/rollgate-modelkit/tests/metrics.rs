@@ -83,6 +83,7 @@ async fn the_model_server_counts_in_mlservers_shape() {
             holdout_accuracy: 0.5,
         },
         faults: Faults::default(),
+        tls: None,
     };
     let server = tokio::spawn(serve(listener, cfg, std::future::pending()));
     let c: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());

@@ -38,6 +38,9 @@ pub struct ControlPart {
     pub controller: ControllerConfig,
     pub audit: AuditConfig,
     pub notify: crate::serve::NotifyConfig,
+    /// What readiness probes and gateway stats calls trust and present
+    /// (the gateways' `upstream_tls`).
+    pub upstream_tls: rollgate_net::ClientTls,
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
 }
 
@@ -68,6 +71,11 @@ impl Running {
     }
 }
 
+/// `https` for a listener with TLS, else `http`.
+pub fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
 /// Logs a part's failure: one part ending in error must not hide others.
 async fn logged(part: &'static str, run: impl Future<Output = std::io::Result<()>>) {
     if let Err(e) = run.await {
@@ -86,6 +94,7 @@ where
     if let Some(g) = a.gateway {
         let addr = g.listener.local_addr()?;
         let id = g.id.unwrap_or_else(|| format!("gateway-{addr}"));
+        let tls = g.config.tls.is_some();
         let gw = Gateway::new(&GatewayConfig {
             id: id.clone(),
             models: vec![],
@@ -107,7 +116,7 @@ where
                 if addr.ip().is_unspecified() {
                     tracing::warn!(%addr, "listening on every address: set --advertise so controllers on other hosts reach this gateway's stats");
                 }
-                format!("http://{addr}")
+                format!("{}://{addr}", scheme(tls))
             }
         };
         tasks.push(tokio::spawn(crate::follow::follow(
@@ -127,6 +136,10 @@ where
     let mut api = None;
     if let Some(c) = a.control {
         let addr = c.listener.local_addr()?;
+        let api_tls = match &c.api.tls {
+            Some(t) => Some(t.server().map_err(|e| anyhow::anyhow!("[api.tls] {e}"))?),
+            None => None,
+        };
         let ctx = Context {
             anchor: {
                 let (audit, data, store) =
@@ -137,7 +150,8 @@ where
                 .await??
             },
             store: Arc::clone(&a.store),
-            http: HttpClient::new(Duration::from_secs(2)),
+            http: HttpClient::with_tls(Duration::from_secs(2), &c.upstream_tls)
+                .map_err(|e| anyhow::anyhow!("[gateway.upstream_tls] {e}"))?,
             gateway_ttl: c.controller.gateway_ttl,
             tick: c.controller.tick,
             clock: c.clock,
@@ -187,7 +201,7 @@ where
         tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
         tasks.push(tokio::spawn(logged(
             "admin API",
-            rollgate_controller::api::serve(c.listener, state, wait()),
+            rollgate_controller::api::serve(c.listener, state, api_tls, wait()),
         )));
         api = Some(addr);
     }

@@ -24,6 +24,10 @@ pub struct Global {
         default_value = "http://127.0.0.1:7070"
     )]
     api: String,
+    /// A PEM file of CA certificates to trust for an `https://` API (beside
+    /// the public roots): a team's own CA.
+    #[arg(long, global = true, env = "ROLLGATE_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<std::path::PathBuf>,
     /// Output of read commands.
     #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -320,6 +324,10 @@ fn api(g: &Global) -> anyhow::Result<Api> {
         std::env::var("ROLLGATE_TOKEN")
             .ok()
             .filter(|t| !t.is_empty()),
+        &rollgate_net::ClientTls {
+            ca_file: g.ca_cert.clone(),
+            ..Default::default()
+        },
     )
 }
 

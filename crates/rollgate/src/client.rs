@@ -32,17 +32,25 @@ pub struct Api {
     base: String,
     token: Option<String>,
     rt: tokio::runtime::Runtime,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<rollgate_net::Connector, Full<Bytes>>,
 }
 
 impl Api {
-    pub fn new(base: &str, token: Option<String>) -> anyhow::Result<Api> {
+    /// A client of the API at `base` (`http://` or `https://`, verified
+    /// against the public roots and `tls.ca_file`).
+    pub fn new(
+        base: &str,
+        token: Option<String>,
+        tls: &rollgate_net::ClientTls,
+    ) -> anyhow::Result<Api> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let connector = rollgate_net::connector(HttpConnector::new(), tls)
+            .map_err(|e| anyhow::anyhow!("--ca-cert: {e}"))?;
         let client = {
             let _guard = rt.enter();
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+            Client::builder(TokioExecutor::new()).build(connector)
         };
         Ok(Api {
             base: base.trim_end_matches('/').to_string(),
@@ -98,8 +106,9 @@ impl Api {
         let fut = async {
             let resp = self.client.request(req).await.map_err(|e| {
                 CallError::Other(format!(
-                    "cannot reach the rollgate API at {}: {e}",
-                    self.base
+                    "cannot reach the rollgate API at {}: {}",
+                    self.base,
+                    causes(&e)
                 ))
             })?;
             let status = resp.status();
@@ -141,6 +150,23 @@ impl Api {
 
 /// The person behind the CLI, recorded "on behalf of" beside the token's
 /// identity: `$ROLLGATE_ACTOR`, else `$USER`.
+/// An error and its causes, innermost last ("client error (Connect):
+/// invalid peer certificate: UnknownIssuer"): the cause is what a user
+/// can act on.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 fn actor() -> Option<String> {
     std::env::var("ROLLGATE_ACTOR")
         .or_else(|_| std::env::var("USER"))

@@ -84,6 +84,7 @@ async fn model_server(
         name: "fraud".into(),
         model,
         faults,
+        tls: None,
     };
     tokio::spawn(rollgate_modelkit::server::serve(listener, cfg, wait(stop)));
     Ok(format!("http://{addr}"))
@@ -280,6 +281,7 @@ async fn demo(
                     ..Default::default()
                 },
                 notify: Default::default(),
+                upstream_tls: Default::default(),
                 clock: Arc::new(now),
             }),
         },

@@ -47,6 +47,7 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<GatewayConfig> {
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     config
         .validate()
+        .and_then(|()| config.check_tls_files())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     Ok(config)
 }

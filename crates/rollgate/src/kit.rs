@@ -75,6 +75,12 @@ pub struct ServeArgs {
     /// Readiness passes, every prediction answers 503.
     #[arg(long)]
     ready_then_503: bool,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's PEM private key.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn serve_model(args: &ServeArgs) -> anyhow::Result<ExitCode> {
@@ -87,8 +93,27 @@ pub fn serve_model(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert_file), Some(key_file)) => {
+            let tls = rollgate_net::ListenerTls {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+                client_ca_file: None,
+            };
+            match tls.server() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!("rollgate: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
+        _ => None,
+    };
     let model = LinearModel::load(&args.model)?;
+    let scheme = crate::assemble::scheme(tls.is_some());
     let cfg = ServerConfig {
+        tls,
         name: args.name.clone(),
         model,
         faults: Faults {
@@ -107,7 +132,7 @@ pub fn serve_model(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("binding {}", args.listen))?;
         println!(
-            "rollgate serve: model {} at http://{}",
+            "rollgate serve: model {} at {scheme}://{}",
             args.name,
             listener.local_addr()?
         );

@@ -113,6 +113,9 @@ pub struct ApiConfig {
     /// More `Host` names state-changing requests may use (e.g. a proxy's
     /// `rollgate.internal:443`), beside the API's own address.
     pub allowed_hosts: Vec<String>,
+    /// Serve the API over TLS (HTTP/2 offered by ALPN); the certificate is
+    /// reloaded when its files change.
+    pub tls: Option<rollgate_net::ListenerTls>,
 }
 
 impl Default for ApiConfig {
@@ -123,6 +126,7 @@ impl Default for ApiConfig {
             require_token: false,
             oidc: None,
             allowed_hosts: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -289,6 +293,13 @@ fn read_up_config(path: &Path) -> anyhow::Result<UpConfig> {
     let c: UpConfig = read_toml(path)?;
     rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    c.gateway
+        .check_tls_files()
+        .map_err(|e| anyhow::anyhow!("{}: [gateway] {e}", path.display()))?;
+    if let Some(t) = &c.api.tls {
+        t.server()
+            .map_err(|e| anyhow::anyhow!("{}: [api.tls] {e}", path.display()))?;
+    }
     Ok(c)
 }
 
@@ -330,7 +341,11 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         .await?;
         let api_addr = running.api.map_or(String::new(), |a| a.to_string());
         tracing::info!(gateway = %gw_addr, api = %api_addr, "rollgate up");
-        println!("rollgate up: gateway http://{gw_addr}  admin API http://{api_addr}");
+        println!(
+            "rollgate up: gateway {}://{gw_addr}  admin API {}://{api_addr}",
+            assemble::scheme(cfg.gateway.tls.is_some()),
+            assemble::scheme(cfg.api.tls.is_some())
+        );
         shutdown_signal().await;
         let _ = stop.send(true);
         running.join().await;
@@ -347,6 +362,7 @@ fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> ControlPar
         controller: cfg.controller.clone(),
         audit: cfg.audit.clone(),
         notify: cfg.notify.clone(),
+        upstream_tls: cfg.gateway.upstream_tls.clone(),
         clock: Arc::new(system_clock),
     }
 }
@@ -410,7 +426,10 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         )
         .await?;
         let addr = running.api.map_or(String::new(), |a| a.to_string());
-        println!("rollgate controller: admin API http://{addr}");
+        println!(
+            "rollgate controller: admin API {}://{addr}",
+            assemble::scheme(cfg.api.tls.is_some())
+        );
         shutdown_signal().await;
         let _ = stop.send(true);
         running.join().await;
@@ -458,7 +477,10 @@ pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Resu
         )
         .await?;
         if let Some((addr, _)) = &running.gateway {
-            println!("rollgate gateway: http://{addr} following the store");
+            println!(
+                "rollgate gateway: {}://{addr} following the store",
+                assemble::scheme(config.tls.is_some())
+            );
         }
         shutdown_signal().await;
         let _ = stop.send(true);

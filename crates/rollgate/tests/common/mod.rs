@@ -24,7 +24,8 @@ use tokio::net::TcpListener;
 /// A child process killed (SIGKILL) and reaped when dropped.
 pub struct Proc {
     pub child: Child,
-    /// Every `http://` address on the first line the process printed.
+    /// Every `http://` or `https://` address on the first line the process
+    /// printed (without the scheme).
     pub addrs: Vec<String>,
 }
 
@@ -45,7 +46,7 @@ impl Drop for Proc {
     }
 }
 
-/// Starts `rollgate ARGS` and waits (bounded) for the `http://ADDR` it prints.
+/// Starts `rollgate ARGS` and waits (bounded) for the `http(s)://ADDR` it prints.
 pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Proc {
     spawn_in(None, args, env)
 }
@@ -94,7 +95,10 @@ fn spawn_full(netns: Option<&str>, args: &[&str], env: &[(&str, &str)], stderr: 
         .expect("rollgate printed its address");
     let addrs: Vec<String> = line
         .split_whitespace()
-        .filter_map(|w| w.strip_prefix("http://"))
+        .filter_map(|w| {
+            w.strip_prefix("http://")
+                .or_else(|| w.strip_prefix("https://"))
+        })
         .map(str::to_string)
         .collect();
     assert!(!addrs.is_empty(), "no address in {line:?}");

@@ -1,0 +1,31 @@
+//! Connections in and out, shared by the gateway, the admin API and the
+//! model server (which may not depend on each other, so this is its own
+//! crate): TLS with rustls ([`tls`]), the accept loop that serves
+//! HTTP/1.1 and HTTP/2 on every listener ([`serve`]), and the connector
+//! every outbound client uses ([`connector`]).
+
+pub mod serve;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod tls;
+
+pub use serve::{Serving, serve};
+pub use tls::{ClientTls, ListenerTls, ServerTls, TlsError};
+
+use hyper_util::client::legacy::connect::HttpConnector;
+
+/// A connector for `http://` and `https://` URLs.
+pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Wraps `http` (its timeouts and socket options kept) to speak TLS to
+/// `https://` URLs, trusting and presenting what `tls` says. HTTP/2 is
+/// offered by ALPN over TLS; in the clear a connection speaks HTTP/1.1.
+pub fn connector(mut http: HttpConnector, tls: &ClientTls) -> Result<Connector, TlsError> {
+    http.enforce_http(false);
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.config()?)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http))
+}
