@@ -40,7 +40,7 @@ http {
   server { listen 127.0.0.1:18281; location / { default_type application/json; return 200 '$ANSWER'; } }
   server { listen 127.0.0.1:18282; location / { default_type application/json; return 200 '$ANSWER'; } }
   server {
-    listen 127.0.0.1:18283 ssl; http2 on;
+    listen 127.0.0.1:18283 ssl http2;
     ssl_certificate $W/server.crt; ssl_certificate_key $W/server.key;
     location / { default_type application/json; return 200 '$ANSWER'; }
   }
@@ -48,7 +48,9 @@ http {
 CONF
 nginx -p "$W/backend" -c "$W/backend/nginx.conf" & PIDS+=($!)
 for port in 18281 18282 18283; do
-  for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+  up=no
+  for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && { up=yes; break; }; sleep 0.1; done
+  [ $up = yes ] || { echo "nothing listens on $port: see $W"; exit 1; }
 done
 
 cat > "$W/client.py" <<'PY'
@@ -76,7 +78,7 @@ cell() { # label port scheme route-toml [extra-toml]
   local cfg="$W/$1.toml" out="$W/$1.callgrind"
   cat > "$cfg" <<CONF
 listen = "127.0.0.1:$2"
-$5
+${5:-}
 [[models]]
 name = "m"
 $4
@@ -113,6 +115,8 @@ key_file = \"$W/server.key\"
 [upstream_tls]
 ca_file = \"$W/ca.pem\""
 cp "$RESULTS" bench/results/gateway-callgrind.tsv
-# Where the instructions go (plain), for whoever looks for the next saving:
-callgrind_annotate --inclusive=no "$W/plain.last.callgrind" 2>/dev/null | head -60 > bench/results/gateway-callgrind-plain-top.txt || true
+# Where the instructions go (plain, inclusive of callees), for whoever looks
+# for the next saving:
+callgrind_annotate --inclusive=yes "$W/plain.last.callgrind" 2>/dev/null \
+  | sed -n '/^Ir/,$p' | head -120 | cut -c1-200 > bench/results/gateway-callgrind-plain-top.txt || true
 echo "raw results: bench/results/gateway-callgrind.tsv"

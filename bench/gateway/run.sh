@@ -133,7 +133,7 @@ run() { # label port conns
   rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
   p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out"); non2xx=${non2xx:-0}
+  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out"); non2xx=${non2xx:-0}
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$3" "$rps" "$p50" "$p99" "$non2xx" | tee -a "$RESULTS"
 }
 

@@ -42,7 +42,7 @@ http {
   access_log off; keepalive_requests 1000000;
   server { listen 127.0.0.1:18181; location / { default_type application/json; return 200 '$ANSWER'; } }
   server {
-    listen 127.0.0.1:18182 ssl; http2 on;
+    listen 127.0.0.1:18182 ssl http2;
     ssl_certificate $W/server.crt; ssl_certificate_key $W/server.key;
     location / { default_type application/json; return 200 '$ANSWER'; }
   }
@@ -106,10 +106,12 @@ taskset -c 0 nginx -p "$W/front" -c "$W/front/nginx.conf" & PIDS+=($!)
 FRONT_PID=$!
 
 for port in 18181 18182 18190 18191 18193 18194; do
+  up=no
   for _ in $(seq 1 100); do
-    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && { up=yes; break; }
     sleep 0.1
   done
+  [ $up = yes ] || { echo "nothing listens on $port: see $W"; exit 1; }
 done
 # nginx's worker is the child of the master we started.
 front_worker() { pgrep -P "$FRONT_PID" | head -1; }
@@ -142,9 +144,11 @@ run() { # label url conns pid
   reqs=$(awk '/requests in/ {print $1}' <<<"$out")
   p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
   p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
-  non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out"); non2xx=${non2xx:-0}
+  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out"); non2xx=${non2xx:-0}
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%.1f\n' "$1" "$3" "$rps" "$p50" "$p99" "$non2xx" \
     "$(awk -v t=$((after - before)) -v hz="$TCK" -v n="$reqs" 'BEGIN { print t * 1e6 / hz / n }')" | tee -a "$RESULTS"
+  # A cell of errors measures nothing.
+  [ "$non2xx" = "0" ] || { echo "$1: $non2xx answers were not 2xx"; exit 1; }
 }
 
 # Warm up (handshakes, pools), then alternate the cells.
