@@ -12,6 +12,7 @@
 # Usage: bench/gateway/callgrind.sh [requests]   (default 2000)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/gateway/lib.sh
 N=${1:-2000}
 ROLLGATE=target/release/rollgate
 [ -x "$ROLLGATE" ] || cargo build --release -p rollgate
@@ -22,13 +23,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj "/CN=bench CA" -keyout "$W/ca.key" -out "$W/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-  -subj "/CN=localhost" -keyout "$W/server.key" -out "$W/server.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$W/san.ext"
-openssl x509 -req -in "$W/server.csr" -CA "$W/ca.pem" -CAkey "$W/ca.key" -CAcreateserial \
-  -days 2 -extfile "$W/san.ext" -out "$W/server.crt" 2>/dev/null
+make_certs "$W"
 
 ANSWER='{"predictions":[[0.1,0.9]]}'
 mkdir -p "$W/backend/logs"
@@ -47,11 +42,7 @@ http {
 }
 CONF
 nginx -p "$W/backend" -c "$W/backend/nginx.conf" & PIDS+=($!)
-for port in 18281 18282 18283; do
-  up=no
-  for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && { up=yes; break; }; sleep 0.1; done
-  [ $up = yes ] || { echo "nothing listens on $port: see $W"; exit 1; }
-done
+wait_ports 18281 18282 18283
 
 cat > "$W/client.py" <<'PY'
 import http.client, ssl, sys
@@ -87,7 +78,7 @@ CONF
     >"$W/$1.log" 2>&1 &
   local pid=$!
   PIDS+=($pid)
-  for _ in $(seq 1 600); do (exec 3<>/dev/tcp/127.0.0.1/$2) 2>/dev/null && break; sleep 0.1; done
+  WAIT_TENTHS=600 wait_ports "$2" # valgrind starts slowly
   python3 "$W/client.py" 127.0.0.1 "$2" 300 "$3" "$W/ca.pem" >/dev/null
   sleep 1 # mirrors of the warm-up finish
   callgrind_control --zero "$pid" >/dev/null

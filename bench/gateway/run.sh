@@ -9,6 +9,7 @@
 # Usage: bench/gateway/run.sh [seconds-per-cell]   (default 10)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/gateway/lib.sh
 SECS=${1:-10}
 ROLLGATE=target/release/rollgate
 [ -x "$ROLLGATE" ] || cargo build --release -p rollgate
@@ -101,29 +102,9 @@ backend be
 CONF
 taskset -c 0 haproxy -f "$W/haproxy.cfg" -db >"$W/haproxy.log" 2>&1 & PIDS+=($!)
 
-# Wait (bounded) for every port.
-for port in 18081 18082 18090 18091 18092 18093 18094; do
-  for _ in $(seq 1 100); do
-    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-    sleep 0.1
-  done
-done
+wait_ports 18081 18082 18090 18091 18092 18093 18094
 
-cat > "$W/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"instances":[[1.0,2.0,3.0]]}'
-wrk.headers["Content-Type"] = "application/json"
-local n = 0
-request = function()
-  n = n + 1
-  wrk.headers["x-rollgate-key"] = "user-" .. (n % 100000)
-  return wrk.format(nil, "/v1/models/m:predict")
-end
-LUA
-
-to_us() { # wrk latency like 123.45us / 1.23ms / 1.00s -> microseconds
-  awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v+0 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v*1000 } else { sub(/s$/,"",v); print v*1000000 } }'
-}
+write_post_lua "$W/post.lua"
 
 RESULTS="$W/results.tsv"
 : > "$RESULTS"

@@ -12,6 +12,7 @@
 # Usage: bench/gateway/tls.sh [seconds-per-cell]   (default 10)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. bench/gateway/lib.sh
 SECS=${1:-10}
 ROLLGATE=target/release/rollgate
 [ -x "$ROLLGATE" ] || cargo build --release -p rollgate
@@ -22,14 +23,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-# --- a CA and a certificate for localhost/127.0.0.1 ------------------------
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj "/CN=bench CA" -keyout "$W/ca.key" -out "$W/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-  -subj "/CN=localhost" -keyout "$W/server.key" -out "$W/server.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$W/san.ext"
-openssl x509 -req -in "$W/server.csr" -CA "$W/ca.pem" -CAkey "$W/ca.key" -CAcreateserial \
-  -days 2 -extfile "$W/san.ext" -out "$W/server.crt" 2>/dev/null
+make_certs "$W"
 
 ANSWER='{"predictions":[[0.1,0.9]]}'
 
@@ -105,36 +99,16 @@ CONF
 taskset -c 0 nginx -p "$W/front" -c "$W/front/nginx.conf" & PIDS+=($!)
 FRONT_PID=$!
 
-for port in 18181 18182 18190 18191 18193 18194; do
-  up=no
-  for _ in $(seq 1 100); do
-    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && { up=yes; break; }
-    sleep 0.1
-  done
-  [ $up = yes ] || { echo "nothing listens on $port: see $W"; exit 1; }
-done
+wait_ports 18181 18182 18190 18191 18193 18194
 # nginx's worker is the child of the master we started.
 front_worker() { pgrep -P "$FRONT_PID" | head -1; }
 
-cat > "$W/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.body = '{"instances":[[1.0,2.0,3.0]]}'
-wrk.headers["Content-Type"] = "application/json"
-local n = 0
-request = function()
-  n = n + 1
-  wrk.headers["x-rollgate-key"] = "user-" .. (n % 100000)
-  return wrk.format(nil, "/v1/models/m:predict")
-end
-LUA
+write_post_lua "$W/post.lua"
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TCK=$(getconf CLK_TCK)
 RESULTS="$W/tls.tsv"
 printf 'setup\tconns\treq_per_s\tp50_us\tp99_us\tnon_2xx\tcore_us_per_req\n' > "$RESULTS"
-to_us() {
-  awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v+0 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v*1000 } else { sub(/s$/,"",v); print v*1000000 } }'
-}
 run() { # label url conns pid
   local before after out rps p50 p99 non2xx reqs
   before=$(ticks "$4")

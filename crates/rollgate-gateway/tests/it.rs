@@ -1,6 +1,8 @@
 //! The gateway against real upstream servers over real sockets on
 //! 127.0.0.1: fixed answers, failures, stalls and slow answers.
 
+mod common;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,11 +21,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rollgate_core::Protocol;
 use rollgate_gateway::assign::bucket;
 use rollgate_gateway::{
-    Gateway, GatewayConfig, GatewaySnapshot, MirroredUpstream, ModelRoute, Upstream,
-    WeightedUpstream, serve,
+    Gateway, GatewayConfig, GatewaySnapshot, MirroredUpstream, ModelRoute, WeightedUpstream, serve,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
+
+use common::{route, up};
 
 /// What a test upstream does with each request.
 #[derive(Clone)]
@@ -123,36 +126,6 @@ async fn closed_url() -> String {
     let addr = l.local_addr().expect("addr");
     drop(l);
     format!("http://{addr}")
-}
-
-fn up(revision: &str, url: &str) -> Upstream {
-    Upstream {
-        revision: revision.into(),
-        url: url.into(),
-        timeout: None,
-        served_name: None,
-        headers: Default::default(),
-    }
-}
-
-fn route(champion: &str) -> ModelRoute {
-    ModelRoute {
-        name: "m".into(),
-        protocol: Protocol::KserveV1,
-        json_path: None,
-        key_field: None,
-        salt: None,
-        assignment: Default::default(),
-        output_pointer: None,
-        output: None,
-        confidence_threshold: 0.9,
-        numeric_tolerance: 1e-6,
-        fallback_to_champion: false,
-        champion: up("champ", champion),
-        candidate: None,
-        shadow: None,
-        epoch: None,
-    }
 }
 
 fn with_candidate(mut r: ModelRoute, url: &str, weight_bp: u32) -> ModelRoute {

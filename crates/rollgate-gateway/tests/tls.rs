@@ -3,6 +3,8 @@
 //! servers at `https://` URLs, verified against a team's CA, presenting
 //! its client certificate to one that requires it (mTLS).
 
+mod common;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,11 +19,12 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rollgate_core::Protocol;
-use rollgate_gateway::{Gateway, GatewayConfig, ModelRoute, Upstream, serve};
+use rollgate_gateway::{Gateway, GatewayConfig, serve};
 use rollgate_net::testing::Ca;
 use rollgate_net::{ClientTls, ListenerTls, Serving};
 use tokio::net::TcpListener;
+
+use common::route;
 
 /// A model server on `https://localhost:port` that requires a client
 /// certificate from `clients`; counts the requests it answered over
@@ -72,32 +75,6 @@ async fn tls_model_server(
         },
     ));
     (format!("https://localhost:{port}"), answered, tx)
-}
-
-fn route(champion: &str) -> ModelRoute {
-    ModelRoute {
-        name: "m".into(),
-        protocol: Protocol::KserveV1,
-        json_path: None,
-        key_field: None,
-        salt: None,
-        assignment: Default::default(),
-        output_pointer: None,
-        output: None,
-        confidence_threshold: 0.9,
-        numeric_tolerance: 1e-6,
-        fallback_to_champion: false,
-        champion: Upstream {
-            revision: "champ".into(),
-            url: champion.into(),
-            timeout: None,
-            served_name: None,
-            headers: Default::default(),
-        },
-        candidate: None,
-        shadow: None,
-        epoch: None,
-    }
 }
 
 async fn start(config: GatewayConfig) -> (SocketAddr, Gateway, tokio::sync::oneshot::Sender<()>) {

@@ -34,6 +34,34 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How often a TLS listener looks for a renewed certificate.
 pub const CERT_CHECK_EVERY: Duration = Duration::from_secs(1);
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What serves one connection's requests: a hyper service whose future,
+/// error and body can cross threads (written once here, implemented for
+/// every such service).
+pub trait ConnectionService:
+    Service<
+        http::Request<Incoming>,
+        Response = http::Response<Self::ResponseBody>,
+        Future: Send + 'static,
+        Error: Into<BoxError>,
+    > + Clone
+    + Send
+    + 'static
+{
+    type ResponseBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+}
+
+impl<S, B> ConnectionService for S
+where
+    S: Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+{
+    type ResponseBody = B;
+}
+
 /// How connections are served.
 #[derive(Debug, Clone)]
 pub struct Serving {
@@ -118,7 +146,7 @@ async fn sniff(stream: &mut TcpStream) -> io::Result<(bool, Bytes)> {
 /// Serves `service` (one per connection, from `make`) on `listener` until
 /// `shutdown` completes; then stops accepting and waits up to the drain
 /// timeout for requests in flight.
-pub async fn serve<M, S, B>(
+pub async fn serve<M, S>(
     listener: TcpListener,
     serving: Serving,
     make: M,
@@ -126,12 +154,7 @@ pub async fn serve<M, S, B>(
 ) -> io::Result<()>
 where
     M: Fn() -> S,
-    S: Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService,
 {
     let graceful = GracefulShutdown::new();
     let watcher = serving.tls.as_ref().map(|tls| {
@@ -189,20 +212,12 @@ where
 
 /// One connection: handshake and protocol choice within the header
 /// timeout, then HTTP until it closes or the server drains.
-async fn connection<S, B>(
+async fn connection<S: ConnectionService>(
     mut stream: TcpStream,
     serving: &Serving,
     service: S,
     graceful: Watcher,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
-where
-    S: Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) -> Result<(), BoxError> {
     let limit = serving.header_timeout;
     match &serving.tls {
         Some(tls) => {
@@ -227,21 +242,15 @@ where
     }
 }
 
-async fn http<I, S, B>(
+async fn http<I, S: ConnectionService>(
     io: I,
     h2: bool,
     header_timeout: Duration,
     service: S,
     graceful: Watcher,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+) -> Result<(), BoxError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    S: Service<http::Request<Incoming>, Response = http::Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     if h2 {
         let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
