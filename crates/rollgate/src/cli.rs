@@ -28,6 +28,25 @@ pub struct Global {
     /// the public roots): a team's own CA.
     #[arg(long, global = true, env = "ROLLGATE_CA_CERT", value_name = "FILE")]
     ca_cert: Option<std::path::PathBuf>,
+    /// A PEM client certificate for an API that requires one (`[api.tls]
+    /// client_ca_file`); needs --client-key.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLGATE_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
+    client_cert: Option<std::path::PathBuf>,
+    /// The client certificate's PEM private key.
+    #[arg(
+        long,
+        global = true,
+        env = "ROLLGATE_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
+    client_key: Option<std::path::PathBuf>,
     /// Output of read commands.
     #[arg(long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
@@ -326,7 +345,8 @@ fn api(g: &Global) -> anyhow::Result<Api> {
             .filter(|t| !t.is_empty()),
         &rollgate_net::ClientTls {
             ca_file: g.ca_cert.clone(),
-            ..Default::default()
+            cert_file: g.client_cert.clone(),
+            key_file: g.client_key.clone(),
         },
     )
 }

@@ -28,6 +28,18 @@ impl std::fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// The user's flags or files are wrong: exit code 2, like any bad input.
+#[derive(Debug)]
+pub struct InputError(pub String);
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InputError {}
+
 pub struct Api {
     base: String,
     token: Option<String>,
@@ -47,7 +59,7 @@ impl Api {
             .enable_all()
             .build()?;
         let connector = rollgate_net::connector(HttpConnector::new(), tls)
-            .map_err(|e| anyhow::anyhow!("--ca-cert: {e}"))?;
+            .map_err(|e| InputError(format!("--ca-cert/--client-cert: {e}")))?;
         let client = {
             let _guard = rt.enter();
             Client::builder(TokioExecutor::new()).build(connector)

@@ -140,7 +140,8 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("rollgate: {e:#}");
-            ExitCode::from(1)
+            let input = e.downcast_ref::<client::InputError>().is_some();
+            ExitCode::from(if input { 2 } else { 1 })
         }
     }
 }

@@ -2,11 +2,12 @@
 //! 127.0.0.1 and certificates from a team's own CA (made here): model
 //! servers at `https://` URLs (`rollgate serve --tls-cert`), a gateway
 //! listening on TLS that clients reach by h2 (ALPN), and the admin API on
-//! TLS that the CLI reaches with `--api https://… --ca-cert`.
+//! TLS requiring client certificates (mTLS) that the CLI reaches with
+//! `--api https://… --ca-cert … --client-cert … --client-key …`.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,14 +22,30 @@ use rollgate_net::testing::Ca;
 
 use common::{Proc, spawn, write};
 
+/// What the CLI trusts and presents.
+#[derive(Clone, Default)]
+struct Trust {
+    ca: Option<PathBuf>,
+    cert: Option<(PathBuf, PathBuf)>,
+}
+
 /// `rollgate ARGS` with the API at `api`: `(exit code, stdout, stderr)`.
-fn cli(api: &str, ca: Option<&Path>, args: &[&str]) -> (Option<i32>, String, String) {
+fn cli(api: &str, trust: &Trust, args: &[&str]) -> (Option<i32>, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
-    cmd.args(args)
-        .env("ROLLGATE_API", api)
-        .env_remove("ROLLGATE_CA_CERT");
-    if let Some(ca) = ca {
+    cmd.args(args).env("ROLLGATE_API", api);
+    for var in [
+        "ROLLGATE_CA_CERT",
+        "ROLLGATE_CLIENT_CERT",
+        "ROLLGATE_CLIENT_KEY",
+    ] {
+        cmd.env_remove(var);
+    }
+    if let Some(ca) = &trust.ca {
         cmd.env("ROLLGATE_CA_CERT", ca);
+    }
+    if let Some((cert, key)) = &trust.cert {
+        cmd.env("ROLLGATE_CLIENT_CERT", cert)
+            .env("ROLLGATE_CLIENT_KEY", key);
     }
     let out = cmd.output().expect("run rollgate");
     (
@@ -53,6 +70,9 @@ async fn a_rollout_runs_end_to_end_over_tls_and_http2() {
     // on (no --advertise here): its certificate names that address too.
     let (gw_cert, gw_key) = ca.issue(&["localhost", "127.0.0.1"]).write(d, "gateway");
     let (api_cert, api_key) = ca.issue(&["localhost"]).write(d, "api");
+    let operators = Ca::new("operators");
+    let operators_file = operators.write(d, "operators.pem");
+    let olga = operators.issue(&["olga"]).write(d, "olga");
     let s = |p: &Path| p.to_string_lossy().into_owned();
 
     let models = d.join("models");
@@ -92,6 +112,7 @@ listen = "127.0.0.1:0"
 [api.tls]
 cert_file = "{api_cert}"
 key_file = "{api_key}"
+client_ca_file = "{operators}"
 [controller]
 tick = "200ms"
 [gateway]
@@ -104,6 +125,7 @@ ca_file = "{ca}"
 "#,
             api_cert = s(&api_cert),
             api_key = s(&api_key),
+            operators = s(&operators_file),
             gw_cert = s(&gw_cert),
             gw_key = s(&gw_key),
             ca = s(&ca_file),
@@ -116,17 +138,32 @@ ca_file = "{ca}"
     let gateway = format!("https://localhost:{}", port(&up, 0));
     let api = format!("https://localhost:{}", port(&up, 1));
 
-    // Without the team's CA the CLI refuses the API's certificate.
-    let (code, _, err) = cli(&api, None, &["model", "list"]);
-    assert_ne!(code, Some(0));
-    assert!(
-        err.contains("certificate") || err.contains("UnknownIssuer"),
-        "{err}"
-    );
+    // Without the team's CA the CLI refuses the API's certificate; without
+    // a client certificate the API refuses the CLI; a CA file that is not
+    // one is the user's input error.
+    let (code, _, err) = cli(&api, &Trust::default(), &["model", "list"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    let anonymous = Trust {
+        ca: Some(ca_file.clone()),
+        cert: None,
+    };
+    let (code, _, err) = cli(&api, &anonymous, &["model", "list"]);
+    assert_eq!(code, Some(1), "{err}");
+    let junk = Trust {
+        ca: Some(PathBuf::from(write(d, "junk.pem", "not a certificate"))),
+        cert: None,
+    };
+    let (code, _, err) = cli(&api, &junk, &["model", "list"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("junk.pem"), "{err}");
 
-    let ca = Some(ca_file.as_path());
+    let trust = Trust {
+        ca: Some(ca_file.clone()),
+        cert: Some(olga),
+    };
     let ok = |args: &[&str]| {
-        let (code, out, err) = cli(&api, ca, args);
+        let (code, out, err) = cli(&api, &trust, args);
         assert_eq!(code, Some(0), "{args:?}: {out}\n{err}");
         out
     };
@@ -230,14 +267,8 @@ min_pairs = 30
         })
     };
     let (code, out, err) = tokio::task::spawn_blocking({
-        let (api, ca_file, id) = (api.clone(), ca_file.clone(), id.clone());
-        move || {
-            cli(
-                &api,
-                Some(&ca_file),
-                &["rollout", "wait", &id, "--timeout", "100s"],
-            )
-        }
+        let (api, trust, id) = (api.clone(), trust.clone(), id.clone());
+        move || cli(&api, &trust, &["rollout", "wait", &id, "--timeout", "100s"])
     })
     .await
     .expect("join");
