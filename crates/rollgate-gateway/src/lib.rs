@@ -11,6 +11,7 @@ pub mod assign;
 pub mod config;
 pub mod extract;
 mod metrics;
+mod pool;
 mod proxy;
 mod recorder;
 mod routing;
@@ -80,12 +81,28 @@ struct Inner {
     fresh: Client<Connector, Full<Bytes>>,
     /// TLS on the listener, if configured.
     tls: Option<rollgate_net::ServerTls>,
+    /// Connections to plain-HTTP upstreams, by `host:port`.
+    pools: Mutex<HashMap<String, Arc<pool::Pool>>>,
     capacity: Arc<Semaphore>,
     mirror_slots: Arc<Semaphore>,
     counters: Counters,
 }
 
 impl Inner {
+    /// The pool of a plain-HTTP upstream, made at its first use.
+    fn pool(&self, d: &routing::Direct) -> Arc<pool::Pool> {
+        Arc::clone(d.pool.get_or_init(|| {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(pools.entry(d.addr.clone()).or_insert_with(|| {
+                Arc::new(pool::Pool::new(
+                    d.addr.clone(),
+                    self.limits.connect_timeout,
+                    self.limits.pool_idle_timeout,
+                ))
+            }))
+        }))
+    }
+
     /// Records the models that cannot be routed; logs each new reason once.
     fn note_unroutable(&self, now: &[Unroutable]) {
         let mut known = self
@@ -198,6 +215,7 @@ impl Gateway {
                 client,
                 fresh,
                 tls,
+                pools: Mutex::new(HashMap::new()),
                 capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),
                 mirror_slots: Arc::new(Semaphore::new(config.mirror.max_outstanding)),
                 counters: Counters::default(),

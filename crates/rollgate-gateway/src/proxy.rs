@@ -19,6 +19,7 @@ use rollgate_core::{FailureClass, Protocol};
 
 use crate::Inner;
 use crate::extract::{Prediction, agree, extract};
+use crate::pool::SendError;
 use crate::routing::{Route, Target};
 
 pub type Body = Full<Bytes>;
@@ -616,52 +617,100 @@ async fn forward(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Upstreamed {
-    let uri = format!("{}{}", target.base, target.upstream_path(path_q));
+    let path = target.upstream_path(path_q);
+    // Plain-HTTP upstreams are sent the path (origin form) and a `Host`;
+    // the pooled TLS client takes the absolute URL.
+    let target_uri = match &target.direct {
+        Some(d) => format!("{}{path}", d.prefix),
+        None => format!("{}{path}", target.base),
+    };
+    let Ok(uri) = target_uri.parse::<http::Uri>() else {
+        return Upstreamed::Broken;
+    };
+    // Built on a header map directly (not `Request::builder`, which
+    // converts and validates each name and value again): the request path
+    // runs this for every request.
     let build = || {
-        let mut builder = Request::builder().method(method.clone()).uri(&uri);
+        let mut out = HeaderMap::with_capacity(headers.len() + target.headers.len() + 2);
         for (k, v) in headers {
             let overridden = target.headers.iter().any(|(name, _)| name == k);
             if !hop_by_hop(k) && k != header::ACCEPT_ENCODING && !overridden {
-                builder = builder.header(k, v);
+                out.append(k.clone(), v.clone());
             }
         }
         // The revision's own headers (a `Host`, an auth token).
         for (k, v) in &target.headers {
-            builder = builder.header(k, v);
+            out.append(k.clone(), v.clone());
+        }
+        if let Some(d) = &target.direct
+            && !out.contains_key(header::HOST)
+        {
+            out.insert(header::HOST, d.host.clone());
         }
         // Answers are measured, so the gateway asks for them unencoded;
         // the client gets them unencoded too (identity is always
         // acceptable to it), and the gateway spends no CPU on compression.
-        builder
-            .header(header::ACCEPT_ENCODING, "identity")
-            .body(Full::new(body.clone()))
+        out.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let mut req = Request::new(Full::new(body.clone()));
+        *req.method_mut() = method.clone();
+        *req.uri_mut() = uri.clone();
+        *req.headers_mut() = out;
+        req
     };
     let started = Instant::now();
+    let limit = inner.limits.max_response_bytes;
     let call = async {
         // A pooled connection the upstream closed before answering (uvicorn
         // closes one right after a 500 without saying so) fails the request
         // before any response byte: sent again once, on another connection.
         // The body is buffered, and nothing of the first try was answered.
-        let resp = match inner.client.request(build().map_err(|_| false)?).await {
-            Ok(r) => r,
-            Err(e) if closed_before_answer(&e) => {
-                inner.counters.retried.fetch_add(1, Ordering::Relaxed);
-                let again = build().map_err(|_| false)?;
-                inner
-                    .fresh
-                    .request(again)
+        let (mut parts, body) = match &target.direct {
+            Some(d) => {
+                let pool = inner.pool(d);
+                let (resp, sender) = match pool.send(build(), false).await {
+                    Ok(sent) => sent,
+                    Err(SendError::Http(e)) if closed_before_answer(&e) => {
+                        inner.counters.retried.fetch_add(1, Ordering::Relaxed);
+                        pool.send(build(), true)
+                            .await
+                            .map_err(|e| matches!(e, SendError::Connect))?
+                    }
+                    Err(e) => return Err(matches!(e, SendError::Connect)),
+                };
+                let (parts, body) = resp.into_parts();
+                let body = Limited::new(body, limit)
+                    .collect()
                     .await
-                    .map_err(|e| e.is_connect())?
+                    .map_err(|_| false)?;
+                // Read in full: the connection can carry the next request.
+                pool.put(sender);
+                (parts, body.to_bytes())
             }
-            Err(e) => return Err(e.is_connect()),
+            None => {
+                let resp = match inner.client.request(build()).await {
+                    Ok(r) => r,
+                    Err(e) if !e.is_connect() && closed_before_answer(&e) => {
+                        inner.counters.retried.fetch_add(1, Ordering::Relaxed);
+                        inner
+                            .fresh
+                            .request(build())
+                            .await
+                            .map_err(|e| e.is_connect())?
+                    }
+                    Err(e) => return Err(e.is_connect()),
+                };
+                let (parts, body) = resp.into_parts();
+                let body = Limited::new(body, limit)
+                    .collect()
+                    .await
+                    .map_err(|_| false)?;
+                (parts, body.to_bytes())
+            }
         };
-        let (mut parts, body) = resp.into_parts();
-        let body = Limited::new(body, inner.limits.max_response_bytes)
-            .collect()
-            .await
-            .map_err(|_| false)?
-            .to_bytes();
-        let body = decoded(&mut parts.headers, body, inner.limits.max_response_bytes);
+        let body = decoded(&mut parts.headers, body, limit);
         Ok::<_, bool>((parts, body))
     };
     match tokio::time::timeout(target.timeout, call).await {
@@ -678,16 +727,13 @@ async fn forward(
 }
 
 /// Whether a request failed because its pooled connection was closed by
-/// the upstream before any part of an answer arrived.
-fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() {
-        return false;
-    }
-    // Closed cleanly (the answer never started), or reset while the
-    // request was being sent: uvicorn resets a connection it closed after a
-    // 500 when the next request arrives on it.
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
+/// the upstream before any part of an answer arrived: closed cleanly (the
+/// answer never started), or reset while the request was being sent
+/// (uvicorn resets a connection it closed after a 500 when the next
+/// request arrives on it).
+fn closed_before_answer(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(s) = next {
         if let Some(h) = s.downcast_ref::<hyper::Error>()
             && (h.is_incomplete_message() || h.is_canceled())
         {
@@ -701,7 +747,7 @@ fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
                     | std::io::ErrorKind::ConnectionAborted
             );
         }
-        source = s.source();
+        next = s.source();
     }
     false
 }

@@ -24,6 +24,40 @@ pub struct Target {
     pub rename: Option<(String, String)>,
     /// Sent upstream with every request, over the client's.
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// A plain-HTTP upstream, reached through its own connection pool;
+    /// `None` for `https://` (the pooled TLS client).
+    pub direct: Option<Direct>,
+}
+
+/// How a plain-HTTP upstream is reached directly.
+#[derive(Debug)]
+pub struct Direct {
+    /// `host:port` to connect to.
+    pub addr: String,
+    /// The `Host` header (unless the revision sets its own).
+    pub host: http::HeaderValue,
+    /// The base URL's path, without a trailing `/`.
+    pub prefix: String,
+    /// The gateway's pool for `addr` (shared by every routing table),
+    /// looked up at the target's first request.
+    pub pool: std::sync::OnceLock<Arc<crate::pool::Pool>>,
+}
+
+impl Direct {
+    fn of(base: &str) -> Option<Direct> {
+        let uri: http::Uri = base.parse().ok()?;
+        if uri.scheme_str() != Some("http") {
+            return None;
+        }
+        let authority = uri.authority()?;
+        let port = authority.port_u16().unwrap_or(80);
+        Some(Direct {
+            addr: format!("{}:{port}", authority.host()),
+            host: http::HeaderValue::from_str(authority.as_str()).ok()?,
+            prefix: uri.path().trim_end_matches('/').to_string(),
+            pool: std::sync::OnceLock::new(),
+        })
+    }
 }
 
 impl Target {
@@ -34,9 +68,11 @@ impl Target {
         default_timeout: Duration,
         rec: &Recorders,
     ) -> Target {
+        let base = u.url.trim_end_matches('/').to_string();
         Target {
+            direct: Direct::of(&base),
             revision: u.revision.clone(),
-            base: u.url.trim_end_matches('/').to_string(),
+            base,
             timeout: u.timeout.unwrap_or(default_timeout),
             stats: rec.revision(model, epoch, &u.revision),
             rename: u

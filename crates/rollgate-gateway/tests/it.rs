@@ -53,18 +53,23 @@ struct Seen {
 struct TestUpstream {
     url: String,
     hits: Arc<AtomicU64>,
+    /// Connections accepted.
+    conns: Arc<AtomicU64>,
 }
 
 async fn upstream(behaviour: Behaviour) -> TestUpstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let hits = Arc::new(AtomicU64::new(0));
+    let conns = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&hits);
+    let accepted = Arc::clone(&conns);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            accepted.fetch_add(1, Ordering::SeqCst);
             let behaviour = behaviour.clone();
             let counter = Arc::clone(&counter);
             tokio::spawn(async move {
@@ -117,6 +122,7 @@ async fn upstream(behaviour: Behaviour) -> TestUpstream {
     TestUpstream {
         url: format!("http://{addr}"),
         hits,
+        conns,
     }
 }
 
@@ -1321,5 +1327,44 @@ async fn clients_that_accept_gzip_get_large_answers_compressed_and_measured_unen
     assert_eq!(rev(&s, "champ").requests(), 4);
     assert_eq!(rev(&s, "champ").failure_count(), 0, "measured unencoded");
     assert_eq!(rev(&s, "champ").predictions().values().sum::<u64>(), 4 * 64);
+    gw.shutdown().await;
+}
+
+/// Plain-HTTP upstreams are reached through the gateway's own pool: one
+/// connection carries sequential requests, a connection idle past
+/// `pool_idle_timeout` is not reused, the base URL's path is kept and the
+/// `Host` is the upstream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_upstream_connections_are_reused_until_idle_too_long() {
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let champ = upstream(Behaviour::Record(Arc::clone(&log))).await;
+    let mut cfg = config(vec![route(&format!("{}/prefix/", champ.url))]);
+    cfg.limits.pool_idle_timeout = Duration::from_millis(300);
+    let gw = start(cfg).await;
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(predict(&c, gw.addr, Some("u")).await.status, StatusCode::OK);
+    }
+    assert_eq!(champ.hits.load(Ordering::SeqCst), 5);
+    assert_eq!(
+        champ.conns.load(Ordering::SeqCst),
+        1,
+        "one connection, reused"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(predict(&c, gw.addr, Some("u")).await.status, StatusCode::OK);
+    assert_eq!(
+        champ.conns.load(Ordering::SeqCst),
+        2,
+        "idle too long: a new one"
+    );
+    let seen = log.lock().expect("log").clone();
+    let authority = champ.url.trim_start_matches("http://");
+    assert!(
+        seen.iter().all(
+            |s| s.path == "/prefix/v1/models/m:predict" && s.host.as_deref() == Some(authority)
+        ),
+        "{seen:?}"
+    );
     gw.shutdown().await;
 }
