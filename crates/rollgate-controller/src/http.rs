@@ -20,12 +20,7 @@ pub struct HttpClient {
 impl HttpClient {
     /// A client trusting the public roots only.
     pub fn new(timeout: Duration) -> HttpClient {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(Self::http(timeout));
+        let https = rollgate_net::public_connector(Self::http(timeout));
         HttpClient {
             client: Client::builder(TokioExecutor::new()).build(https),
             timeout,

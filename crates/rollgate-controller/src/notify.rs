@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::HttpsConnector;
+
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -136,7 +136,7 @@ struct Receiver {
 /// The configured receivers and their delivery state.
 pub struct Notifier {
     receivers: Vec<Receiver>,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<rollgate_net::Connector, Full<Bytes>>,
     status: Mutex<BTreeMap<String, Delivery>>,
 }
 
@@ -190,11 +190,7 @@ impl Notifier {
                 secret,
             });
         }
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let https = rollgate_net::public_connector(HttpConnector::new());
         Ok(Notifier {
             receivers,
             client: Client::builder(TokioExecutor::new()).build(https),

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper_rustls::HttpsConnector;
+
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -74,7 +74,7 @@ struct Keys {
 /// A verifier for one provider.
 pub struct Oidc {
     config: OidcConfig,
-    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<rollgate_net::Connector, Empty<Bytes>>,
     keys: Mutex<Keys>,
 }
 
@@ -108,11 +108,7 @@ impl Oidc {
                 ));
             }
         }
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let https = rollgate_net::public_connector(HttpConnector::new());
         Ok(Oidc {
             config,
             client: Client::builder(TokioExecutor::new()).build(https),

@@ -29,3 +29,16 @@ pub fn connector(mut http: HttpConnector, tls: &ClientTls) -> Result<Connector, 
         .enable_http2()
         .wrap_connector(http))
 }
+
+/// Like [`connector`] trusting the public roots only, presenting nothing:
+/// for what reaches public services (an identity provider's keys, a
+/// webhook), and cannot fail.
+pub fn public_connector(mut http: HttpConnector) -> Connector {
+    http.enforce_http(false);
+    hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http)
+}
