@@ -1,6 +1,7 @@
 //! Replays every example in `docs/api.md`, in order, against the API's
 //! router (no socket), so the documentation cannot drift from the code.
 
+use crate::common;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -9,8 +10,6 @@ use rollgate_controller::router;
 use rollgate_core::Timestamp;
 use rollgate_store::{SqlStore, Store};
 use serde_json::Value;
-
-mod common;
 
 #[derive(Debug)]
 struct Example {
@@ -582,7 +581,7 @@ async fn the_rollout_list_is_summaries_a_page_at_a_time() {
 /// `docs/openapi.json` is the document the API serves, byte for byte, so
 /// it can be read (and fed to client generators) without a running API.
 /// After changing the API: `ROLLGATE_BLESS=1 cargo test -p
-/// rollgate-controller --test api_docs` rewrites it.
+/// rollgate-controller --test suite api_docs` rewrites it.
 #[test]
 fn the_committed_openapi_document_is_the_served_one() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json");
@@ -595,6 +594,6 @@ fn the_committed_openapi_document_is_the_served_one() {
     let committed = std::fs::read_to_string(path).unwrap_or_default();
     assert!(
         committed == served,
-        "docs/openapi.json is stale: run ROLLGATE_BLESS=1 cargo test -p rollgate-controller --test api_docs"
+        "docs/openapi.json is stale: run ROLLGATE_BLESS=1 cargo test -p rollgate-controller --test suite api_docs"
     );
 }

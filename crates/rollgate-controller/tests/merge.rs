@@ -2,6 +2,7 @@
 //! routing epoch; a silent gateway adds nothing (its earlier counts stay in
 //! the rollout's ledger), and no gateway at all is "no stats" (never health).
 
+use crate::common;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +18,6 @@ use rollgate_core::GatewaySnapshot;
 use rollgate_core::{FailureClass, SeriesReport, Snapshot, Timestamp};
 use rollgate_store::{SqlStore, Store};
 use tokio::net::TcpListener;
-
-mod common;
 
 /// A stand-in gateway answering `GET /rollgate/stats` with `snap`.
 async fn gateway(snap: GatewaySnapshot) -> String {

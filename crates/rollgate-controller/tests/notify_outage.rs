@@ -4,6 +4,7 @@
 //! end-to-end test with real processes and a SIGKILL is
 //! `crates/rollgate/tests/notify.rs`.
 
+use crate::common;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +18,6 @@ use hyper_util::rt::TokioIo;
 use rollgate_controller::notify::{self, Format, Notifier, Webhook};
 use rollgate_core::{AuditKind, Timestamp};
 use rollgate_store::{SqlStore, Store};
-
-mod common;
 
 /// What the receiver saw: the decision ids it accepted, in order, and how
 /// many attempts it refused while down.

@@ -3,6 +3,7 @@
 //! actor; a wrong audience or issuer, an expired token and one signed by
 //! another key are refused; a rotated key is fetched when a token names it.
 
+use crate::common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,8 +16,6 @@ use rollgate_controller::router;
 use rollgate_core::Timestamp;
 use rollgate_store::SqlStore;
 use serde_json::{Value, json};
-
-mod common;
 
 /// A fresh Ed25519 key: its signing key and its public JWK under `kid`.
 fn key(kid: &str) -> (EncodingKey, Value) {

@@ -2,14 +2,13 @@
 //! pruned, decisions are not, the chain verifies, and the pass runs at most
 //! once per `PRUNE_EVERY`.
 
+use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rollgate_controller::{PRUNE_EVERY, Retention, prune};
 use rollgate_core::{AuditKind, Timestamp};
 use rollgate_store::{AuditFilter, SqlStore, Store};
-
-mod common;
 
 fn evaluated(store: &dyn Store, id: i64) {
     common::record(store, id, AuditKind::Evaluated);

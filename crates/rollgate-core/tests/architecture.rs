@@ -136,3 +136,44 @@ fn the_gateway_and_the_controller_never_depend_on_each_other() {
     let ours: Vec<_> = net.iter().filter(|d| d.starts_with("rollgate-")).collect();
     assert!(ours.is_empty(), "rollgate-net depends on {ours:?}");
 }
+
+/// A crate with one test binary (`autotests = false`) compiles only the
+/// files its `tests/suite.rs` names: a test file added beside it and not
+/// named there would silently never run.
+#[test]
+fn every_test_file_is_part_of_its_crates_suite() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&crates).expect("crates dir") {
+        let dir = entry.expect("entry").path();
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap_or_default();
+        if !manifest.contains("autotests = false") {
+            continue;
+        }
+        let suite = std::fs::read_to_string(dir.join("tests/suite.rs")).unwrap_or_else(|e| {
+            panic!(
+                "{}: autotests = false needs tests/suite.rs: {e}",
+                dir.display()
+            )
+        });
+        for file in std::fs::read_dir(dir.join("tests")).expect("tests dir") {
+            let name = file
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            let Some(module) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            if module != "suite" {
+                assert!(
+                    suite.lines().any(|l| l.trim() == format!("mod {module};")),
+                    "{}/tests/{name} is not a module of tests/suite.rs, so it never runs",
+                    dir.display()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "too few test files found: {checked}");
+}

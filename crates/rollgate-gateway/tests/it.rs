@@ -1,8 +1,6 @@
 //! The gateway against real upstream servers over real sockets on
 //! 127.0.0.1: fixed answers, failures, stalls and slow answers.
 
-mod common;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,7 +24,7 @@ use rollgate_gateway::{
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, oneshot};
 
-use common::{route, up};
+use crate::common::{route, up};
 
 /// What a test upstream does with each request.
 #[derive(Clone)]

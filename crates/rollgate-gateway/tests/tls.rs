@@ -3,8 +3,6 @@
 //! servers at `https://` URLs, verified against a team's CA, presenting
 //! its client certificate to one that requires it (mTLS).
 
-mod common;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,7 +22,7 @@ use rollgate_net::testing::Ca;
 use rollgate_net::{ClientTls, ListenerTls, Serving};
 use tokio::net::TcpListener;
 
-use common::route;
+use crate::common::route;
 
 /// A model server on `https://localhost:port` that requires a client
 /// certificate from `clients`; counts the requests it answered over

@@ -2,8 +2,6 @@
 //! playwright-core (`tests/browser/dashboard.mjs`), against a controller,
 //! a gateway and model servers on 127.0.0.1 with traffic flowing.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -12,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 /// Chromium and the script's directory (with playwright-core), from

@@ -3,8 +3,6 @@
 //! that answer, fail, or are ready and then answer 503, and live traffic.
 //! Every wait is bounded.
 
-mod common;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
@@ -15,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_candidate_is_promoted_and_becomes_champion() {
     let dir = tempfile::tempdir().expect("tempdir");

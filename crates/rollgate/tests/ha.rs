@@ -5,8 +5,6 @@
 //! dies, and a paused leader can never commit after it lost the lease.
 //! Every wait is bounded.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use serde_json::json;
 
-use common::*;
+use crate::common::*;
 
 /// A fresh database on the test PostgreSQL server, or `None` (locally,
 /// with a note) when there is none.

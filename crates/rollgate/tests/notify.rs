@@ -3,8 +3,6 @@
 //! restarted gets every decision afterwards — none lost, none twice, in
 //! the audit log's order, each signed. Every wait is bounded.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +16,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use common::*;
+use crate::common::*;
 
 /// What the receiver got: `(delivery id, kind, signature ok)`.
 #[derive(Default)]

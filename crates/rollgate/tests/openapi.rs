@@ -6,8 +6,6 @@
 //! `sequential`). No answer may be a server error, and every answer must
 //! match the document: status, content type, headers and body schema.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -16,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use common::*;
+use crate::common::*;
 
 /// The schemathesis CLI: `$ROLLGATE_SCHEMATHESIS`, or the venv that
 /// `tests/schemathesis/install.sh` makes; `None` (locally) without one.

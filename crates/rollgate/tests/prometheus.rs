@@ -2,8 +2,6 @@
 //! installs it): the alert a team would write on the rollback counter sees
 //! the very first rollback. Every wait is bounded.
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::*;
+use crate::common::*;
 
 /// A Prometheus server on 127.0.0.1, killed and reaped when dropped.
 struct Prometheus {

@@ -5,8 +5,6 @@
 //! TLS requiring client certificates (mTLS) that the CLI reaches with
 //! `--api https://… --ca-cert … --client-cert … --client-key …`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -20,7 +18,7 @@ use hyper_util::rt::TokioExecutor;
 use rollgate_net::ClientTls;
 use rollgate_net::testing::Ca;
 
-use common::{Proc, spawn, write};
+use crate::common::{Proc, spawn, write};
 
 /// What the CLI trusts and presents.
 #[derive(Clone, Default)]
