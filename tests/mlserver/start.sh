@@ -4,6 +4,7 @@
 # tests. Prints shell assignments to eval:
 #   export ROLLGATE_MLSERVER_URL=http://127.0.0.1:PORT  ROLLGATE_MLSERVER_PID=PID
 #   export ROLLGATE_MLSERVER_METRICS_URL=http://127.0.0.1:PORT/metrics
+#   export ROLLGATE_MLSERVER_GRPC_URL=http://127.0.0.1:PORT   (its gRPC endpoint)
 # The venv is kept in target/mlserver-venv (reused when its pins match).
 # Stop it with: kill "$ROLLGATE_MLSERVER_PID".
 set -euo pipefail
@@ -29,6 +30,7 @@ for _ in $(seq 1 600); do
     && curl -sf "http://127.0.0.1:$http/v2/models/retrained/ready" >/dev/null 2>&1; then
     echo "export ROLLGATE_MLSERVER_URL=http://127.0.0.1:$http"
     echo "export ROLLGATE_MLSERVER_METRICS_URL=http://127.0.0.1:$metrics/metrics"
+    echo "export ROLLGATE_MLSERVER_GRPC_URL=http://127.0.0.1:$grpc"
     echo "export ROLLGATE_MLSERVER_PID=$pid"
     exit 0
   fi

@@ -147,6 +147,12 @@ pub struct Upstream {
     /// Headers sent upstream with every request, over the client's.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// Base URL of the revision's gRPC endpoint (the Open Inference
+    /// Protocol's `GRPCInferenceService`): `http://` for HTTP/2 without TLS,
+    /// `https://` for HTTP/2 over TLS. A gRPC call routed to a revision
+    /// without one counts as a connect failure of that revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_url: Option<String>,
 }
 
 /// How one model is routed. A model has one champion and at most one
@@ -230,6 +236,10 @@ fn check_upstream(field: &str, u: &Upstream) -> Result<(), ConfigError> {
     }
     rollgate_core::spec::check_upstream_url(&format!("{field}.url"), &u.url)
         .map_err(|e| err(e.field, e.message))?;
+    if let Some(url) = &u.grpc_url {
+        rollgate_core::spec::check_upstream_url(&format!("{field}.grpc_url"), url)
+            .map_err(|e| err(e.field, e.message))?;
+    }
     if let Some(n) = &u.served_name {
         rollgate_core::spec::check_model_name(n)
             .map_err(|e| err(format!("{field}.served_name"), e.message))?;

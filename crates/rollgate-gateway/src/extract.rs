@@ -90,6 +90,117 @@ fn read_tensor(out: &Value) -> Result<Vec<Prediction>, ExtractError> {
                 .collect()
         })
         .unwrap_or_default();
+    read_rows(data, &shape)
+}
+
+/// OIP over gRPC: the output tensor named `output` of a
+/// `ModelInferResponse` (else the first), read as its JSON twin is: its
+/// values from the typed contents of its datatype, or from the raw
+/// contents (little-endian, as Triton sends them).
+pub fn extract_oip(
+    output: Option<&str>,
+    response: &rollgate_oip::ModelInferResponse,
+) -> Result<Vec<Prediction>, ExtractError> {
+    let index = match output {
+        Some(name) => response
+            .outputs
+            .iter()
+            .position(|o| o.name == name)
+            .ok_or_else(|| bad(format!("no output named {name:?}")))?,
+        None => 0,
+    };
+    let tensor = response
+        .outputs
+        .get(index)
+        .ok_or_else(|| bad("no outputs[0]"))?;
+    let data = match response.raw_output_contents.get(index) {
+        Some(raw) => raw_values(&tensor.datatype, raw)?,
+        None => typed_values(&tensor.datatype, tensor.contents.as_ref())?,
+    };
+    let shape: Vec<usize> = tensor.shape.iter().map(|&d| d.max(0) as usize).collect();
+    read_rows(&data, &shape)
+}
+
+fn typed_values(
+    datatype: &str,
+    c: Option<&rollgate_oip::InferTensorContents>,
+) -> Result<Vec<Value>, ExtractError> {
+    let Some(c) = c else {
+        return Ok(Vec::new());
+    };
+    let num = |x: f64| Value::from(x);
+    Ok(match datatype {
+        "BOOL" => c.bool_contents.iter().map(|&b| Value::Bool(b)).collect(),
+        "INT8" | "INT16" | "INT32" => c.int_contents.iter().map(|&x| Value::from(x)).collect(),
+        "INT64" => c.int64_contents.iter().map(|&x| Value::from(x)).collect(),
+        "UINT8" | "UINT16" | "UINT32" => c.uint_contents.iter().map(|&x| Value::from(x)).collect(),
+        "UINT64" => c.uint64_contents.iter().map(|&x| Value::from(x)).collect(),
+        "FP32" => c.fp32_contents.iter().map(|&x| num(f64::from(x))).collect(),
+        "FP64" => c.fp64_contents.iter().map(|&x| num(x)).collect(),
+        "BYTES" => c
+            .bytes_contents
+            .iter()
+            .map(|b| Value::String(String::from_utf8_lossy(b).into_owned()))
+            .collect(),
+        other => return Err(bad(format!("datatype {other:?} has no typed contents"))),
+    })
+}
+
+/// Raw tensor contents: fixed-width little-endian elements, or for BYTES
+/// each element's 4-byte little-endian length, then its bytes.
+fn raw_values(datatype: &str, raw: &[u8]) -> Result<Vec<Value>, ExtractError> {
+    fn each<const N: usize>(
+        raw: &[u8],
+        f: impl Fn([u8; N]) -> Value,
+    ) -> Result<Vec<Value>, ExtractError> {
+        let (elements, rest) = raw.as_chunks::<N>();
+        if !rest.is_empty() {
+            return Err(bad(format!(
+                "raw contents of {} bytes are not {N}-byte elements",
+                raw.len()
+            )));
+        }
+        Ok(elements.iter().map(|&e| f(e)).collect())
+    }
+    match datatype {
+        "BOOL" => each::<1>(raw, |b| Value::Bool(b[0] != 0)),
+        "INT8" => each::<1>(raw, |b| Value::from(i8::from_le_bytes(b))),
+        "UINT8" => each::<1>(raw, |b| Value::from(b[0])),
+        "INT16" => each::<2>(raw, |b| Value::from(i16::from_le_bytes(b))),
+        "UINT16" => each::<2>(raw, |b| Value::from(u16::from_le_bytes(b))),
+        "INT32" => each::<4>(raw, |b| Value::from(i32::from_le_bytes(b))),
+        "UINT32" => each::<4>(raw, |b| Value::from(u32::from_le_bytes(b))),
+        "INT64" => each::<8>(raw, |b| Value::from(i64::from_le_bytes(b))),
+        "UINT64" => each::<8>(raw, |b| Value::from(u64::from_le_bytes(b))),
+        "FP32" => each::<4>(raw, |b| Value::from(f64::from(f32::from_le_bytes(b)))),
+        "FP64" => each::<8>(raw, |b| Value::from(f64::from_le_bytes(b))),
+        "BYTES" => {
+            let mut out = Vec::new();
+            let mut rest = raw;
+            while !rest.is_empty() {
+                let (len, tail) = rest
+                    .split_first_chunk::<4>()
+                    .ok_or_else(|| bad("raw BYTES element without its length"))?;
+                let len = u32::from_le_bytes(*len) as usize;
+                if tail.len() < len {
+                    return Err(bad("raw BYTES element longer than the contents"));
+                }
+                out.push(Value::String(
+                    String::from_utf8_lossy(&tail[..len]).into_owned(),
+                ));
+                rest = &tail[len..];
+            }
+            Ok(out)
+        }
+        other => Err(bad(format!(
+            "raw contents of datatype {other:?} cannot be read"
+        ))),
+    }
+}
+
+/// A tensor's values in the layout of `shape`: a `[n, k]` shape with
+/// `k > 1` is `n` rows of class scores; otherwise one instance per value.
+fn read_rows(data: &[Value], shape: &[usize]) -> Result<Vec<Prediction>, ExtractError> {
     if shape.len() == 2 && shape[1] > 1 {
         let width = shape[1];
         if data.len() != shape[0] * width {
@@ -185,6 +296,104 @@ pub fn agree(champion: &Prediction, shadow: &Prediction, tolerance: f64) -> bool
 
 #[cfg(test)]
 mod tests {
+    use rollgate_oip::{InferOutputTensor, InferTensorContents, ModelInferResponse};
+
+    fn oip_response(outputs: Vec<InferOutputTensor>, raw: Vec<Vec<u8>>) -> ModelInferResponse {
+        ModelInferResponse {
+            model_name: "m".into(),
+            outputs,
+            raw_output_contents: raw,
+            ..Default::default()
+        }
+    }
+
+    fn tensor(
+        name: &str,
+        datatype: &str,
+        shape: Vec<i64>,
+        c: Option<InferTensorContents>,
+    ) -> InferOutputTensor {
+        InferOutputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape,
+            contents: c,
+            ..Default::default()
+        }
+    }
+
+    /// A protobuf answer reads as its JSON twin does: typed or raw
+    /// contents, by name or first, rows of scores or one value each.
+    #[test]
+    fn oip_protobuf_answers_read_like_their_json_twins() {
+        let scores = InferTensorContents {
+            fp64_contents: vec![0.2, 0.8, 0.9, 0.1],
+            ..Default::default()
+        };
+        let labels = InferTensorContents {
+            int64_contents: vec![1, 0],
+            ..Default::default()
+        };
+        let r = oip_response(
+            vec![
+                tensor("predict", "INT64", vec![2], Some(labels)),
+                tensor("predict_proba", "FP64", vec![2, 2], Some(scores)),
+            ],
+            vec![],
+        );
+        let json = serde_json::json!({ "outputs": [
+            { "name": "predict", "shape": [2], "datatype": "INT64", "data": [1, 0] },
+            { "name": "predict_proba", "shape": [2, 2], "datatype": "FP64", "data": [0.2, 0.8, 0.9, 0.1] },
+        ]})
+        .to_string();
+        assert_eq!(
+            extract_oip(Some("predict_proba"), &r).expect("read"),
+            extract_v2_output("predict_proba", json.as_bytes()).expect("read")
+        );
+        assert_eq!(
+            extract_oip(None, &r).expect("read"),
+            extract(Protocol::OipV2, None, json.as_bytes()).expect("read")
+        );
+        let classes: Vec<_> = extract_oip(Some("predict_proba"), &r)
+            .expect("read")
+            .into_iter()
+            .map(|p| p.class)
+            .collect();
+        assert_eq!(classes, vec![Some("1".to_string()), Some("0".to_string())]);
+        assert!(extract_oip(Some("nope"), &r).is_err());
+
+        // Raw little-endian contents, as Triton sends them.
+        let raw: Vec<u8> = [0.25f32, 0.75, 0.6, 0.4]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let r = oip_response(vec![tensor("p", "FP32", vec![2, 2], None)], vec![raw]);
+        let read = extract_oip(None, &r).expect("raw FP32");
+        assert_eq!(read[0].class.as_deref(), Some("1"));
+        assert_eq!(read[1].confidence, Some(f64::from(0.6f32)));
+        let mut raw = Vec::new();
+        for s in ["cat", "dog"] {
+            raw.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            raw.extend_from_slice(s.as_bytes());
+        }
+        let r = oip_response(vec![tensor("label", "BYTES", vec![2], None)], vec![raw]);
+        let read = extract_oip(None, &r).expect("raw BYTES");
+        assert_eq!(read[1].class.as_deref(), Some("dog"));
+        let r = oip_response(
+            vec![tensor("p", "FP32", vec![1], None)],
+            vec![vec![1, 2, 3]],
+        );
+        assert!(extract_oip(None, &r).is_err(), "3 bytes are no FP32");
+        let r = oip_response(
+            vec![tensor("label", "BYTES", vec![1], None)],
+            vec![vec![9, 0, 0, 0, b'x']],
+        );
+        assert!(
+            extract_oip(None, &r).is_err(),
+            "a length beyond the contents"
+        );
+    }
+
     use super::*;
 
     fn classes(p: &[Prediction]) -> Vec<Option<&str>> {

@@ -10,6 +10,7 @@
 pub mod assign;
 pub mod config;
 pub mod extract;
+mod grpc;
 mod metrics;
 mod pool;
 mod proxy;
@@ -79,6 +80,9 @@ struct Inner {
     client: Client<Connector, Full<Bytes>>,
     /// Never pools: for sending a request again on a fresh connection.
     fresh: Client<Connector, Full<Bytes>>,
+    /// HTTP/2 only, for gRPC upstreams: with prior knowledge to `http://`
+    /// (h2c), by ALPN to `https://`; one multiplexed connection per host.
+    h2: Client<Connector, Full<Bytes>>,
     /// TLS on the listener, if configured.
     tls: Option<rollgate_net::ServerTls>,
     /// Connections to plain-HTTP upstreams, by `host:port`.
@@ -195,6 +199,10 @@ impl Gateway {
             .build(connector.clone());
         let fresh = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
+            .build(connector.clone());
+        let h2 = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .pool_idle_timeout(config.limits.pool_idle_timeout)
             .build(connector);
         let recorders = Recorders::default();
         let table = RoutingTable::compile(
@@ -214,6 +222,7 @@ impl Gateway {
                 recorders,
                 client,
                 fresh,
+                h2,
                 tls,
                 pools: Mutex::new(HashMap::new()),
                 capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),

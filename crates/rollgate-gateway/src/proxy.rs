@@ -22,7 +22,8 @@ use crate::extract::{Prediction, agree, extract};
 use crate::pool::SendError;
 use crate::routing::{Route, Target};
 
-pub type Body = Full<Bytes>;
+/// Every answer the gateway gives is whole (bytes, then trailers for gRPC).
+pub type Body = rollgate_net::WholeBody;
 
 /// The header naming the revision that answered.
 pub const REVISION_HEADER: &str = "x-rollgate-revision";
@@ -33,6 +34,8 @@ enum Upstreamed {
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
+        /// What ended the answer after its body (gRPC's status).
+        trailers: Option<Box<HeaderMap>>,
         latency_us: u64,
     },
     Timeout,
@@ -40,9 +43,28 @@ enum Upstreamed {
     Broken,
 }
 
+/// How a call travels: REST (JSON over HTTP/1.1 or HTTP/2) or gRPC. The
+/// same route, split and counts serve both; the wire decides only how a
+/// call is sent, how its outcome and predictions are read, and how the
+/// gateway's own refusals are said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    Rest,
+    Grpc,
+}
+
+/// The gateway's own refusal of a call (never a revision's outcome), in
+/// the caller's wire: a JSON error, or a gRPC status.
+pub(crate) fn refuse(wire: Wire, status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    match wire {
+        Wire::Rest => json_error(status, code, message),
+        Wire::Grpc => crate::grpc::status(rollgate_oip::Code::of_http(status.as_u16()), message),
+    }
+}
+
 pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     let body = serde_json::json!({ "error": { "code": code, "message": message } }).to_string();
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let mut r = Response::new(Body::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -52,7 +74,7 @@ pub(crate) fn json_error(status: StatusCode, code: &str, message: &str) -> Respo
 }
 
 fn json_ok(body: String) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let mut r = Response::new(Body::new(Bytes::from(body)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -101,6 +123,14 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
 }
 
 pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+    if req.method() == Method::POST
+        && req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| rollgate_oip::is_grpc(v.as_bytes()))
+    {
+        return crate::grpc::handle(inner, req).await;
+    }
     let path = req.uri().path().to_string();
     match classify(req.method(), &path) {
         Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
@@ -111,7 +141,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
             let (body, kind) = crate::metrics::expose(&inner, accept);
-            let mut r = Response::new(Full::new(Bytes::from(body)));
+            let mut r = Response::new(Body::new(Bytes::from(body)));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
             r
@@ -119,7 +149,10 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Endpoint::Metadata(model) => {
             let route = inner.routes.load().model(model).cloned();
             match route {
-                Some(route) => metadata(&inner, &route, req).await,
+                Some(route) => {
+                    let (parts, _) = req.into_parts();
+                    passthrough(&inner, &route, &parts, Bytes::new(), Wire::Rest).await
+                }
                 None => json_error(
                     StatusCode::NOT_FOUND,
                     "unknown_model",
@@ -194,49 +227,43 @@ fn unroutable(what: &str, reason: &str) -> Response<Body> {
 }
 
 /// Metadata and readiness are the champion's; passed through unmeasured.
-async fn metadata(inner: &Inner, route: &Route, req: Request<Incoming>) -> Response<Body> {
-    let path_q = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    let headers = req.headers().clone();
-    match forward(
+pub(crate) async fn passthrough(
+    inner: &Inner,
+    route: &Route,
+    parts: &http::request::Parts,
+    body: Bytes,
+    wire: Wire,
+) -> Response<Body> {
+    let path_q = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let champion = &route.champion;
+    let outcome = forward(
         inner,
-        &route.champion,
-        Method::GET,
-        &path_q,
-        &headers,
-        Bytes::new(),
+        champion,
+        parts.method.clone(),
+        path_q,
+        &parts.headers,
+        body,
+        wire,
     )
-    .await
-    {
-        Upstreamed::Answer {
-            status,
-            headers,
-            body,
-            ..
-        } => respond(status, &headers, body, &route.champion.revision, false),
-        Upstreamed::Timeout => json_error(
-            StatusCode::GATEWAY_TIMEOUT,
-            "upstream_timeout",
-            "champion timed out",
-        ),
-        Upstreamed::Connect | Upstreamed::Broken => json_error(
-            StatusCode::BAD_GATEWAY,
-            "upstream_unavailable",
-            "champion unavailable",
-        ),
-    }
+    .await;
+    finish(outcome, &champion.revision, false, wire)
 }
 
 /// The sticky key: the configured header, else a JSON field of the body,
 /// else random (that request alone is then assigned at random).
-fn sticky_key(inner: &Inner, route: &Route, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+/// (A gRPC call's key is its metadata header: its body is not JSON.)
+fn sticky_key(
+    inner: &Inner,
+    route: &Route,
+    headers: &HeaderMap,
+    body: &[u8],
+    wire: Wire,
+) -> Vec<u8> {
     if let Some(v) = headers.get(&inner.key_header) {
         return v.as_bytes().to_vec();
     }
-    if let Some(ptr) = &route.key_field
+    if wire == Wire::Rest
+        && let Some(ptr) = &route.key_field
         && let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body)
         && let Some(v) = doc.pointer(ptr)
     {
@@ -268,52 +295,75 @@ impl Drop for InFlight<'_> {
 
 async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    // The body first, without a capacity slot: a client that sends its
-    // body slowly holds only its own connection, never a slot real users
-    // need.
+    match read_body(&inner, body, Wire::Rest).await {
+        Ok(body) => predict_admitted(inner, route, parts, body, Wire::Rest).await,
+        Err(refused) => refused,
+    }
+}
+
+/// The request body, within the body limit and the client body timeout.
+/// Read before a capacity slot is taken: a client that sends its body
+/// slowly holds only its own connection, never a slot real users need.
+pub(crate) async fn read_body(
+    inner: &Inner,
+    body: Incoming,
+    wire: Wire,
+) -> Result<Bytes, Response<Body>> {
     let read = Limited::new(body, inner.limits.max_body_bytes).collect();
     let Ok(read) = tokio::time::timeout(inner.limits.client_body_timeout, read).await else {
         inner.counters.slow_clients.fetch_add(1, Ordering::Relaxed);
-        return json_error(
+        return Err(refuse(
+            wire,
             StatusCode::REQUEST_TIMEOUT,
             "body_timeout",
             &format!(
                 "request body not received within {:?}",
                 inner.limits.client_body_timeout
             ),
-        );
+        ));
     };
-    let body = match read {
-        Ok(b) => b.to_bytes(),
+    match read {
+        Ok(b) => Ok(b.to_bytes()),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            return json_error(
+            Err(refuse(
+                wire,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 &format!("request body exceeds {} bytes", inner.limits.max_body_bytes),
-            );
+            ))
         }
-        Err(_) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                "bad_body",
-                "could not read the request body",
-            );
-        }
-    };
-    // Then capacity: beyond the cap, answer at once rather than queue.
+        Err(_) => Err(refuse(
+            wire,
+            StatusCode::BAD_REQUEST,
+            "bad_body",
+            "could not read the request body",
+        )),
+    }
+}
+
+/// A prediction whose body is read: beyond the capacity cap it is
+/// answered at once rather than queued.
+pub(crate) async fn predict_admitted(
+    inner: Arc<Inner>,
+    route: Arc<Route>,
+    parts: http::request::Parts,
+    body: Bytes,
+    wire: Wire,
+) -> Response<Body> {
     let Ok(_permit) = Arc::clone(&inner.capacity).try_acquire_owned() else {
         inner.counters.overloaded.fetch_add(1, Ordering::Relaxed);
-        return json_error(
+        return refuse(
+            wire,
             StatusCode::SERVICE_UNAVAILABLE,
             "at_capacity",
             "gateway at capacity, retry",
         );
     };
     let _in_flight = InFlight::enter(&inner.counters.in_flight);
-    predict_inner(&inner, &route, parts, body).await
+    predict_inner(&inner, &route, parts, body, wire).await
 }
 
 async fn predict_inner(
@@ -321,17 +371,19 @@ async fn predict_inner(
     route: &Arc<Route>,
     parts: http::request::Parts,
     body: Bytes,
+    wire: Wire,
 ) -> Response<Body> {
     let path_q = parts
         .uri
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
-    let gzip = accepts_gzip(&parts.headers);
+    // gRPC compresses by its own rules (`grpc-encoding`), not HTTP's.
+    let gzip = wire == Wire::Rest && accepts_gzip(&parts.headers);
     let key = if route.per_request {
         rand::random::<u64>().to_le_bytes().to_vec()
     } else {
-        sticky_key(inner, route, &parts.headers, &body)
+        sticky_key(inner, route, &parts.headers, &body, wire)
     };
     let bucket = crate::assign::bucket(&route.salt, &key);
     // The key's unit group: outcomes are also counted per group, since the
@@ -351,12 +403,13 @@ async fn predict_inner(
             &path_q,
             &parts.headers,
             body.clone(),
+            wire,
         )
         .await;
         let unreachable = matches!(outcome, Upstreamed::Connect);
-        record(route, candidate, unit, &outcome);
+        record(route, candidate, unit, &outcome, wire);
         if !(unreachable && route.fallback_to_champion) {
-            return finish(outcome, &candidate.revision, gzip);
+            return finish(outcome, &candidate.revision, gzip, wire);
         }
         inner.counters.fallback(&route.name);
     }
@@ -369,9 +422,10 @@ async fn predict_inner(
         &path_q,
         &parts.headers,
         body.clone(),
+        wire,
     )
     .await;
-    let preds = record(route, champion, unit, &outcome);
+    let preds = record(route, champion, unit, &outcome, wire);
     if chosen.is_none()
         && let Some((_, mirror_bp, pairs)) = &route.shadow
         && rand::random_range(0..10_000u32) < *mirror_bp
@@ -384,10 +438,10 @@ async fn predict_inner(
             path_q,
             parts.headers,
             body,
-            (unit, preds),
+            (unit, preds, wire),
         );
     }
-    finish(outcome, &champion.revision, gzip)
+    finish(outcome, &champion.revision, gzip, wire)
 }
 
 /// Records the outcome against `target`. Returns the predictions of a
@@ -400,6 +454,7 @@ fn record(
     target: &Target,
     unit: u16,
     outcome: &Upstreamed,
+    wire: Wire,
 ) -> Option<Vec<Prediction>> {
     let failure = |class| {
         target.stats.with(|s| {
@@ -414,10 +469,17 @@ fn record(
         Upstreamed::Broken => failure(FailureClass::Upstream5xx),
         Upstreamed::Answer {
             status,
+            headers,
             body,
+            trailers,
             latency_us,
-            ..
         } => {
+            // A gRPC answer's outcome is its `grpc-status`, counted as the
+            // HTTP status it maps to, so both wires are judged alike.
+            let status = match wire {
+                Wire::Rest => *status,
+                Wire::Grpc => crate::grpc::outcome(*status, headers, trailers.as_deref()),
+            };
             if status.is_server_error() {
                 return failure(FailureClass::Upstream5xx);
             }
@@ -429,9 +491,14 @@ fn record(
                 return None;
             }
             let preds = if route.read_predictions {
-                let read = match &route.output {
-                    Some(name) => crate::extract::extract_v2_output(name, body),
-                    None => extract(route.protocol, route.output_pointer.as_deref(), body),
+                let read = match (wire, &route.output) {
+                    (Wire::Grpc, output) => {
+                        crate::grpc::predictions(output.as_deref(), headers, body)
+                    }
+                    (Wire::Rest, Some(name)) => crate::extract::extract_v2_output(name, body),
+                    (Wire::Rest, None) => {
+                        extract(route.protocol, route.output_pointer.as_deref(), body)
+                    }
                 };
                 match read {
                     Ok(p) => p,
@@ -451,16 +518,24 @@ fn record(
 
 /// The user's response. A 2xx with unreadable output is still passed through
 /// (the gateway does not judge); it was counted as a failure by `record`.
-fn finish(outcome: Upstreamed, revision: &str, gzip: bool) -> Response<Body> {
+fn finish(outcome: Upstreamed, revision: &str, gzip: bool, wire: Wire) -> Response<Body> {
     match outcome {
         Upstreamed::Answer {
             status,
             headers,
             body,
+            trailers,
             ..
-        } => respond(status, &headers, body, revision, gzip),
+        } => respond(
+            status,
+            &headers,
+            (body, trailers.map(|t| *t)),
+            revision,
+            gzip,
+        ),
         Upstreamed::Timeout => with_revision(
-            json_error(
+            refuse(
+                wire,
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
                 "the model did not answer in time",
@@ -468,7 +543,8 @@ fn finish(outcome: Upstreamed, revision: &str, gzip: bool) -> Response<Body> {
             revision,
         ),
         Upstreamed::Connect | Upstreamed::Broken => with_revision(
-            json_error(
+            refuse(
+                wire,
                 StatusCode::BAD_GATEWAY,
                 "upstream_unavailable",
                 "the model could not be reached",
@@ -588,7 +664,7 @@ fn gzip(data: &[u8]) -> Option<Vec<u8>> {
 fn respond(
     status: StatusCode,
     headers: &HeaderMap,
-    body: Bytes,
+    (body, trailers): (Bytes, Option<HeaderMap>),
     revision: &str,
     gzip: bool,
 ) -> Response<Body> {
@@ -603,7 +679,7 @@ fn respond(
     } else {
         body
     };
-    let mut r = Response::new(Full::new(body));
+    let mut r = Response::new(Body::with_trailers(body, trailers));
     *r.status_mut() = status;
     *r.headers_mut() = out;
     with_revision(r, revision)
@@ -616,13 +692,31 @@ async fn forward(
     path_q: &str,
     headers: &HeaderMap,
     body: Bytes,
+    wire: Wire,
 ) -> Upstreamed {
-    let path = target.upstream_path(path_q);
-    // Plain-HTTP upstreams are sent the path (origin form) and a `Host`;
-    // the pooled TLS client takes the absolute URL.
-    let target_uri = match &target.direct {
-        Some(d) => format!("{}{path}", d.prefix),
-        None => format!("{}{path}", target.base),
+    let limit = inner.limits.max_response_bytes;
+    // Plain-HTTP REST upstreams are sent the path (origin form) and a
+    // `Host` over their own pool; the pooled clients (TLS, and HTTP/2 for
+    // gRPC) take the absolute URL.
+    let (target_uri, direct, body) = match wire {
+        Wire::Rest => {
+            let path = target.upstream_path(path_q);
+            match &target.direct {
+                Some(d) => (format!("{}{path}", d.prefix), Some(d), body),
+                None => (format!("{}{path}", target.base), None, body),
+            }
+        }
+        Wire::Grpc => {
+            // A revision without a gRPC endpoint cannot be reached by gRPC.
+            let Some(base) = &target.grpc else {
+                return Upstreamed::Connect;
+            };
+            let body = match &target.rename {
+                Some((_, served)) => crate::grpc::renamed(headers, body, served, limit),
+                None => body,
+            };
+            (format!("{base}{path_q}"), None, body)
+        }
     };
     let Ok(uri) = target_uri.parse::<http::Uri>() else {
         return Upstreamed::Broken;
@@ -642,7 +736,7 @@ async fn forward(
         for (k, v) in &target.headers {
             out.append(k.clone(), v.clone());
         }
-        if let Some(d) = &target.direct
+        if let Some(d) = direct
             && !out.contains_key(header::HOST)
         {
             out.insert(header::HOST, d.host.clone());
@@ -650,10 +744,21 @@ async fn forward(
         // Answers are measured, so the gateway asks for them unencoded;
         // the client gets them unencoded too (identity is always
         // acceptable to it), and the gateway spends no CPU on compression.
-        out.insert(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
+        match wire {
+            Wire::Rest => out.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            ),
+            Wire::Grpc => {
+                // gRPC's own: trailers expected (`te` is hop-by-hop, so it
+                // is set here, not passed on), messages uncompressed.
+                out.insert(header::TE, HeaderValue::from_static("trailers"));
+                out.insert(
+                    HeaderName::from_static("grpc-accept-encoding"),
+                    HeaderValue::from_static("identity"),
+                )
+            }
+        };
         let mut req = Request::new(Full::new(body.clone()));
         *req.method_mut() = method.clone();
         *req.uri_mut() = uri.clone();
@@ -661,13 +766,12 @@ async fn forward(
         req
     };
     let started = Instant::now();
-    let limit = inner.limits.max_response_bytes;
     let call = async {
         // A pooled connection the upstream closed before answering (uvicorn
         // closes one right after a 500 without saying so) fails the request
         // before any response byte: sent again once, on another connection.
         // The body is buffered, and nothing of the first try was answered.
-        let (mut parts, body) = match &target.direct {
+        let (mut parts, body) = match direct {
             Some(d) => {
                 let pool = inner.pool(d);
                 let (resp, sender) = match pool.send(build(), false).await {
@@ -687,18 +791,18 @@ async fn forward(
                     .map_err(|_| false)?;
                 // Read in full: the connection can carry the next request.
                 pool.put(sender);
-                (parts, body.to_bytes())
+                (parts, body)
             }
             None => {
-                let resp = match inner.client.request(build()).await {
+                let (client, fresh) = match wire {
+                    Wire::Rest => (&inner.client, &inner.fresh),
+                    Wire::Grpc => (&inner.h2, &inner.h2),
+                };
+                let resp = match client.request(build()).await {
                     Ok(r) => r,
                     Err(e) if !e.is_connect() && closed_before_answer(&e) => {
                         inner.counters.retried.fetch_add(1, Ordering::Relaxed);
-                        inner
-                            .fresh
-                            .request(build())
-                            .await
-                            .map_err(|e| e.is_connect())?
+                        fresh.request(build()).await.map_err(|e| e.is_connect())?
                     }
                     Err(e) => return Err(e.is_connect()),
                 };
@@ -707,20 +811,25 @@ async fn forward(
                     .collect()
                     .await
                     .map_err(|_| false)?;
-                (parts, body.to_bytes())
+                (parts, body)
             }
         };
-        let body = decoded(&mut parts.headers, body, limit);
-        Ok::<_, bool>((parts, body))
+        let trailers = body.trailers().cloned().map(Box::new);
+        let body = match wire {
+            Wire::Rest => decoded(&mut parts.headers, body.to_bytes(), limit),
+            Wire::Grpc => body.to_bytes(),
+        };
+        Ok::<_, bool>((parts, body, trailers))
     };
     match tokio::time::timeout(target.timeout, call).await {
         Err(_) => Upstreamed::Timeout,
         Ok(Err(true)) => Upstreamed::Connect,
         Ok(Err(false)) => Upstreamed::Broken,
-        Ok(Ok((parts, body))) => Upstreamed::Answer {
+        Ok(Ok((parts, body, trailers))) => Upstreamed::Answer {
             status: parts.status,
             headers: parts.headers,
             body,
+            trailers,
             latency_us: started.elapsed().as_micros() as u64,
         },
     }
@@ -800,7 +909,7 @@ fn mirror(
     path_q: String,
     headers: HeaderMap,
     body: Bytes,
-    (unit, champion): (u16, Option<Vec<Prediction>>),
+    (unit, champion, wire): (u16, Option<Vec<Prediction>>, Wire),
 ) {
     let Ok(slot) = Arc::clone(&inner.mirror_slots).try_acquire_owned() else {
         pairs.with(|p| p.record_drop());
@@ -815,8 +924,8 @@ fn mirror(
             return;
         };
         shadow.stats.with(|s| s.record_arrivals(1));
-        let outcome = forward(&inner, shadow, method, &path_q, &headers, body).await;
-        let answer = record(&route, shadow, unit, &outcome);
+        let outcome = forward(&inner, shadow, method, &path_q, &headers, body, wire).await;
+        let answer = record(&route, shadow, unit, &outcome, wire);
         if let (Some(champion), Some(answer)) = (champion, answer)
             && route.read_predictions
         {

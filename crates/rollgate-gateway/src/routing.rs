@@ -27,6 +27,8 @@ pub struct Target {
     /// A plain-HTTP upstream, reached through its own connection pool;
     /// `None` for `https://` (the pooled TLS client).
     pub direct: Option<Direct>,
+    /// The gRPC endpoint's base URL, no trailing slash.
+    pub grpc: Option<String>,
 }
 
 /// How a plain-HTTP upstream is reached directly.
@@ -71,6 +73,10 @@ impl Target {
         let base = u.url.trim_end_matches('/').to_string();
         Target {
             direct: Direct::of(&base),
+            grpc: u
+                .grpc_url
+                .as_ref()
+                .map(|g| g.trim_end_matches('/').to_string()),
             revision: u.revision.clone(),
             base,
             timeout: u.timeout.unwrap_or(default_timeout),
@@ -308,6 +314,7 @@ mod incremental {
             timeout: None,
             served_name: None,
             headers: Default::default(),
+            grpc_url: None,
         }
     }
 

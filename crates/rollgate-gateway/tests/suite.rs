@@ -4,5 +4,6 @@
 //! checks that no file is left out.
 
 mod common;
+mod grpc;
 mod it;
 mod tls;

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use rollgate_net::WholeBody;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
@@ -35,6 +36,36 @@ pub struct Faults {
     pub ready_then_503: bool,
 }
 
+/// A fault injected into one prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Ready, yet unavailable (503, gRPC `UNAVAILABLE`).
+    Unavailable,
+    /// An injected failure (500, gRPC `INTERNAL`).
+    Failure,
+}
+
+impl Faults {
+    /// Waits the added latency, then says which fault (if any) this
+    /// prediction gets.
+    pub(crate) async fn inject(&self) -> Option<Fault> {
+        let mut delay = self.latency;
+        if self.tail_fraction > 0.0 && rand::random_bool(self.tail_fraction.clamp(0.0, 1.0)) {
+            delay += self.tail_latency;
+        }
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if self.ready_then_503 {
+            return Some(Fault::Unavailable);
+        }
+        if self.failure_rate > 0.0 && rand::random_bool(self.failure_rate.clamp(0.0, 1.0)) {
+            return Some(Fault::Failure);
+        }
+        None
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The model name in request paths.
@@ -46,8 +77,8 @@ pub struct ServerConfig {
     pub tls: Option<rollgate_net::ServerTls>,
 }
 
-fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+fn reply(status: StatusCode, body: Value) -> Response<WholeBody> {
+    let mut r = Response::new(WholeBody::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -56,7 +87,7 @@ fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
     r
 }
 
-fn bad(msg: impl Into<String>) -> Response<Full<Bytes>> {
+fn bad(msg: impl Into<String>) -> Response<WholeBody> {
     reply(StatusCode::BAD_REQUEST, json!({ "error": msg.into() }))
 }
 
@@ -89,7 +120,7 @@ fn rows(v2: bool, body: &Value, width: usize) -> Result<Vec<Vec<f64>>, String> {
     Ok(data.chunks(width).map(<[f64]>::to_vec).collect())
 }
 
-async fn predict(cfg: &ServerConfig, v2: bool, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn predict(cfg: &ServerConfig, v2: bool, req: Request<Incoming>) -> Response<WholeBody> {
     let Ok(body) = Limited::new(req.into_body(), 8 << 20).collect().await else {
         return bad("could not read the body (limit 8 MiB)");
     };
@@ -108,25 +139,20 @@ async fn predict(cfg: &ServerConfig, v2: bool, req: Request<Incoming>) -> Respon
             Err(e) => return bad(e),
         }
     }
-    let f = &cfg.faults;
-    let mut delay = f.latency;
-    if f.tail_fraction > 0.0 && rand::random_bool(f.tail_fraction.clamp(0.0, 1.0)) {
-        delay += f.tail_latency;
-    }
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
-    if f.ready_then_503 {
-        return reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({ "error": "model unavailable" }),
-        );
-    }
-    if f.failure_rate > 0.0 && rand::random_bool(f.failure_rate.clamp(0.0, 1.0)) {
-        return reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            json!({ "error": "injected failure" }),
-        );
+    match cfg.faults.inject().await {
+        Some(Fault::Unavailable) => {
+            return reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "error": "model unavailable" }),
+            );
+        }
+        Some(Fault::Failure) => {
+            return reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({ "error": "injected failure" }),
+            );
+        }
+        None => {}
     }
     if v2 {
         let data: Vec<f64> = probs.iter().flat_map(|p| p.iter().copied()).collect();
@@ -139,7 +165,7 @@ async fn predict(cfg: &ServerConfig, v2: bool, req: Request<Incoming>) -> Respon
     }
 }
 
-async fn handle(cfg: Arc<ServerConfig>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(cfg: Arc<ServerConfig>, req: Request<Incoming>) -> Response<WholeBody> {
     let path = req.uri().path().to_string();
     let name = cfg.name.as_str();
     let is_get = req.method() == Method::GET;
@@ -228,7 +254,7 @@ fn route_of<'a>(method: &Method, path: &str, name: &'a str) -> (&'static str, Op
     }
 }
 
-fn not_found(model: &str) -> Response<Full<Bytes>> {
+fn not_found(model: &str) -> Response<WholeBody> {
     reply(
         StatusCode::NOT_FOUND,
         json!({ "error": format!("model {model:?} is not served here") }),
@@ -241,14 +267,14 @@ async fn measured(
     cfg: Arc<ServerConfig>,
     metrics: &ServerMetrics,
     req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
+) -> Response<WholeBody> {
     if req.method() == Method::GET && req.uri().path() == "/metrics" {
         let accept = req
             .headers()
             .get(http::header::ACCEPT)
             .and_then(|v| v.to_str().ok());
         let (body, kind) = metrics.expose(accept);
-        let mut r = Response::new(Full::new(Bytes::from(body)));
+        let mut r = Response::new(WholeBody::new(Bytes::from(body)));
         r.headers_mut().insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(kind),
@@ -260,6 +286,25 @@ async fn measured(
     let path = req.uri().path().to_string();
     let name = cfg.name.clone();
     metrics.begin(method.as_str());
+    let grpc = method == Method::POST
+        && req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| rollgate_oip::is_grpc(v.as_bytes()));
+    if grpc {
+        // Counted under the method's path, with the HTTP status its
+        // outcome maps to.
+        let (resp, code, ours) = crate::grpc::handle(&cfg, req).await;
+        let route = rollgate_oip::Method::of_path(&path).map_or("unknown", |m| m.path());
+        metrics.record(
+            ours.then_some(name.as_str()),
+            method.as_str(),
+            route,
+            code.http_equivalent(),
+            started.elapsed(),
+        );
+        return resp;
+    }
     let resp = handle(cfg, req).await;
     let (route, model) = route_of(&method, &path, &name);
     metrics.record(

@@ -4,11 +4,13 @@
 //! HTTP/1.1 and HTTP/2 on every listener ([`serve`]), and the connector
 //! every outbound client uses ([`connector`]).
 
+mod body;
 pub mod serve;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
 
+pub use body::WholeBody;
 pub use serve::{Serving, serve};
 pub use tls::{ClientTls, ListenerTls, ServerTls, TlsError};
 

@@ -74,6 +74,12 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub struct RevisionSpec {
     /// Base URL of the model server, `http://` or `https://`.
     pub upstream: String,
+    /// Base URL of the model server's gRPC endpoint (the Open Inference
+    /// Protocol's), if it has one: `http://` (HTTP/2 without TLS) or
+    /// `https://`. MLServer's is its `grpc_port`; rollgate's own model
+    /// server answers gRPC on its one port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_upstream: Option<String>,
     /// The model artifact (path, URI or digest), for the record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub artifact: Option<String>,
@@ -176,6 +182,12 @@ impl RevisionSpec {
         let upstream = self.upstream.trim().trim_end_matches('/').to_string();
         rollgate_core::spec::check_upstream_url("revision.upstream", &upstream)
             .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let grpc_upstream =
+            blank_to_none(&self.grpc_upstream).map(|u| u.trim_end_matches('/').to_string());
+        if let Some(u) = &grpc_upstream {
+            rollgate_core::spec::check_upstream_url("revision.grpc_upstream", u)
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        }
         let readiness_path = blank_to_none(&self.readiness_path);
         if let Some(p) = &readiness_path
             && !p.starts_with('/')
@@ -216,6 +228,7 @@ impl RevisionSpec {
         }
         Ok(RevisionSpec {
             upstream,
+            grpc_upstream,
             artifact: blank_to_none(&self.artifact),
             readiness_path,
             timeout_ms: self.timeout_ms.filter(|&t| t != DEFAULT_TIMEOUT_MS),
@@ -310,6 +323,7 @@ mod tests {
         let plain = spec("http://127.0.0.1:9001");
         let spelled = RevisionSpec {
             upstream: " http://127.0.0.1:9001/ ".into(),
+            grpc_upstream: Some(" ".into()),
             artifact: Some("  ".into()),
             readiness_path: Some(String::new()),
             timeout_ms: Some(DEFAULT_TIMEOUT_MS),
@@ -362,6 +376,20 @@ mod tests {
                 .expect_err("bad path")
                 .to_string()
                 .contains("readiness_path")
+        );
+        let mut g = spec("http://x");
+        g.grpc_upstream = Some("grpc://x:9081".into());
+        let e = g.identity("m").expect_err("bad gRPC url");
+        assert!(e.to_string().contains("revision.grpc_upstream"), "{e}");
+        // A gRPC endpoint is part of what a revision is.
+        g.grpc_upstream = Some("http://x:9081/".into());
+        let with = g.identity("m").expect("valid");
+        assert_ne!(with, spec("http://x").identity("m").expect("valid"));
+        g.grpc_upstream = Some("http://x:9081".into());
+        assert_eq!(
+            g.identity("m").expect("valid"),
+            with,
+            "a trailing / is no change"
         );
     }
 

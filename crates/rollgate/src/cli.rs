@@ -198,6 +198,10 @@ pub enum RevisionCmd {
         /// The model server's base URL (`http://host:port`).
         #[arg(long)]
         upstream: String,
+        /// The model server's gRPC endpoint (Open Inference Protocol), if
+        /// it has one: `http://host:port` (HTTP/2 without TLS) or `https://`.
+        #[arg(long)]
+        grpc_upstream: Option<String>,
         /// What it serves (a model URI or a label), for the record.
         #[arg(long)]
         artifact: Option<String>,
@@ -532,12 +536,14 @@ pub fn revision(g: &Global, cmd: &RevisionCmd) -> anyhow::Result<ExitCode> {
         RevisionCmd::Add {
             model,
             upstream,
+            grpc_upstream,
             artifact,
             readiness_path,
             timeout_ms,
         } => {
             let mut spec = json!({ "upstream": upstream });
             for (k, v) in [
+                ("grpc_upstream", json!(grpc_upstream)),
                 ("artifact", json!(artifact)),
                 ("readiness_path", json!(readiness_path)),
                 ("timeout_ms", json!(timeout_ms)),

@@ -19,6 +19,7 @@ fn upstream(r: &Revision) -> Upstream {
         timeout: r.spec.timeout_ms.map(Duration::from_millis),
         served_name: r.spec.served_name.clone(),
         headers: r.spec.headers.clone(),
+        grpc_url: r.spec.grpc_upstream.clone(),
     }
 }
 

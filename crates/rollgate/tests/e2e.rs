@@ -1056,8 +1056,14 @@ struct Seen {
 /// Registers the OIP V2 model `fraud` (predictions read from the
 /// `predict_proba` output by name) on MLServer, with a revision per served
 /// name (`None`: served under the model's own name, which MLServer lacks);
-/// makes the first the champion. Returns the revision ids.
-async fn setup_v2(c: &HttpClient, ctl: &Proc, url: &str, served: &[Option<&str>]) -> Vec<String> {
+/// makes the first the champion. Returns the revision ids. With `grpc`,
+/// each revision also has MLServer's gRPC endpoint.
+async fn setup_v2(
+    c: &HttpClient,
+    ctl: &Proc,
+    (url, grpc): (&str, Option<&str>),
+    served: &[Option<&str>],
+) -> Vec<String> {
     let spec = json!({ "protocol": "oip_v2", "output": "predict_proba" });
     let (s, m) = api(
         c,
@@ -1071,6 +1077,9 @@ async fn setup_v2(c: &HttpClient, ctl: &Proc, url: &str, served: &[Option<&str>]
     let mut ids = Vec::new();
     for name in served {
         let mut rev = json!({ "upstream": url, "readiness_path": "/v2/health/ready" });
+        if let Some(g) = grpc {
+            rev["grpc_upstream"] = json!(g);
+        }
         if let Some(n) = name {
             rev["served_name"] = json!(n);
         }
@@ -1201,7 +1210,7 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
     let ids = setup_v2(
         &c,
         &ctl,
-        &url,
+        (&url, None),
         &[Some("champion"), Some("broken"), Some("retrained")],
     )
     .await;
@@ -1234,13 +1243,187 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
     no_invalid_output(&c, &gw).await;
 }
 
+/// MLServer's gRPC endpoint (`ROLLGATE_MLSERVER_GRPC_URL`, started with
+/// it by `tests/mlserver/start.sh`).
+fn mlserver_grpc() -> Option<(String, String)> {
+    let url = mlserver()?;
+    match std::env::var("ROLLGATE_MLSERVER_GRPC_URL") {
+        Ok(grpc) => Some((url, grpc)),
+        Err(_) if std::env::var_os("CI").is_some() => panic!(
+            "ROLLGATE_MLSERVER_GRPC_URL is not set: tests/mlserver/start.sh prints it (.ci/run)"
+        ),
+        Err(_) => {
+            eprintln!(
+                "skipped: MLServer's gRPC endpoint unknown; restart it with tests/mlserver/start.sh"
+            );
+            None
+        }
+    }
+}
+
+/// gRPC clients (tonic, over h2c to the gateway): `ModelInfer` with
+/// batches of 8–32 rows and a sticky key in the call's metadata, until
+/// `stop` (bounded by 120 s). A call not answered OK is a failure.
+fn grpc_traffic(
+    gateway: &str,
+    stop: Arc<AtomicBool>,
+    seen: Arc<Seen>,
+) -> tokio::task::JoinHandle<()> {
+    use rollgate_oip as oip;
+    let url = format!("http://{gateway}");
+    tokio::spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(url)
+            .expect("endpoint")
+            .timeout(Duration::from_secs(10))
+            .connect_lazy();
+        let mut grpc = tonic::client::Grpc::new(channel);
+        let started = Instant::now();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+            n += 1;
+            let rows = 8 + (n * 7) % 25;
+            let data: Vec<f64> = (0..rows * 4)
+                .map(|i| (((n * 31 + i * 17) % 97) as f64 / 24.0) - 2.0)
+                .collect();
+            let mut req = tonic::Request::new(oip::ModelInferRequest {
+                model_name: "fraud".into(),
+                inputs: vec![oip::InferInputTensor {
+                    name: "x".into(),
+                    datatype: "FP64".into(),
+                    shape: vec![rows as i64, 4],
+                    contents: Some(oip::InferTensorContents {
+                        fp64_contents: data,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                outputs: vec![oip::InferRequestedOutputTensor {
+                    name: "predict_proba".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            let key = format!("user-{}", n % 2000);
+            req.metadata_mut()
+                .insert("x-rollgate-key", key.parse().expect("ascii"));
+            let answer = async {
+                grpc.ready()
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                let codec = tonic_prost::ProstCodec::<
+                    oip::ModelInferRequest,
+                    oip::ModelInferResponse,
+                >::default();
+                let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+                    oip::Method::ModelInfer.path(),
+                );
+                grpc.unary(req, path, codec).await
+            }
+            .await;
+            seen.good.fetch_add(1, Ordering::SeqCst);
+            let failure = match answer {
+                Ok(r)
+                    if r.get_ref()
+                        .outputs
+                        .first()
+                        .is_some_and(|o| o.shape == [rows as i64, 2]) =>
+                {
+                    None
+                }
+                Ok(r) => Some((0, format!("unexpected answer: {:?}", r.get_ref().outputs))),
+                Err(s) => Some((s.code() as u16, s.message().chars().take(200).collect())),
+            };
+            if let Some(f) = failure {
+                seen.good_failed.fetch_add(1, Ordering::SeqCst);
+                let mut all = seen.failures.lock().expect("failures");
+                if all.len() < 5 {
+                    all.push(f);
+                }
+            }
+        }
+    })
+}
+
+/// The gRPC twin of the REST test above: the same models, every call over
+/// gRPC (tonic to the gateway, the gateway to MLServer's gRPC endpoint),
+/// the same decisions: the broken feature refused in SHADOW, the
+/// champion redeployed (identical) and the retrain promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlserver_over_grpc_broken_refused_in_shadow_identical_and_retrain_promoted() {
+    let Some((url, grpc)) = mlserver_grpc() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let ids = setup_v2(
+        &c,
+        &ctl,
+        (&url, Some(&grpc)),
+        &[Some("champion"), Some("broken"), Some("retrained")],
+    )
+    .await;
+    let gw = start_gateway(dir.path());
+    let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
+    let load = grpc_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen));
+
+    let broken = start_v2_rollout(&c, &ctl, &ids[1]).await;
+    let r = wait_for(&c, &ctl, broken, Duration::from_secs(60), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "anytime_breach",
+        "{r}"
+    );
+    let kinds = audit_kinds(&c, &ctl, broken).await;
+    assert_eq!(count(&kinds, "advanced"), 0, "refused in SHADOW: {kinds:?}");
+
+    // The champion's own model again, as a new revision: identical.
+    let same = json!({
+        "upstream": url, "grpc_upstream": grpc, "readiness_path": "/v2/health/ready",
+        "served_name": "champion", "artifact": "the champion, redeployed",
+    });
+    let (s, same) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models/fraud/revisions",
+        Some(same),
+    )
+    .await;
+    assert_eq!(s, 201, "{same}");
+    let identical = start_v2_rollout(&c, &ctl, same["id"].as_str().expect("id")).await;
+    let r = wait_for(&c, &ctl, identical, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+
+    let retrained = start_v2_rollout(&c, &ctl, &ids[2]).await;
+    let r = wait_for(&c, &ctl, retrained, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    load.await.expect("traffic");
+    let good = seen.good.load(Ordering::SeqCst);
+    assert!(good > 100, "{good} calls");
+    assert_eq!(
+        seen.good_failed.load(Ordering::SeqCst),
+        0,
+        "of {good} calls: {:?}",
+        seen.failures.lock().expect("failures")
+    );
+    no_invalid_output(&c, &gw).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mlserver_wrong_shape_bursts_fail_no_good_request_and_move_neither_arm() {
     let Some(url) = mlserver() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let ctl = start_controller(dir.path(), &[]);
     let c = client();
-    let ids = setup_v2(&c, &ctl, &url, &[Some("champion"), Some("retrained")]).await;
+    let ids = setup_v2(
+        &c,
+        &ctl,
+        (&url, None),
+        &[Some("champion"), Some("retrained")],
+    )
+    .await;
     let gw = start_gateway(dir.path());
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     // One request in ten has the wrong shape: MLServer answers a plain-text
@@ -1269,7 +1452,7 @@ async fn mlserver_a_candidate_served_under_another_name_is_rolled_back_by_breach
     let ctl = start_controller(dir.path(), &[]);
     let c = client();
     // The candidate forgot its served name: MLServer has no model "fraud".
-    let ids = setup_v2(&c, &ctl, &url, &[Some("champion"), None]).await;
+    let ids = setup_v2(&c, &ctl, (&url, None), &[Some("champion"), None]).await;
     let gw = start_gateway(dir.path());
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);

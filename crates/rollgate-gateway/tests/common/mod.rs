@@ -12,6 +12,7 @@ pub fn up(revision: &str, url: &str) -> Upstream {
         timeout: None,
         served_name: None,
         headers: Default::default(),
+        grpc_url: None,
     }
 }
 
