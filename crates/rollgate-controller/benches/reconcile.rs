@@ -71,6 +71,7 @@ fn snapshot(rollouts: &[(String, i64, String, String)]) -> GatewaySnapshot {
         overloaded: 0,
         retried: 0,
         slow_clients: 0,
+        streamed_requests: 0,
         wrong_protocol: 0,
         fallbacks: Default::default(),
         unroutable: Default::default(),

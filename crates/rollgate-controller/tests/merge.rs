@@ -76,6 +76,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
         overloaded: 0,
         retried: 0,
         slow_clients: 0,
+        streamed_requests: 0,
         wrong_protocol: 0,
         fallbacks: Default::default(),
         in_flight: 0,

@@ -282,6 +282,10 @@ pub struct GatewaySnapshot {
     /// Requests whose body did not arrive in time (408).
     #[serde(default)]
     pub slow_clients: u64,
+    /// Requests whose body was beyond the body limit and was streamed to
+    /// the revision serving it (nothing needed it whole).
+    #[serde(default)]
+    pub streamed_requests: u64,
     /// Requests in another protocol than their model's (400).
     #[serde(default)]
     pub wrong_protocol: u64,

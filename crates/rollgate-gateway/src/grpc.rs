@@ -45,8 +45,12 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Method::ModelReady | Method::ModelMetadata | Method::ModelInfer => {}
     }
     let (parts, body) = req.into_parts();
-    let body = match crate::proxy::read_body(&inner, body, Wire::Grpc).await {
-        Ok(body) => body,
+    // Held whole: the model's name is in it.
+    let body = match crate::proxy::read_body(&inner, body, Wire::Grpc, false).await {
+        Ok(crate::stream::Read::Whole(body, _)) => body,
+        Ok(crate::stream::Read::Partial(..)) => {
+            return status(Code::Internal, "a gRPC message is read whole");
+        }
         Err(refused) => return refused,
     };
     let limit = inner.limits.max_body_bytes;
@@ -81,6 +85,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
     drop(table);
     match method {
         Method::ModelInfer => {
+            let body = crate::proxy::Sent::Whole(body);
             crate::proxy::predict_admitted(inner, route, parts, body, Wire::Grpc).await
         }
         _ => crate::proxy::passthrough(&inner, &route, &parts, body, Wire::Grpc).await,

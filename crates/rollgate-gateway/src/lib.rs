@@ -17,15 +17,14 @@ mod proxy;
 mod recorder;
 mod routing;
 mod server;
+mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use http::HeaderName;
-use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -53,6 +52,8 @@ struct Counters {
     retried: AtomicU64,
     /// Requests whose body did not arrive within the body timeout (408).
     slow_clients: AtomicU64,
+    /// Requests whose body was beyond the body limit, streamed upstream.
+    streamed: AtomicU64,
     /// Requests in another protocol than their model's (400, not forwarded).
     wrong_protocol: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
@@ -77,12 +78,12 @@ struct Inner {
     /// one-model change must not overwrite each other.
     route_writes: Mutex<()>,
     recorders: Recorders,
-    client: Client<Connector, Full<Bytes>>,
+    client: Client<Connector, stream::Outgoing>,
     /// Never pools: for sending a request again on a fresh connection.
-    fresh: Client<Connector, Full<Bytes>>,
+    fresh: Client<Connector, stream::Outgoing>,
     /// HTTP/2 only, for gRPC upstreams: with prior knowledge to `http://`
     /// (h2c), by ALPN to `https://`; one multiplexed connection per host.
-    h2: Client<Connector, Full<Bytes>>,
+    h2: Client<Connector, stream::Outgoing>,
     /// TLS on the listener, if configured.
     tls: Option<rollgate_net::ServerTls>,
     /// Connections to plain-HTTP upstreams, by `host:port`.
@@ -136,6 +137,7 @@ impl Inner {
             overloaded: self.counters.overloaded.load(Ordering::Relaxed),
             retried: self.counters.retried.load(Ordering::Relaxed),
             slow_clients: self.counters.slow_clients.load(Ordering::Relaxed),
+            streamed_requests: self.counters.streamed.load(Ordering::Relaxed),
             wrong_protocol: self.counters.wrong_protocol.load(Ordering::Relaxed),
             fallbacks: self
                 .counters

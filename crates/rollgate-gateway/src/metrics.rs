@@ -201,6 +201,12 @@ impl Collector for SnapshotCollector {
         )?;
         family(
             &mut enc,
+            "rollgate_streamed_requests",
+            "Requests whose body was beyond the body limit and was streamed to the revision serving it.",
+            vec![(vec![], ConstCounter::new(s.streamed_requests))],
+        )?;
+        family(
+            &mut enc,
             "rollgate_wrong_protocol",
             "Requests in another protocol than their model's (400, never forwarded).",
             vec![(vec![], ConstCounter::new(s.wrong_protocol))],

@@ -11,9 +11,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use crate::stream::Outgoing;
 use http::{Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
@@ -37,7 +36,7 @@ pub struct Pool {
     addr: String,
     connect_timeout: Duration,
     idle_timeout: Duration,
-    idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
+    idle: Mutex<Vec<(SendRequest<Outgoing>, Instant)>>,
 }
 
 impl Pool {
@@ -51,7 +50,7 @@ impl Pool {
     }
 
     /// An idle connection, else a new one (`fresh`: always a new one).
-    async fn checkout(&self, fresh: bool) -> Result<SendRequest<Full<Bytes>>, SendError> {
+    async fn checkout(&self, fresh: bool) -> Result<SendRequest<Outgoing>, SendError> {
         if !fresh && let Some(sender) = self.idle_connection().await {
             return Ok(sender);
         }
@@ -74,7 +73,7 @@ impl Pool {
 
     /// The most recently used idle connection still open and not idle too
     /// long; the others popped on the way are dropped.
-    async fn idle_connection(&self) -> Option<SendRequest<Full<Bytes>>> {
+    async fn idle_connection(&self) -> Option<SendRequest<Outgoing>> {
         loop {
             let (mut sender, since) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
             if since.elapsed() >= self.idle_timeout {
@@ -92,16 +91,16 @@ impl Pool {
     /// with [`Pool::put`] once the body is read in full.
     pub async fn send(
         &self,
-        req: Request<Full<Bytes>>,
+        req: Request<Outgoing>,
         fresh: bool,
-    ) -> Result<(Response<Incoming>, SendRequest<Full<Bytes>>), SendError> {
+    ) -> Result<(Response<Incoming>, SendRequest<Outgoing>), SendError> {
         let mut sender = self.checkout(fresh).await?;
         let resp = sender.send_request(req).await.map_err(SendError::Http)?;
         Ok((resp, sender))
     }
 
     /// Keeps a connection whose last answer was read in full.
-    pub fn put(&self, sender: SendRequest<Full<Bytes>>) {
+    pub fn put(&self, sender: SendRequest<Outgoing>) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < MAX_IDLE {
             idle.push((sender, Instant::now()));

@@ -13,7 +13,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use rollgate_core::{FailureClass, Protocol};
 
@@ -21,9 +21,64 @@ use crate::Inner;
 use crate::extract::{Prediction, agree, extract};
 use crate::pool::SendError;
 use crate::routing::{Route, Target};
+use crate::stream::{Outgoing, Prefixed, Read, ReadError, Streamed, Tally};
+use http_body_util::Either;
+use rollgate_net::WholeBody;
 
-/// Every answer the gateway gives is whole (bytes, then trailers for gRPC).
-pub type Body = rollgate_net::WholeBody;
+/// What the gateway answers: whole (bytes, then trailers for gRPC), or an
+/// answer beyond the response limit passed on as it arrives.
+#[derive(Debug)]
+pub(crate) enum Body {
+    Whole(WholeBody),
+    Streamed(Box<Streamed>),
+}
+
+impl Body {
+    pub fn new(data: Bytes) -> Body {
+        Body::Whole(WholeBody::new(data))
+    }
+
+    pub fn with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Body {
+        Body::Whole(WholeBody::with_trailers(data, trailers))
+    }
+}
+
+impl Default for Body {
+    fn default() -> Body {
+        Body::Whole(WholeBody::default())
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Body::Whole(b) => std::pin::Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(|never| match never {}))),
+            Body::Streamed(s) => std::pin::Pin::new(s.as_mut()).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Body::Whole(b) => b.is_end_stream(),
+            Body::Streamed(s) => s.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            Body::Whole(b) => b.size_hint(),
+            Body::Streamed(s) => s.size_hint(),
+        }
+    }
+}
 
 /// The header naming the revision that answered.
 pub const REVISION_HEADER: &str = "x-rollgate-revision";
@@ -37,6 +92,16 @@ enum Upstreamed {
         /// What ended the answer after its body (gRPC's status).
         trailers: Option<Box<HeaderMap>>,
         latency_us: u64,
+    },
+    /// Beyond the response limit, nothing needing it whole: the part read
+    /// and the rest to pass on (counted when it ends).
+    Streamed {
+        status: StatusCode,
+        headers: HeaderMap,
+        prefix: Bytes,
+        rest: Incoming,
+        /// When it was sent, and when the revision's timeout runs out.
+        times: (Instant, Instant),
     },
     Timeout,
     Connect,
@@ -242,11 +307,12 @@ pub(crate) async fn passthrough(
         parts.method.clone(),
         path_q,
         &parts.headers,
-        body,
+        Sent::Whole(body),
         wire,
+        wire == Wire::Rest,
     )
     .await;
-    finish(outcome, &champion.revision, false, wire)
+    finish(outcome, champion, None, false, wire)
 }
 
 /// The sticky key: the configured header, else a JSON field of the body,
@@ -293,23 +359,78 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
-    let (parts, body) = req.into_parts();
-    match read_body(&inner, body, Wire::Rest).await {
-        Ok(body) => predict_admitted(inner, route, parts, body, Wire::Rest).await,
-        Err(refused) => refused,
+/// A call's body as it is sent upstream: held whole (it can be sent again,
+/// on a fresh connection or to the champion, and mirrored), or streamed,
+/// once.
+pub(crate) enum Sent {
+    Whole(Bytes),
+    Streamed(std::sync::Mutex<Option<Prefixed>>),
+}
+
+impl Sent {
+    /// The body for one sending: a whole one every time, a streamed one
+    /// the first time only.
+    fn outgoing(&self) -> Option<Outgoing> {
+        match self {
+            Sent::Whole(b) => Some(Either::Left(Full::new(b.clone()))),
+            Sent::Streamed(s) => s
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .map(Either::Right),
+        }
+    }
+
+    fn whole(&self) -> Option<&Bytes> {
+        match self {
+            Sent::Whole(b) => Some(b),
+            Sent::Streamed(_) => None,
+        }
+    }
+
+    /// The same body for another sending: a whole one's copy; a streamed
+    /// one moves (this one is then spent).
+    fn again(&self) -> Sent {
+        match self {
+            Sent::Whole(b) => Sent::Whole(b.clone()),
+            Sent::Streamed(s) => Sent::Streamed(std::sync::Mutex::new(
+                s.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            )),
+        }
     }
 }
 
-/// The request body, within the body limit and the client body timeout.
+async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    // A body beyond the limit may stream to the revision that serves it
+    // when nothing needs it whole: no shadow to mirror it to, no sticky
+    // key to find in it.
+    let may_stream = route.shadow.is_none()
+        && (route.per_request
+            || route.key_field.is_none()
+            || parts.headers.contains_key(&inner.key_header));
+    let body = match read_body(&inner, body, Wire::Rest, may_stream).await {
+        Ok(Read::Whole(body, _)) => Sent::Whole(body),
+        Ok(Read::Partial(prefix, rest)) => {
+            inner.counters.streamed.fetch_add(1, Ordering::Relaxed);
+            Sent::Streamed(std::sync::Mutex::new(Some(Prefixed::new(prefix, rest))))
+        }
+        Err(refused) => return refused,
+    };
+    predict_admitted(inner, route, parts, body, Wire::Rest).await
+}
+
+/// The request body, within the body limit (beyond it, when `may_stream`,
+/// the part read and the rest to stream) and the client body timeout.
 /// Read before a capacity slot is taken: a client that sends its body
 /// slowly holds only its own connection, never a slot real users need.
 pub(crate) async fn read_body(
     inner: &Inner,
     body: Incoming,
     wire: Wire,
-) -> Result<Bytes, Response<Body>> {
-    let read = Limited::new(body, inner.limits.max_body_bytes).collect();
+    may_stream: bool,
+) -> Result<Read, Response<Body>> {
+    let read = crate::stream::read(body, inner.limits.max_body_bytes, may_stream);
     let Ok(read) = tokio::time::timeout(inner.limits.client_body_timeout, read).await else {
         inner.counters.slow_clients.fetch_add(1, Ordering::Relaxed);
         return Err(refuse(
@@ -323,19 +444,14 @@ pub(crate) async fn read_body(
         ));
     };
     match read {
-        Ok(b) => Ok(b.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(refuse(
-                wire,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                &format!("request body exceeds {} bytes", inner.limits.max_body_bytes),
-            ))
-        }
-        Err(_) => Err(refuse(
+        Ok(read) => Ok(read),
+        Err(ReadError::TooLarge) => Err(refuse(
+            wire,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            &format!("request body exceeds {} bytes", inner.limits.max_body_bytes),
+        )),
+        Err(ReadError::Broken) => Err(refuse(
             wire,
             StatusCode::BAD_REQUEST,
             "bad_body",
@@ -350,7 +466,7 @@ pub(crate) async fn predict_admitted(
     inner: Arc<Inner>,
     route: Arc<Route>,
     parts: http::request::Parts,
-    body: Bytes,
+    body: Sent,
     wire: Wire,
 ) -> Response<Body> {
     let Ok(_permit) = Arc::clone(&inner.capacity).try_acquire_owned() else {
@@ -370,7 +486,7 @@ async fn predict_inner(
     inner: &Arc<Inner>,
     route: &Arc<Route>,
     parts: http::request::Parts,
-    body: Bytes,
+    body: Sent,
     wire: Wire,
 ) -> Response<Body> {
     let path_q = parts
@@ -383,12 +499,16 @@ async fn predict_inner(
     let key = if route.per_request {
         rand::random::<u64>().to_le_bytes().to_vec()
     } else {
-        sticky_key(inner, route, &parts.headers, &body, wire)
+        let whole = body.whole().map_or(&[][..], |b| &b[..]);
+        sticky_key(inner, route, &parts.headers, whole, wire)
     };
     let bucket = crate::assign::bucket(&route.salt, &key);
     // The key's unit group: outcomes are also counted per group, since the
     // key, not the request, is what the split randomised.
     let unit = rollgate_core::unit_of(bucket);
+    // An answer beyond the response limit may be passed on as it arrives
+    // only when nothing needs it whole.
+    let may_stream = wire == Wire::Rest && !route.read_predictions;
 
     let chosen = match &route.candidate {
         Some((target, weight)) if crate::assign::to_candidate(bucket, *weight) => Some(target),
@@ -402,14 +522,16 @@ async fn predict_inner(
             parts.method.clone(),
             &path_q,
             &parts.headers,
-            body.clone(),
+            body.again(),
             wire,
+            may_stream,
         )
         .await;
         let unreachable = matches!(outcome, Upstreamed::Connect);
         record(route, candidate, unit, &outcome, wire);
-        if !(unreachable && route.fallback_to_champion) {
-            return finish(outcome, &candidate.revision, gzip, wire);
+        // A streamed body went to the candidate: it cannot be sent again.
+        if !(unreachable && route.fallback_to_champion && body.whole().is_some()) {
+            return finish(outcome, candidate, Some(unit), gzip, wire);
         }
         inner.counters.fallback(&route.name);
     }
@@ -421,13 +543,16 @@ async fn predict_inner(
         parts.method.clone(),
         &path_q,
         &parts.headers,
-        body.clone(),
+        body.again(),
         wire,
+        may_stream,
     )
     .await;
     let preds = record(route, champion, unit, &outcome, wire);
+    // (With a shadow, a body is always held whole.)
     if chosen.is_none()
         && let Some((_, mirror_bp, pairs)) = &route.shadow
+        && let Sent::Whole(body) = body
         && rand::random_range(0..10_000u32) < *mirror_bp
     {
         mirror(
@@ -441,7 +566,7 @@ async fn predict_inner(
             (unit, preds, wire),
         );
     }
-    finish(outcome, &champion.revision, gzip, wire)
+    finish(outcome, champion, Some(unit), gzip, wire)
 }
 
 /// Records the outcome against `target`. Returns the predictions of a
@@ -456,17 +581,20 @@ fn record(
     outcome: &Upstreamed,
     wire: Wire,
 ) -> Option<Vec<Prediction>> {
+    let tally = Tally {
+        stats: &*target.stats,
+        unit,
+    };
     let failure = |class| {
-        target.stats.with(|s| {
-            s.record_failure(class);
-            s.unit_mut(unit).record_failures(1);
-        });
+        tally.failure(class);
         None
     };
     match outcome {
         Upstreamed::Timeout => failure(FailureClass::Timeout),
         Upstreamed::Connect => failure(FailureClass::Connect),
         Upstreamed::Broken => failure(FailureClass::Upstream5xx),
+        // Counted when it ends (see `finish`).
+        Upstreamed::Streamed { .. } => None,
         Upstreamed::Answer {
             status,
             headers,
@@ -484,10 +612,7 @@ fn record(
                 return failure(FailureClass::Upstream5xx);
             }
             if status.is_client_error() {
-                target.stats.with(|s| {
-                    s.record_client_error();
-                    s.unit_mut(unit).record_client_error();
-                });
+                tally.client_error();
                 return None;
             }
             let preds = if route.read_predictions {
@@ -507,10 +632,7 @@ fn record(
             } else {
                 Vec::new()
             };
-            target.stats.with(|s| {
-                s.record_success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()));
-                s.unit_mut(unit).record_success(*latency_us);
-            });
+            tally.success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()));
             Some(preds)
         }
     }
@@ -518,8 +640,34 @@ fn record(
 
 /// The user's response. A 2xx with unreadable output is still passed through
 /// (the gateway does not judge); it was counted as a failure by `record`.
-fn finish(outcome: Upstreamed, revision: &str, gzip: bool, wire: Wire) -> Response<Body> {
+/// A streamed answer is counted, in `unit`, when it ends (`None`: an
+/// unmeasured call).
+fn finish(
+    outcome: Upstreamed,
+    target: &Target,
+    unit: Option<u16>,
+    gzip: bool,
+    wire: Wire,
+) -> Response<Body> {
+    let revision = target.revision.as_str();
     match outcome {
+        Upstreamed::Streamed {
+            status,
+            headers,
+            prefix,
+            rest,
+            times,
+        } => {
+            let tally = unit.map(|unit| Tally {
+                stats: Arc::clone(&target.stats),
+                unit,
+            });
+            let body = Streamed::new(prefix, rest, status, times, tally);
+            let mut r = Response::new(Body::Streamed(Box::new(body)));
+            *r.status_mut() = status;
+            *r.headers_mut() = passed_on(&headers);
+            with_revision(r, revision)
+        }
         Upstreamed::Answer {
             status,
             headers,
@@ -661,6 +809,17 @@ fn gzip(data: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The upstream's headers a client is given (hop-by-hop ones dropped).
+fn passed_on(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(headers.len() + 2);
+    for (k, v) in headers {
+        if !hop_by_hop(k) {
+            out.append(k, v.clone());
+        }
+    }
+    out
+}
+
 fn respond(
     status: StatusCode,
     headers: &HeaderMap,
@@ -668,12 +827,7 @@ fn respond(
     revision: &str,
     gzip: bool,
 ) -> Response<Body> {
-    let mut out = HeaderMap::with_capacity(headers.len() + 2);
-    for (k, v) in headers {
-        if !hop_by_hop(k) {
-            out.append(k, v.clone());
-        }
-    }
+    let mut out = passed_on(headers);
     let body = if gzip {
         compressed(&mut out, body)
     } else {
@@ -685,14 +839,19 @@ fn respond(
     with_revision(r, revision)
 }
 
+/// Sends a call to `target` and reads its answer: whole up to the response
+/// limit; beyond it, when `may_stream` (nothing needs it whole), as a
+/// [`Upstreamed::Streamed`] answer, else as broken.
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     inner: &Inner,
     target: &Target,
     method: Method,
     path_q: &str,
     headers: &HeaderMap,
-    body: Bytes,
+    body: Sent,
     wire: Wire,
+    may_stream: bool,
 ) -> Upstreamed {
     let limit = inner.limits.max_response_bytes;
     // Plain-HTTP REST upstreams are sent the path (origin form) and a
@@ -711,9 +870,11 @@ async fn forward(
             let Some(base) = &target.grpc else {
                 return Upstreamed::Connect;
             };
-            let body = match &target.rename {
-                Some((_, served)) => crate::grpc::renamed(headers, body, served, limit),
-                None => body,
+            let body = match (&target.rename, body) {
+                (Some((_, served)), Sent::Whole(b)) => {
+                    Sent::Whole(crate::grpc::renamed(headers, b, served, limit))
+                }
+                (_, body) => body,
             };
             (format!("{base}{path_q}"), None, body)
         }
@@ -725,6 +886,8 @@ async fn forward(
     // converts and validates each name and value again): the request path
     // runs this for every request.
     let build = || {
+        // A streamed body is sent once: no second request can be built.
+        let body = body.outgoing()?;
         let mut out = HeaderMap::with_capacity(headers.len() + target.headers.len() + 2);
         for (k, v) in headers {
             let overridden = target.headers.iter().any(|(name, _)| name == k);
@@ -759,77 +922,86 @@ async fn forward(
                 )
             }
         };
-        let mut req = Request::new(Full::new(body.clone()));
+        let mut req = Request::new(body);
         *req.method_mut() = method.clone();
         *req.uri_mut() = uri.clone();
         *req.headers_mut() = out;
-        req
+        Some(req)
     };
+    let again = body.whole().is_some();
     let started = Instant::now();
     let call = async {
         // A pooled connection the upstream closed before answering (uvicorn
         // closes one right after a 500 without saying so) fails the request
         // before any response byte: sent again once, on another connection.
-        // The body is buffered, and nothing of the first try was answered.
-        let (mut parts, body) = match direct {
+        // The body is held whole, and nothing of the first try was
+        // answered. (A streamed body is sent once.)
+        let (parts, read) = match direct {
             Some(d) => {
                 let pool = inner.pool(d);
-                let (resp, sender) = match pool.send(build(), false).await {
+                let (resp, sender) = match pool.send(build().ok_or(false)?, false).await {
                     Ok(sent) => sent,
-                    Err(SendError::Http(e)) if closed_before_answer(&e) => {
+                    Err(SendError::Http(e)) if again && closed_before_answer(&e) => {
                         inner.counters.retried.fetch_add(1, Ordering::Relaxed);
-                        pool.send(build(), true)
+                        pool.send(build().ok_or(false)?, true)
                             .await
                             .map_err(|e| matches!(e, SendError::Connect))?
                     }
                     Err(e) => return Err(matches!(e, SendError::Connect)),
                 };
                 let (parts, body) = resp.into_parts();
-                let body = Limited::new(body, limit)
-                    .collect()
+                let read = crate::stream::read(body, limit, may_stream)
                     .await
                     .map_err(|_| false)?;
-                // Read in full: the connection can carry the next request.
-                pool.put(sender);
-                (parts, body)
+                // Read in full: the connection can carry the next request
+                // (one still streaming closes when its answer ends).
+                if matches!(read, Read::Whole(..)) {
+                    pool.put(sender);
+                }
+                (parts, read)
             }
             None => {
                 let (client, fresh) = match wire {
                     Wire::Rest => (&inner.client, &inner.fresh),
                     Wire::Grpc => (&inner.h2, &inner.h2),
                 };
-                let resp = match client.request(build()).await {
+                let resp = match client.request(build().ok_or(false)?).await {
                     Ok(r) => r,
-                    Err(e) if !e.is_connect() && closed_before_answer(&e) => {
+                    Err(e) if again && !e.is_connect() && closed_before_answer(&e) => {
                         inner.counters.retried.fetch_add(1, Ordering::Relaxed);
-                        fresh.request(build()).await.map_err(|e| e.is_connect())?
+                        let req = build().ok_or(false)?;
+                        fresh.request(req).await.map_err(|e| e.is_connect())?
                     }
                     Err(e) => return Err(e.is_connect()),
                 };
                 let (parts, body) = resp.into_parts();
-                let body = Limited::new(body, limit)
-                    .collect()
+                let read = crate::stream::read(body, limit, may_stream)
                     .await
                     .map_err(|_| false)?;
-                (parts, body)
+                (parts, read)
             }
         };
-        let trailers = body.trailers().cloned().map(Box::new);
-        let body = match wire {
-            Wire::Rest => decoded(&mut parts.headers, body.to_bytes(), limit),
-            Wire::Grpc => body.to_bytes(),
-        };
-        Ok::<_, bool>((parts, body, trailers))
+        Ok::<_, bool>((parts, read))
     };
     match tokio::time::timeout(target.timeout, call).await {
         Err(_) => Upstreamed::Timeout,
         Ok(Err(true)) => Upstreamed::Connect,
         Ok(Err(false)) => Upstreamed::Broken,
-        Ok(Ok((parts, body, trailers))) => Upstreamed::Answer {
+        Ok(Ok((parts, Read::Partial(prefix, rest)))) => Upstreamed::Streamed {
             status: parts.status,
             headers: parts.headers,
-            body,
-            trailers,
+            prefix,
+            rest,
+            times: (started, started + target.timeout),
+        },
+        Ok(Ok((mut parts, Read::Whole(body, trailers)))) => Upstreamed::Answer {
+            status: parts.status,
+            body: match wire {
+                Wire::Rest => decoded(&mut parts.headers, body, limit),
+                Wire::Grpc => body,
+            },
+            headers: parts.headers,
+            trailers: trailers.map(Box::new),
             latency_us: started.elapsed().as_micros() as u64,
         },
     }
@@ -924,7 +1096,30 @@ fn mirror(
             return;
         };
         shadow.stats.with(|s| s.record_arrivals(1));
-        let outcome = forward(&inner, shadow, method, &path_q, &headers, body, wire).await;
+        let may_stream = wire == Wire::Rest && !route.read_predictions;
+        let sent = Sent::Whole(body);
+        let outcome = forward(
+            &inner, shadow, method, &path_q, &headers, sent, wire, may_stream,
+        )
+        .await;
+        if let Upstreamed::Streamed {
+            status,
+            prefix,
+            rest,
+            times,
+            ..
+        } = outcome
+        {
+            // Nobody receives it: read to its end and counted then.
+            let tally = Tally {
+                stats: Arc::clone(&shadow.stats),
+                unit,
+            };
+            Streamed::new(prefix, rest, status, times, Some(tally))
+                .drain()
+                .await;
+            return;
+        }
         let answer = record(&route, shadow, unit, &outcome, wire);
         if let (Some(champion), Some(answer)) = (champion, answer)
             && route.read_predictions

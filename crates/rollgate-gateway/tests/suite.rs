@@ -6,4 +6,5 @@
 mod common;
 mod grpc;
 mod it;
+mod stream;
 mod tls;
