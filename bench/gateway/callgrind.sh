@@ -10,11 +10,14 @@
 # count covers every thread of the gateway (mirrors and pairing included).
 # Needs: valgrind, nginx (with ssl), openssl, python3, a release build.
 # Usage: bench/gateway/callgrind.sh [requests]   (default 2000)
+# ROLLGATE=path/to/rollgate and NAME=gateway-callgrind-x compare another
+# build (results in bench/results/NAME.tsv).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/gateway/lib.sh
 N=${1:-2000}
-ROLLGATE=target/release/rollgate
+ROLLGATE=${ROLLGATE:-target/release/rollgate}
+NAME=${NAME:-gateway-callgrind}
 [ -x "$ROLLGATE" ] || cargo build --release -p rollgate
 for t in valgrind callgrind_control nginx openssl python3; do command -v $t >/dev/null || { echo "missing $t"; exit 1; }; done
 
@@ -105,9 +108,9 @@ cert_file = \"$W/server.crt\"
 key_file = \"$W/server.key\"
 [upstream_tls]
 ca_file = \"$W/ca.pem\""
-cp "$RESULTS" bench/results/gateway-callgrind.tsv
+cp "$RESULTS" "bench/results/$NAME.tsv"
 # Where the instructions go (plain, inclusive of callees), for whoever looks
 # for the next saving:
 callgrind_annotate --inclusive=yes "$W/plain.last.callgrind" 2>/dev/null \
-  | sed -n '/^Ir/,$p' | head -120 | cut -c1-200 > bench/results/gateway-callgrind-plain-top.txt || true
-echo "raw results: bench/results/gateway-callgrind.tsv"
+  | sed -n '/^Ir/,$p' | head -120 | cut -c1-200 > "bench/results/$NAME-plain-top.txt" || true
+echo "raw results: bench/results/$NAME.tsv"

@@ -95,17 +95,21 @@ enum Upstreamed {
     },
     /// Beyond the response limit, nothing needing it whole: the part read
     /// and the rest to pass on (counted when it ends).
-    Streamed {
-        status: StatusCode,
-        headers: HeaderMap,
-        prefix: Bytes,
-        rest: Incoming,
-        /// When it was sent, and when the revision's timeout runs out.
-        times: (Instant, Instant),
-    },
+    /// (Boxed: rare, and large to move.)
+    Streamed(Box<Partial>),
     Timeout,
     Connect,
     Broken,
+}
+
+/// An answer beyond the response limit, as far as it was read.
+struct Partial {
+    status: StatusCode,
+    headers: HeaderMap,
+    prefix: Bytes,
+    rest: Incoming,
+    /// When it was sent, and when the revision's timeout runs out.
+    times: (Instant, Instant),
 }
 
 /// How a call travels: REST (JSON over HTTP/1.1 or HTTP/2) or gRPC. The
@@ -188,7 +192,9 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
 }
 
 pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
-    if req.method() == Method::POST
+    // gRPC is HTTP/2 only: an HTTP/1.1 request (most) skips the lookup.
+    if req.version() == http::Version::HTTP_2
+        && req.method() == Method::POST
         && req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -364,7 +370,7 @@ impl Drop for InFlight<'_> {
 /// once.
 pub(crate) enum Sent {
     Whole(Bytes),
-    Streamed(std::sync::Mutex<Option<Prefixed>>),
+    Streamed(Box<std::sync::Mutex<Option<Prefixed>>>),
 }
 
 impl Sent {
@@ -377,7 +383,7 @@ impl Sent {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take()
-                .map(Either::Right),
+                .map(|p| Either::Right(Box::new(p))),
         }
     }
 
@@ -393,9 +399,9 @@ impl Sent {
     fn again(&self) -> Sent {
         match self {
             Sent::Whole(b) => Sent::Whole(b.clone()),
-            Sent::Streamed(s) => Sent::Streamed(std::sync::Mutex::new(
+            Sent::Streamed(s) => Sent::Streamed(Box::new(std::sync::Mutex::new(
                 s.lock().unwrap_or_else(|p| p.into_inner()).take(),
-            )),
+            ))),
         }
     }
 }
@@ -413,7 +419,9 @@ async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -
         Ok(Read::Whole(body, _)) => Sent::Whole(body),
         Ok(Read::Partial(prefix, rest)) => {
             inner.counters.streamed.fetch_add(1, Ordering::Relaxed);
-            Sent::Streamed(std::sync::Mutex::new(Some(Prefixed::new(prefix, rest))))
+            Sent::Streamed(Box::new(std::sync::Mutex::new(Some(Prefixed::new(
+                prefix, rest,
+            )))))
         }
         Err(refused) => return refused,
     };
@@ -479,16 +487,9 @@ pub(crate) async fn predict_admitted(
         );
     };
     let _in_flight = InFlight::enter(&inner.counters.in_flight);
-    predict_inner(&inner, &route, parts, body, wire).await
-}
-
-async fn predict_inner(
-    inner: &Arc<Inner>,
-    route: &Arc<Route>,
-    parts: http::request::Parts,
-    body: Sent,
-    wire: Wire,
-) -> Response<Body> {
+    // (One function with what follows: a call through another async fn
+    // would move its large future once more per request.)
+    let (inner, route) = (&inner, &route);
     let path_q = parts
         .uri
         .path_and_query()
@@ -594,7 +595,7 @@ fn record(
         Upstreamed::Connect => failure(FailureClass::Connect),
         Upstreamed::Broken => failure(FailureClass::Upstream5xx),
         // Counted when it ends (see `finish`).
-        Upstreamed::Streamed { .. } => None,
+        Upstreamed::Streamed(_) => None,
         Upstreamed::Answer {
             status,
             headers,
@@ -651,13 +652,14 @@ fn finish(
 ) -> Response<Body> {
     let revision = target.revision.as_str();
     match outcome {
-        Upstreamed::Streamed {
-            status,
-            headers,
-            prefix,
-            rest,
-            times,
-        } => {
+        Upstreamed::Streamed(partial) => {
+            let Partial {
+                status,
+                headers,
+                prefix,
+                rest,
+                times,
+            } = *partial;
             let tally = unit.map(|unit| Tally {
                 stats: Arc::clone(&target.stats),
                 unit,
@@ -987,13 +989,13 @@ async fn forward(
         Err(_) => Upstreamed::Timeout,
         Ok(Err(true)) => Upstreamed::Connect,
         Ok(Err(false)) => Upstreamed::Broken,
-        Ok(Ok((parts, Read::Partial(prefix, rest)))) => Upstreamed::Streamed {
+        Ok(Ok((parts, Read::Partial(prefix, rest)))) => Upstreamed::Streamed(Box::new(Partial {
             status: parts.status,
             headers: parts.headers,
             prefix,
             rest,
             times: (started, started + target.timeout),
-        },
+        })),
         Ok(Ok((mut parts, Read::Whole(body, trailers)))) => Upstreamed::Answer {
             status: parts.status,
             body: match wire {
@@ -1001,7 +1003,7 @@ async fn forward(
                 Wire::Grpc => body,
             },
             headers: parts.headers,
-            trailers: trailers.map(Box::new),
+            trailers,
             latency_us: started.elapsed().as_micros() as u64,
         },
     }
@@ -1102,19 +1104,19 @@ fn mirror(
             &inner, shadow, method, &path_q, &headers, sent, wire, may_stream,
         )
         .await;
-        if let Upstreamed::Streamed {
-            status,
-            prefix,
-            rest,
-            times,
-            ..
-        } = outcome
-        {
+        if let Upstreamed::Streamed(partial) = outcome {
             // Nobody receives it: read to its end and counted then.
             let tally = Tally {
                 stats: Arc::clone(&shadow.stats),
                 unit,
             };
+            let Partial {
+                status,
+                prefix,
+                rest,
+                times,
+                ..
+            } = *partial;
             Streamed::new(prefix, rest, status, times, Some(tally))
                 .drain()
                 .await;

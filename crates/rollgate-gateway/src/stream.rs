@@ -30,7 +30,7 @@ use crate::recorder::Sharded;
 /// An answer's body as read.
 pub(crate) enum Read {
     /// Whole, within the limit: its bytes and trailers.
-    Whole(Bytes, Option<HeaderMap>),
+    Whole(Bytes, Option<Box<HeaderMap>>),
     /// Beyond the limit: the part read, and the rest still to come.
     Partial(Bytes, Incoming),
 }
@@ -79,7 +79,7 @@ pub(crate) async fn read(
             Err(frame) => frame,
         };
         if let Ok(t) = frame.into_trailers() {
-            trailers = Some(t);
+            trailers = Some(Box::new(t));
         }
     }
     let whole = match first {
@@ -144,8 +144,9 @@ impl Body for Prefixed {
     }
 }
 
-/// What is sent upstream: a body held whole, or one streamed.
-pub(crate) type Outgoing = http_body_util::Either<http_body_util::Full<Bytes>, Prefixed>;
+/// What is sent upstream: a body held whole, or one streamed (boxed: a
+/// request is moved through hyper's client a few times).
+pub(crate) type Outgoing = http_body_util::Either<http_body_util::Full<Bytes>, Box<Prefixed>>;
 
 /// Where an answer's outcome is counted: a revision's stats (borrowed on
 /// the request path, shared by a streamed answer) and the key's unit group.

@@ -10,7 +10,8 @@ use http::HeaderMap;
 #[derive(Debug, Default)]
 pub struct WholeBody {
     data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
+    /// Boxed: most bodies have none, and a body is moved several times.
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl WholeBody {
@@ -24,7 +25,7 @@ impl WholeBody {
     pub fn with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> WholeBody {
         WholeBody {
             data: Some(data),
-            trailers,
+            trailers: trailers.map(Box::new),
         }
     }
 }
@@ -44,7 +45,7 @@ impl hyper::body::Body for WholeBody {
         std::task::Poll::Ready(
             this.trailers
                 .take()
-                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+                .map(|t| Ok(hyper::body::Frame::trailers(*t))),
         )
     }
 
