@@ -133,15 +133,20 @@ impl Body for Prefixed {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(prefix + rest.lower());
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(prefix + upper);
-        }
-        hint
+        prefixed_hint(self.prefix.as_ref(), &self.rest)
     }
+}
+
+/// The size of a part read and a rest to come.
+fn prefixed_hint(prefix: Option<&Bytes>, rest: &Incoming) -> SizeHint {
+    let prefix = prefix.map_or(0, |p| p.len() as u64);
+    let rest = rest.size_hint();
+    let mut hint = SizeHint::new();
+    hint.set_lower(prefix + rest.lower());
+    if let Some(upper) = rest.upper() {
+        hint.set_upper(prefix + upper);
+    }
+    hint
 }
 
 /// What is sent upstream: a body held whole, or one streamed (boxed: a
@@ -311,13 +316,6 @@ impl Body for Streamed {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
-        let rest = self.rest.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(prefix + rest.lower());
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(prefix + upper);
-        }
-        hint
+        prefixed_hint(self.prefix.as_ref(), &self.rest)
     }
 }

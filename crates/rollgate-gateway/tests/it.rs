@@ -803,7 +803,7 @@ fn invalid_routes_are_rejected_with_the_field_named() {
 async fn raw_upstream(
     answer: fn(&str) -> (u16, &'static str, bool, bool),
 ) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -818,32 +818,12 @@ async fn raw_upstream(
                 let mut buf = Vec::new();
                 let mut drop_next = false;
                 loop {
-                    // One request: headers, then a content-length body.
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+                    let Some((head, body)) =
+                        crate::common::read_request(&mut stream, &mut buf).await
+                    else {
+                        return;
                     };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 4096];
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let body = String::from_utf8_lossy(&buf[head_end..head_end + len]).into_owned();
-                    buf.drain(..head_end + len);
+                    let body = String::from_utf8_lossy(&body).into_owned();
                     if let Some(ae) = head
                         .lines()
                         .find_map(|l| l.strip_prefix("accept-encoding:"))

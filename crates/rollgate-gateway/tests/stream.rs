@@ -13,7 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rollgate_core::{GatewaySnapshot, Protocol, RevisionStats};
 use rollgate_gateway::{Gateway, GatewayConfig, MirroredUpstream, ModelRoute, serve};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::{route, up};
@@ -54,36 +54,14 @@ async fn raw_server(answer: Answer) -> String {
 async fn serve_conn(mut conn: TcpStream, answer: Answer) {
     let mut buf = Vec::new();
     loop {
-        // A request: headers, then its Content-Length of body.
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            let mut chunk = [0u8; 4096];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
+        let Some((_, request)) = crate::common::read_request(&mut conn, &mut buf).await else {
+            return;
         };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + len {
-            let mut chunk = [0u8; 4096];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let intact = buf[head_end..head_end + len]
+        let intact = request
             .iter()
             .enumerate()
             .filter(|&(i, &b)| b == byte(i))
             .count();
-        buf.drain(..head_end + len);
         if let Answer::Count = answer {
             let body = format!(r#"{{"predictions":[{intact}]}}"#);
             let head = format!(

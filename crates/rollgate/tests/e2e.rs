@@ -1218,19 +1218,35 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load = v2_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen), None);
 
-    let broken = start_v2_rollout(&c, &ctl, &ids[1]).await;
-    let r = wait_for(&c, &ctl, broken, Duration::from_secs(60), finished).await;
+    refused_in_shadow(&c, &ctl, &ids[1]).await;
+    promoted(&c, &ctl, &ids[2]).await;
+    all_answered(stop, load, &seen).await;
+    no_invalid_output(&c, &gw).await;
+}
+
+/// A rollout of `revision` is rolled back in SHADOW by the anytime test.
+async fn refused_in_shadow(c: &HttpClient, ctl: &Proc, revision: &str) {
+    let rollout = start_v2_rollout(c, ctl, revision).await;
+    let r = wait_for(c, ctl, rollout, Duration::from_secs(60), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
-    let kinds = audit_kinds(&c, &ctl, broken).await;
-    assert_eq!(count(&kinds, "advanced"), 0, "refused in SHADOW: {kinds:?}");
     assert_eq!(
         r["state"]["phase"]["reason"]["code"], "anytime_breach",
         "{r}"
     );
+    let kinds = audit_kinds(c, ctl, rollout).await;
+    assert_eq!(count(&kinds, "advanced"), 0, "refused in SHADOW: {kinds:?}");
+}
 
-    let retrained = start_v2_rollout(&c, &ctl, &ids[2]).await;
-    let r = wait_for(&c, &ctl, retrained, Duration::from_secs(90), finished).await;
+/// A rollout of `revision` is promoted.
+async fn promoted(c: &HttpClient, ctl: &Proc, revision: &str) {
+    let rollout = start_v2_rollout(c, ctl, revision).await;
+    let r = wait_for(c, ctl, rollout, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
+}
+
+/// Stops the clients; each of their more than 100 well-formed requests was
+/// answered well.
+async fn all_answered(stop: Arc<AtomicBool>, load: tokio::task::JoinHandle<()>, seen: &Seen) {
     stop.store(true, Ordering::SeqCst);
     load.await.expect("traffic");
     let good = seen.good.load(Ordering::SeqCst);
@@ -1238,9 +1254,9 @@ async fn mlserver_a_retrain_is_promoted_and_a_broken_feature_refused_in_shadow_w
     assert_eq!(
         seen.good_failed.load(Ordering::SeqCst),
         0,
-        "of {good} good requests"
+        "of {good} good requests: {:?}",
+        seen.failures.lock().expect("failures")
     );
-    no_invalid_output(&c, &gw).await;
 }
 
 /// MLServer's gRPC endpoint (`ROLLGATE_MLSERVER_GRPC_URL`, started with
@@ -1367,15 +1383,7 @@ async fn mlserver_over_grpc_broken_refused_in_shadow_identical_and_retrain_promo
     let (stop, seen) = (Arc::new(AtomicBool::new(false)), Arc::new(Seen::default()));
     let load = grpc_traffic(gw.addr(), Arc::clone(&stop), Arc::clone(&seen));
 
-    let broken = start_v2_rollout(&c, &ctl, &ids[1]).await;
-    let r = wait_for(&c, &ctl, broken, Duration::from_secs(60), finished).await;
-    assert_eq!(phase(&r), "rolled_back", "{r}");
-    assert_eq!(
-        r["state"]["phase"]["reason"]["code"], "anytime_breach",
-        "{r}"
-    );
-    let kinds = audit_kinds(&c, &ctl, broken).await;
-    assert_eq!(count(&kinds, "advanced"), 0, "refused in SHADOW: {kinds:?}");
+    refused_in_shadow(&c, &ctl, &ids[1]).await;
 
     // The champion's own model again, as a new revision: identical.
     let same = json!({
@@ -1391,23 +1399,9 @@ async fn mlserver_over_grpc_broken_refused_in_shadow_identical_and_retrain_promo
     )
     .await;
     assert_eq!(s, 201, "{same}");
-    let identical = start_v2_rollout(&c, &ctl, same["id"].as_str().expect("id")).await;
-    let r = wait_for(&c, &ctl, identical, Duration::from_secs(90), finished).await;
-    assert_eq!(phase(&r), "promoted", "{r}");
-
-    let retrained = start_v2_rollout(&c, &ctl, &ids[2]).await;
-    let r = wait_for(&c, &ctl, retrained, Duration::from_secs(90), finished).await;
-    assert_eq!(phase(&r), "promoted", "{r}");
-    stop.store(true, Ordering::SeqCst);
-    load.await.expect("traffic");
-    let good = seen.good.load(Ordering::SeqCst);
-    assert!(good > 100, "{good} calls");
-    assert_eq!(
-        seen.good_failed.load(Ordering::SeqCst),
-        0,
-        "of {good} calls: {:?}",
-        seen.failures.lock().expect("failures")
-    );
+    promoted(&c, &ctl, same["id"].as_str().expect("id")).await;
+    promoted(&c, &ctl, &ids[2]).await;
+    all_answered(stop, load, &seen).await;
     no_invalid_output(&c, &gw).await;
 }
 

@@ -36,3 +36,40 @@ pub fn route(champion: &str) -> ModelRoute {
         epoch: None,
     }
 }
+
+/// One HTTP/1.1 request off a raw connection (headers, then a
+/// `Content-Length` body), for upstreams that answer byte by byte: its head
+/// in lower case and its body. `buf` keeps what was read beyond it. `None`
+/// when the connection ends first.
+pub async fn read_request(
+    conn: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+) -> Option<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let mut chunk = [0u8; 4096];
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let mut chunk = [0u8; 4096];
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = buf[head_end..head_end + len].to_vec();
+    buf.drain(..head_end + len);
+    Some((head, body))
+}
