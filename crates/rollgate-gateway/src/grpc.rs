@@ -5,24 +5,19 @@
 //! name is in the request message, the outcome in the `grpc-status`
 //! trailer, the predictions in the protobuf answer.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::HeaderMap;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use rollgate_core::Protocol;
-use rollgate_oip::{self as oip, Code, Method};
+use rollgate_oip::{self as oip, Code, GRPC_STATUS, Method};
 
 use crate::Inner;
 use crate::extract::{ExtractError, Prediction};
 use crate::proxy::{Body, Wire};
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 
 pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let Some(method) = Method::of_path(req.uri().path()) else {
@@ -54,7 +49,8 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Err(refused) => return refused,
     };
     let limit = inner.limits.max_body_bytes;
-    let model = match message(&parts.headers, &body, limit)
+    let model = match oip::read_message(&parts.headers, &body, limit)
+        .map_err(|e| e.to_string())
         .and_then(|m| oip::model_name(&m).map_err(|e| e.to_string()))
     {
         Ok(model) => model,
@@ -94,91 +90,24 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
 
 /// A gRPC answer of the gateway's own: `message`, then status OK.
 fn answer(message: &impl prost::Message) -> Response<Body> {
-    let mut trailers = HeaderMap::new();
-    trailers.insert(GRPC_STATUS, HeaderValue::from_static(Code::Ok.as_header()));
-    let mut r = Response::new(Body::with_trailers(oip::encode(message), Some(trailers)));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    r
+    oip::answer(Body::with_trailers(
+        oip::encode(message),
+        Some(oip::ok_trailers()),
+    ))
 }
 
-/// A call the gateway ends itself ("trailers-only": status in the headers,
-/// no message), as gRPC clients expect instead of an HTTP error status.
+/// A call the gateway ends itself, with a status and why.
 pub(crate) fn status(code: Code, message: &str) -> Response<Body> {
-    let mut r = Response::new(Body::default());
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    h.insert(GRPC_STATUS, HeaderValue::from_static(code.as_header()));
-    if let Ok(v) = HeaderValue::from_str(&percent_encoded(message)) {
-        h.insert(GRPC_MESSAGE, v);
-    }
-    r
-}
-
-/// `grpc-message` is percent-encoded: anything outside printable ASCII,
-/// and `%` itself.
-fn percent_encoded(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for b in message.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// The one message of a unary call's body, uncompressed: a message
-/// compressed with gzip (`grpc-encoding: gzip`) is inflated, within
-/// `limit` bytes, to be read; other encodings cannot be.
-fn message<'a>(headers: &HeaderMap, body: &'a [u8], limit: usize) -> Result<Cow<'a, [u8]>, String> {
-    use std::io::Read;
-    let (compressed, message) = oip::unframe(body).map_err(|e| e.to_string())?;
-    if !compressed {
-        return Ok(Cow::Borrowed(message));
-    }
-    let encoding = headers
-        .get(GRPC_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !encoding.eq_ignore_ascii_case("gzip") {
-        return Err(format!(
-            "messages compressed with {encoding:?} cannot be read"
-        ));
-    }
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(message)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("gzip: {e}"))?;
-    if out.len() > limit {
-        return Err(format!("the message inflates beyond {limit} bytes"));
-    }
-    Ok(Cow::Owned(out))
+    oip::trailers_only(Body::default(), code, message)
 }
 
 /// The request for a revision serving the model as `served`: the message's
 /// model name rewritten, sent uncompressed. A body that cannot be read is
 /// sent as it came (the upstream answers it as it would have).
 pub(crate) fn renamed(headers: &HeaderMap, body: Bytes, served: &str, limit: usize) -> Bytes {
-    let Ok(m) = message(headers, &body, limit) else {
-        return body;
-    };
-    match oip::rename(&m, served) {
-        Ok(renamed) => {
-            let mut framed = Vec::with_capacity(5 + renamed.len());
-            framed.push(0);
-            framed.extend_from_slice(&(renamed.len() as u32).to_be_bytes());
-            framed.extend_from_slice(&renamed);
-            Bytes::from(framed)
-        }
-        Err(_) => body,
+    match oip::read_message(headers, &body, limit).map(|m| oip::rename(&m, served)) {
+        Ok(Ok(renamed)) => oip::frame(&renamed),
+        _ => body,
     }
 }
 
@@ -208,16 +137,17 @@ pub(crate) fn predictions(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Vec<Prediction>, ExtractError> {
-    let bad = |m: String| ExtractError(m);
-    let m = message(headers, body, usize::MAX).map_err(bad)?;
+    let m =
+        oip::read_message(headers, body, usize::MAX).map_err(|e| ExtractError(e.to_string()))?;
     let response = <oip::ModelInferResponse as prost::Message>::decode(&m[..])
-        .map_err(|e| bad(format!("not a ModelInferResponse: {e}")))?;
+        .map_err(|e| ExtractError(format!("not a ModelInferResponse: {e}")))?;
     crate::extract::extract_oip(output, &response)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn the_status_is_read_from_trailers_else_headers() {
@@ -245,16 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn messages_are_percent_encoded() {
-        assert_eq!(
-            percent_encoded("no model \"x\" 100%"),
-            "no model \"x\" 100%25"
-        );
-        assert_eq!(percent_encoded("é\n"), "%C3%A9%0A");
-    }
-
-    #[test]
-    fn gzip_messages_are_read_and_others_refused() {
+    fn a_gzip_request_is_renamed_and_sent_uncompressed() {
         use std::io::Write;
         let plain = oip::ModelInferRequest {
             model_name: "fraud".into(),
@@ -268,14 +189,7 @@ mod tests {
         framed.extend_from_slice(&(gz.len() as u32).to_be_bytes());
         framed.extend_from_slice(&gz);
         let mut h = HeaderMap::new();
-        assert!(message(&h, &framed, 1 << 20).is_err(), "no grpc-encoding");
-        h.insert(GRPC_ENCODING, HeaderValue::from_static("gzip"));
-        assert_eq!(
-            message(&h, &framed, 1 << 20).expect("read").as_ref(),
-            &bytes[..]
-        );
-        assert!(message(&h, &framed, 2).is_err(), "beyond the limit");
-        // Renamed: uncompressed, the new name, nothing else changed.
+        h.insert(oip::GRPC_ENCODING, HeaderValue::from_static("gzip"));
         let out = renamed(&h, Bytes::from(framed), "champion", 1 << 20);
         let (compressed, m) = oip::unframe(&out).expect("framed");
         assert!(!compressed);

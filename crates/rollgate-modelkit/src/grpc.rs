@@ -4,7 +4,6 @@
 //! same faults, the same answers as `POST /v2/models/{name}/infer`.
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -13,9 +12,6 @@ use rollgate_net::WholeBody;
 use rollgate_oip::{self as oip, Code, Method};
 
 use crate::server::{Fault, ServerConfig};
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 
 /// Answers a gRPC call: the response, its status, and whether it was an
 /// inference of the served model.
@@ -26,30 +22,22 @@ pub(crate) async fn handle(
     let Some(method) = Method::of_path(req.uri().path()) else {
         return failed(Code::Unimplemented, "unknown method");
     };
-    let gzip = req
-        .headers()
-        .get("grpc-encoding")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
-    let Ok(body) = Limited::new(req.into_body(), LIMIT).collect().await else {
+    let (parts, body) = req.into_parts();
+    let Ok(body) = Limited::new(body, LIMIT).collect().await else {
         return failed(
             Code::InvalidArgument,
             "could not read the body (limit 8 MiB)",
         );
     };
     let body = body.to_bytes();
-    let inflated;
-    let message = match oip::unframe(&body) {
-        Ok((false, m)) => m,
-        Ok((true, m)) if gzip => match gunzip(m) {
-            Some(m) => {
-                inflated = m;
-                &inflated[..]
-            }
-            None => return failed(Code::InvalidArgument, "not a gzip message within 8 MiB"),
-        },
-        Ok((true, _)) => return failed(Code::Unimplemented, "messages compressed so"),
+    let message = match oip::read_message(&parts.headers, &body, LIMIT) {
+        Ok(m) => m,
+        Err(e @ oip::MessageError::Encoding(_)) => {
+            return failed(Code::Unimplemented, &e.to_string());
+        }
         Err(e) => return failed(Code::InvalidArgument, &e.to_string()),
     };
+    let message = &message[..];
     let name = cfg.name.as_str();
     let not_served = |m: &str| failed(Code::NotFound, &format!("model {m:?} is not served here"));
     match method {
@@ -98,17 +86,6 @@ pub(crate) async fn handle(
 }
 
 const LIMIT: usize = 8 << 20;
-
-/// A gzip-compressed message (`grpc-encoding: gzip`), within the limit.
-fn gunzip(m: &[u8]) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(m)
-        .take(LIMIT as u64 + 1)
-        .read_to_end(&mut out)
-        .ok()?;
-    (out.len() <= LIMIT).then_some(out)
-}
 
 async fn infer(
     cfg: &ServerConfig,
@@ -204,40 +181,16 @@ fn failed(code: Code, why: &str) -> (Response<WholeBody>, Code, bool) {
 
 /// A message, then status OK in the trailers.
 fn message(m: &impl Message) -> Response<WholeBody> {
-    let mut trailers = HeaderMap::new();
-    trailers.insert(GRPC_STATUS, HeaderValue::from_static(Code::Ok.as_header()));
-    grpc_response(
-        WholeBody::with_trailers(oip::encode(m), Some(trailers)),
-        None,
-    )
+    oip::answer(WholeBody::with_trailers(
+        oip::encode(m),
+        Some(oip::ok_trailers()),
+    ))
 }
 
 /// No message: the status in the headers ("trailers-only").
 fn status_only(code: Code, why: &str) -> (Response<WholeBody>, Code) {
     (
-        grpc_response(WholeBody::new(Bytes::new()), Some((code, why))),
+        oip::trailers_only(WholeBody::new(Bytes::new()), code, why),
         code,
     )
-}
-
-fn grpc_response(body: WholeBody, status: Option<(Code, &str)>) -> Response<WholeBody> {
-    let mut r = Response::new(body);
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    if let Some((code, why)) = status {
-        h.insert(GRPC_STATUS, HeaderValue::from_static(code.as_header()));
-        // Printable ASCII passes as it is; anything else is dropped (these
-        // messages are the server's own, in English).
-        let printable: String = why
-            .chars()
-            .filter(|c| (' '..='~').contains(c) && *c != '%')
-            .collect();
-        if let Ok(v) = HeaderValue::from_str(&printable) {
-            h.insert(GRPC_MESSAGE, v);
-        }
-    }
-    r
 }

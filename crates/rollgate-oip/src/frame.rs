@@ -26,6 +26,15 @@ pub fn encode(message: &impl prost::Message) -> Bytes {
     out.freeze()
 }
 
+/// Message bytes already encoded, framed for the wire uncompressed.
+pub fn frame(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.len());
+    out.put_u8(0);
+    out.put_u32(message.len() as u32);
+    out.put_slice(message);
+    out.freeze()
+}
+
 /// The one message of a unary call's body: whether it is compressed (by
 /// the call's `grpc-encoding`), and its bytes.
 pub fn unframe(body: &[u8]) -> Result<(bool, &[u8]), FrameError> {

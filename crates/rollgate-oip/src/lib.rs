@@ -9,11 +9,16 @@
 //! only one field of a request (the model's name, [`rename`]), on the wire,
 //! so nothing it does not model is lost.
 
+mod call;
 mod frame;
 mod messages;
 mod status;
 
-pub use frame::{FrameError, encode, model_name, rename, unframe};
+pub use call::{
+    GRPC_ENCODING, GRPC_MESSAGE, GRPC_STATUS, MessageError, answer, ok_trailers, read_message,
+    trailers_only,
+};
+pub use frame::{FrameError, encode, frame, model_name, rename, unframe};
 pub use messages::*;
 pub use status::Code;
 
