@@ -1,5 +1,6 @@
-//! The controller's outbound HTTP: readiness probes and gateway stats,
-//! to `http://` or `https://` URLs. Every call is bounded by a timeout.
+//! The controller's outbound HTTP: readiness probes, gateway stats and
+//! Prometheus queries, to `http://` or `https://` URLs. Every call is
+//! bounded by a timeout.
 
 use std::time::Duration;
 
@@ -47,9 +48,19 @@ impl HttpClient {
 
     /// `GET url`: the status and body, or `None` on any error or timeout.
     pub async fn get(&self, url: &str) -> Option<(u16, Bytes)> {
+        self.get_as(url, None).await
+    }
+
+    /// `GET url` with `Authorization: Bearer <token>` when a token is given.
+    pub async fn get_as(&self, url: &str, bearer: Option<&str>) -> Option<(u16, Bytes)> {
         let uri: http::Uri = url.parse().ok()?;
+        let mut req = http::Request::get(uri);
+        if let Some(token) = bearer {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req.body(Empty::new()).ok()?;
         let call = async {
-            let resp = self.client.get(uri).await.ok()?;
+            let resp = self.client.request(req).await.ok()?;
             let status = resp.status().as_u16();
             let body = Limited::new(resp.into_body(), 64 << 20)
                 .collect()

@@ -16,6 +16,7 @@ pub mod lead;
 pub mod metrics;
 pub mod notify;
 pub mod oidc;
+pub mod prometheus;
 pub mod reconcile;
 
 pub use api::{ApiState, router};

@@ -333,6 +333,52 @@ pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option
     Ok(answered.then_some(out))
 }
 
+/// A model's evidence from Prometheus (`ModelSpec::prometheus`): its
+/// revisions' counts as scraped, per target and epoch, with the gateways'
+/// shadow pairs (only a gateway can pair answers; its own counts of the
+/// revisions are not read, so nothing is counted twice). `None` when
+/// Prometheus gave nothing readable: missing evidence is never health.
+async fn scraped_exposure(
+    ctx: &Context,
+    cfg: &rollgate_store::PrometheusEvidence,
+    model: &Model,
+    candidate: Revision,
+    rec: &RolloutRecord,
+    now: Timestamp,
+) -> Result<Option<Exposure>, Error> {
+    let champion = match model.champion.clone() {
+        Some(id) if id != candidate.id => {
+            Some(blocking(&ctx.store, move |s| s.revision(&id)).await?)
+        }
+        _ => None,
+    };
+    let revisions: Vec<&Revision> = std::iter::once(&candidate)
+        .chain(champion.as_ref())
+        .collect();
+    let scraped =
+        match crate::prometheus::exposure(&ctx.http, cfg, model, &revisions, &rec.state, now).await
+        {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(rollout = rec.id, model = %model.name, "no evidence this look: {e}");
+                return Ok(None);
+            }
+        };
+    let mut out = scraped;
+    if let Some(gateways) = exposure(ctx, &model.name, rec.id).await? {
+        for (series, report) in gateways.series {
+            if let SeriesReport::Epochs { epochs } = report {
+                let pairs = epochs
+                    .into_iter()
+                    .map(|(e, snap)| (e, snap.pairs_only()))
+                    .collect();
+                out = out.with_epochs(series, pairs);
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
 /// Pushes champion-only routing for `model` to the in-process gateway
 /// before a rollback or abort is committed: the safe direction, so a failed
 /// commit can only have reduced exposure.
@@ -443,8 +489,11 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     })
     .await?;
     let candidate_ready = probe_ready(ctx, &model, &candidate).await;
-    let exposure = exposure(ctx, &rec.spec.model, rec.id).await?;
     let now = (ctx.clock)();
+    let exposure = match &model.spec.prometheus {
+        None => exposure(ctx, &rec.spec.model, rec.id).await?,
+        Some(cfg) => scraped_exposure(ctx, cfg, &model, candidate, &rec, now).await?,
+    };
     let t = match step(
         &rec.spec,
         &rec.state,

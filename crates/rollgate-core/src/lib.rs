@@ -17,6 +17,7 @@ pub mod policy;
 pub mod protocol;
 pub mod rollout;
 pub mod safety;
+pub mod scraped;
 pub mod snapshot;
 pub mod spec;
 pub mod stage;

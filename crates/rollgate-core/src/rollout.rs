@@ -305,6 +305,11 @@ pub struct RolloutState {
     /// The first epoch of each stage entered, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stage_starts: Vec<Epoch>,
+    /// When the latest epochs began (the last [`EPOCHS_TIMED`]): what
+    /// evidence read by time rather than labelled by the gateway (scraped
+    /// counters, [`crate::scraped`]) is windowed by.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub epoch_began: BTreeMap<Epoch, Timestamp>,
     /// Every gateway series' counts per epoch: the rollout's evidence. Its
     /// shape is not part of the API's contract.
     #[serde(default)]
@@ -372,10 +377,28 @@ impl RolloutState {
             audited: None,
             epoch: 0,
             stage_starts: Vec::new(),
+            epoch_began: BTreeMap::new(),
             evidence: Ledger::default(),
             awaiting: None,
             approved: Vec::new(),
         }
+    }
+}
+
+/// How many epochs' beginnings a rollout keeps: evidence read by time
+/// needs the current epoch's and the one before (whose tail may still be
+/// scraped); a few more cost little.
+pub const EPOCHS_TIMED: usize = 8;
+
+impl RolloutState {
+    /// Starts the next routing epoch at `now`.
+    fn begin_epoch(&mut self, now: Timestamp) -> Epoch {
+        self.epoch += 1;
+        self.epoch_began.insert(self.epoch, now);
+        while self.epoch_began.len() > EPOCHS_TIMED {
+            self.epoch_began.pop_first();
+        }
+        self.epoch
     }
 }
 
@@ -612,7 +635,7 @@ fn enter(
     now: Timestamp,
 ) {
     t.state.phase = next;
-    t.state.epoch += 1;
+    t.state.begin_epoch(now);
     t.state.stage_starts.push(t.state.epoch);
     t.state.stage = Some(StageClock::new(now, t.state.epoch));
     if spec.plan.policy == Policy::Windowed {
@@ -1016,17 +1039,16 @@ fn observe_sequential(
         }
     }
     if new_epoch {
-        restart_epoch(plan, t);
+        restart_epoch(plan, t, now);
     }
 }
 
 /// A champion outage ended: the same split continues in a new routing
 /// epoch, where a fresh component of the error e-process and the stage's
 /// sample floors start (docs/statistics.md, "Outages").
-fn restart_epoch(plan: &Plan, t: &mut Transition) {
+fn restart_epoch(plan: &Plan, t: &mut Transition, now: Timestamp) {
     let state = &mut t.state;
-    state.epoch += 1;
-    let epoch = state.epoch;
+    let epoch = state.begin_epoch(now);
     if let Some(PolicyTests::Sequential(seq)) = &mut state.tests
         && seq.restarts.len() < sequential::MAX_RESTARTS
     {
@@ -1105,5 +1127,24 @@ fn required(reason: String, action: &'static str) -> Result<String, StepError> {
         Err(StepError::ReasonRequired { action })
     } else {
         Ok(r.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_beginnings_are_kept_for_the_latest_epochs_only() {
+        let mut s = RolloutState::new(Timestamp(0));
+        for i in 1..=20u64 {
+            assert_eq!(s.begin_epoch(Timestamp(i * 1000)), i as Epoch);
+        }
+        assert_eq!(s.epoch_began.len(), EPOCHS_TIMED);
+        assert_eq!(
+            s.epoch_began.last_key_value(),
+            Some((&20, &Timestamp(20_000)))
+        );
+        assert_eq!(s.epoch_began.first_key_value().map(|(e, _)| *e), Some(13));
     }
 }

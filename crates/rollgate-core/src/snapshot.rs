@@ -778,6 +778,16 @@ impl Snapshot {
     }
 
     /// Adds another gateway replica's snapshot.
+    /// The shadow pairs alone, without any revision's counts (when the
+    /// revisions are counted elsewhere).
+    pub fn pairs_only(&self) -> Snapshot {
+        let mut out = Snapshot::default();
+        for (shadow, p) in self.pairs() {
+            out.pairs_mut(shadow).merge(p);
+        }
+        out
+    }
+
     pub fn merge(&mut self, other: &Snapshot) {
         for (id, s) in &other.data.revisions {
             self.revision_mut(id).merge(s);

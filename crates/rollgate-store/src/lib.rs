@@ -33,7 +33,9 @@ pub use checkpoint::{
     read_sink, verify_anchors, verify_store_anchors,
 };
 pub use postgres::scratch_database;
-pub use registry::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
+pub use registry::{
+    Model, ModelSpec, PrometheusEvidence, Protocol, Revision, RevisionSpec, RevisionState,
+};
 pub use sql::SqlStore;
 pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};
 

@@ -31,6 +31,129 @@ pub struct ModelSpec {
     /// name (e.g. `predict_proba`), whatever its position.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// Read the model's evidence from a Prometheus server scraping its
+    /// model servers instead of from rollgate's gateways (whose shadow
+    /// pairs still count). Unset: the gateways'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusEvidence>,
+}
+
+/// Evidence from Prometheus: which raw counters count a revision's
+/// successes, failures and latency, and how long a request may take. Each
+/// selector is a PromQL series selector (no functions, no range) in which
+/// `$model`, `$revision`, `$served_name` (the revision's served name, else
+/// the model's) and `$instance` (the `host:port` of the revision's
+/// upstream) are replaced; each must name `$revision` or `$instance`, so
+/// that it tells the champion's series from the candidate's. The defaults
+/// are MLServer's metric names on a server that exposes them on its
+/// serving port (`rollgate serve` does; MLServer's own `metrics_port`
+/// needs a `revision` label from the scrape config, `docs/config.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct PrometheusEvidence {
+    /// The Prometheus server's base URL, `http://` or `https://`.
+    pub url: String,
+    /// A file holding a bearer token for Prometheus (read at every look,
+    /// so a rotated token is used without a restart; never stored here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
+    /// Requests that succeeded.
+    pub successes: String,
+    /// Requests that failed by the model server's fault (5xx).
+    pub failures: String,
+    /// A latency histogram's `_bucket` series (seconds), if there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_buckets: Option<String>,
+    /// The labels that name one scrape target: each target's counters are
+    /// differenced on their own (a restart resets only its own).
+    pub target_labels: Vec<String>,
+    /// Prometheus's scrape interval for these targets.
+    pub scrape_interval_ms: u64,
+    /// The longest a request takes, plus the time a routing change takes
+    /// to reach the data plane: what an epoch's counts wait for before
+    /// they start (a request finishing earlier may have arrived under the
+    /// split before).
+    pub horizon_ms: u64,
+}
+
+impl Default for PrometheusEvidence {
+    fn default() -> Self {
+        PrometheusEvidence {
+            url: String::new(),
+            bearer_token_file: None,
+            successes:
+                r#"model_infer_request_success_total{model="$served_name",instance="$instance"}"#
+                    .into(),
+            failures:
+                r#"model_infer_request_failure_total{model="$served_name",instance="$instance"}"#
+                    .into(),
+            latency_buckets: None,
+            target_labels: vec!["job".into(), "instance".into()],
+            scrape_interval_ms: 15_000,
+            horizon_ms: DEFAULT_TIMEOUT_MS + 5_000,
+        }
+    }
+}
+
+impl PrometheusEvidence {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(StoreError::Invalid(format!("model.prometheus.{m}")));
+        if let Err(e) = rollgate_core::spec::check_upstream_url("url", &self.url) {
+            return bad(e.to_string());
+        }
+        let selectors = [
+            ("successes", Some(&self.successes)),
+            ("failures", Some(&self.failures)),
+            ("latency_buckets", self.latency_buckets.as_ref()),
+        ];
+        for (field, selector) in selectors {
+            if let Some(s) = selector
+                && let Err(why) = check_selector(s)
+            {
+                return bad(format!("{field}: {why}"));
+            }
+            if let Some(s) = selector
+                && !(s.contains("$revision") || s.contains("$instance"))
+            {
+                return bad(format!(
+                    "{field}: {s:?} names neither $revision nor $instance, so it would count \
+                     the champion's requests as the candidate's"
+                ));
+            }
+        }
+        if self.target_labels.is_empty() {
+            return bad("target_labels: name at least one label (e.g. instance)".into());
+        }
+        if self.scrape_interval_ms < 100 {
+            return bad("scrape_interval_ms: at least 100".into());
+        }
+        Ok(())
+    }
+}
+
+/// A series selector as Prometheus reads one before a range: a metric name
+/// and/or one `{...}` of matchers, nothing else.
+fn check_selector(s: &str) -> std::result::Result<(), String> {
+    let s = s.trim();
+    let (name, matchers) = match s.find('{') {
+        Some(i) => (&s[..i], Some(&s[i..])),
+        None => (s, None),
+    };
+    let name_ok = name.chars().enumerate().all(|(i, c)| {
+        c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+    });
+    if !name_ok || (name.is_empty() && matchers.is_none()) {
+        return Err(format!(
+            "{s:?} is not a series selector (metric{{label=\"value\"}})"
+        ));
+    }
+    if let Some(m) = matchers
+        && !m.ends_with('}')
+    {
+        return Err(format!("{s:?}: the matchers {{...}} end the selector"));
+    }
+    Ok(())
 }
 
 impl ModelSpec {
@@ -45,7 +168,10 @@ impl ModelSpec {
             confidence_threshold: self.confidence_threshold,
             output: self.output.as_deref(),
         })
-        .map_err(|e| StoreError::Invalid(format!("model.{e}")))
+        .map_err(|e| StoreError::Invalid(format!("model.{e}")))?;
+        self.prometheus
+            .as_ref()
+            .map_or(Ok(()), PrometheusEvidence::validate)
     }
 }
 
@@ -447,5 +573,66 @@ mod tests {
             assert!(!shown.contains(secret), "{shown}");
         }
         assert!(shown.contains("\"THREADS\":\"4\""), "{shown}");
+    }
+
+    #[test]
+    fn prometheus_evidence_is_checked_where_it_is_given() {
+        let with = |p: PrometheusEvidence| ModelSpec {
+            prometheus: Some(p),
+            ..ModelSpec::default()
+        };
+        let good = PrometheusEvidence {
+            url: "http://127.0.0.1:9090".into(),
+            ..PrometheusEvidence::default()
+        };
+        assert!(with(good.clone()).validate().is_ok());
+        let refused = |p: PrometheusEvidence, why: &str| {
+            let e = with(p).validate().expect_err("refused").to_string();
+            assert!(e.contains(why), "{e} lacks {why:?}");
+        };
+        refused(
+            PrometheusEvidence {
+                url: "prometheus:9090".into(),
+                ..good.clone()
+            },
+            "model.prometheus.url",
+        );
+        refused(
+            PrometheusEvidence {
+                successes: r#"model_infer_request_success_total{model="m"}"#.into(),
+                ..good.clone()
+            },
+            "names neither $revision nor $instance",
+        );
+        refused(
+            PrometheusEvidence {
+                failures: r#"rate(errors_total{revision="$revision"}[1m])"#.into(),
+                ..good.clone()
+            },
+            "not a series selector",
+        );
+        refused(
+            PrometheusEvidence {
+                latency_buckets: Some(r#"{revision="$revision"}[5m]"#.into()),
+                ..good.clone()
+            },
+            "latency_buckets",
+        );
+        refused(
+            PrometheusEvidence {
+                target_labels: vec![],
+                ..good.clone()
+            },
+            "target_labels",
+        );
+        // A selector of matchers alone is one.
+        assert!(
+            with(PrometheusEvidence {
+                successes: r#"{__name__="ok_total",revision="$revision"}"#.into(),
+                ..good
+            })
+            .validate()
+            .is_ok()
+        );
     }
 }

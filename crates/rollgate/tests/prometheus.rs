@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::common::*;
 
@@ -193,4 +193,199 @@ async fn an_alert_on_the_rollback_counter_sees_the_first_rollback() {
     }
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
+}
+
+/// The body `rollgate serve`'s trained model reads: one row of 12 features.
+const ROW: &[u8] = br#"{"instances":[[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2]]}"#;
+
+/// A model server (`rollgate serve`, MLServer's metrics on its port)
+/// serving `model` as `m`, with `flags`.
+fn serve(model: &str, flags: &[&str]) -> Proc {
+    let mut args = vec![
+        "serve",
+        "--model",
+        model,
+        "--name",
+        "m",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(flags);
+    spawn(&args, &[])
+}
+
+/// The rollout's evidence came from Prometheus's series (and the
+/// gateways' pairs), and counts `revision`.
+fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
+    let series = r["state"]["evidence"]["series"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    series
+        .keys()
+        .any(|k| k.starts_with("prometheus/") && k.ends_with(revision))
+        && ledger_requests(r, revision) > 0
+}
+
+/// A model whose evidence is read from Prometheus scraping its model
+/// servers (the gateway splits and mirrors, its own counts of the
+/// revisions unread): an identical candidate is promoted; a candidate that
+/// is ready and answers every prediction 503 is rolled back, every request
+/// after on the champion; a candidate whose scrape target goes away
+/// mid-stage never promotes (no evidence is not health) and fails safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let models = d.join("models");
+    let trained = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["train", "--out", &models.to_string_lossy()])
+        .output()
+        .expect("train");
+    assert!(trained.status.success(), "{trained:?}");
+    let model = models.join("champion.json").to_string_lossy().into_owned();
+    let champion = serve(&model, &[]);
+    let identical = serve(&model, &[]);
+    let broken = serve(&model, &["--ready-then-503"]);
+    let mut vanishing = serve(&model, &[]);
+    let Some(prom) = Prometheus::scraping(&[
+        champion.addr(),
+        identical.addr(),
+        broken.addr(),
+        vanishing.addr(),
+    ]) else {
+        return;
+    };
+    let ctl = start_controller(d, &[]);
+    let gw = start_gateway(d);
+    let c = client();
+    let labels = r#"{model="$served_name",instance="$instance"}"#;
+    let spec = json!({ "prometheus": {
+        "url": prom.url,
+        "successes": format!("model_infer_request_success_total{labels}"),
+        "failures": format!("model_infer_request_failure_total{labels}"),
+        "latency_buckets": format!("model_infer_request_duration_bucket{labels}"),
+        "scrape_interval_ms": 1000,
+        "horizon_ms": 1500,
+    }});
+    // A selector that cannot tell the revisions apart is refused.
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": { "prometheus": {
+            "url": prom.url,
+            "successes": "model_infer_request_success_total{model=\"m\"}",
+        }}})),
+    )
+    .await;
+    assert_eq!(s, 422, "{r}");
+    assert!(r.to_string().contains("$revision"), "{r}");
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": spec })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let url = |p: &Proc| format!("http://{}", p.addr());
+    let champ = register(&c, &ctl, &url(&champion)).await;
+    let (s, _) = api(
+        &c,
+        &ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": champ, "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200);
+    prom.wait_for(&c, r#"count(up == 1)"#, |v| v == 4.0).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic_of(gw.addr(), ROW, Arc::clone(&stop));
+    let mut plan = plan();
+    plan["evidence_timeout"] = json!("20s");
+
+    // An identical candidate is promoted on the scraped counts.
+    let same = register(&c, &ctl, &url(&identical)).await;
+    let id = start_rollout_with(&c, &ctl, &same, plan.clone()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    eprintln!(
+        "identical: promoted; scraped requests: candidate {}, champion {}",
+        ledger_requests(&r, &same),
+        ledger_requests(&r, &champ)
+    );
+    assert!(
+        scraped_evidence_counts(&r, &same),
+        "{}",
+        r["state"]["evidence"]
+    );
+    assert!(
+        scraped_evidence_counts(&r, &champ),
+        "{}",
+        r["state"]["evidence"]
+    );
+
+    // Ready, then 503 to every prediction: rolled back on what the model
+    // server's own failure counter says.
+    let bad = register(&c, &ctl, &url(&broken)).await;
+    let id = start_rollout_with(&c, &ctl, &bad, plan.clone()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    eprintln!("ready-then-503: {}", r["state"]["phase"]);
+    let reason = &r["state"]["phase"]["reason"];
+    assert!(
+        ["breach", "anytime_breach"].contains(&reason["code"].as_str().unwrap_or(""))
+            && reason["gates"].to_string().contains("error_rate"),
+        "{r}"
+    );
+    assert!(
+        scraped_evidence_counts(&r, &bad),
+        "{}",
+        r["state"]["evidence"]
+    );
+    let failed = prom
+        .query(
+            &c,
+            &format!(
+                r#"sum(model_infer_request_failure_total{{instance="{}"}})"#,
+                broken.addr()
+            ),
+        )
+        .await
+        .unwrap_or(0.0);
+    assert!(failed > 0.0, "the broken server counted its failures");
+    // Every request after the rollback (once the gateway has followed the
+    // store) is the champion's: the identical candidate, promoted above.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let stop_after = Arc::new(AtomicBool::new(false));
+    let after = traffic_of(gw.addr(), ROW, Arc::clone(&stop_after));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop_after.store(true, Ordering::SeqCst);
+    let by = after.await.expect("traffic");
+    assert!(!by.is_empty() && by.keys().all(|k| *k == same), "{by:?}");
+
+    // A candidate whose model server (and so its scrape target) goes away
+    // once its stage has begun: no evidence for it, so never promoted; the
+    // stage starves and fails safe at its deadline.
+    let gone = register(&c, &ctl, &url(&vanishing)).await;
+    let id = start_rollout_with(&c, &ctl, &gone, plan.clone()).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        phase(r) != "pending"
+    })
+    .await;
+    vanishing.kill();
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    eprintln!("target gone: {}", r["state"]["phase"]);
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "evidence_timeout",
+        "{r}"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let by = load.await.expect("traffic");
+    assert!(by.get(&same).copied().unwrap_or(0) > 0, "{by:?}");
 }

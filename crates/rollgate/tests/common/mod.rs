@@ -446,6 +446,16 @@ pub fn traffic_by_revision(
     gateway: &str,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    traffic_of(gateway, br#"{"instances":[[1,2]]}"#, stop)
+}
+
+/// Sends `body` to model `m` with sticky keys until `stop` is set (bounded
+/// by 120 s); how many requests each revision answered (`none`: no answer).
+pub fn traffic_of(
+    gateway: &str,
+    body: &'static [u8],
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
     let url = format!("http://{gateway}/v1/models/m:predict");
     tokio::spawn(async move {
         let c = client();
@@ -458,7 +468,7 @@ pub fn traffic_by_revision(
                 .uri(&url)
                 .header("content-type", "application/json")
                 .header("x-rollgate-key", format!("user-{}", n % 5000))
-                .body(Full::new(Bytes::from_static(br#"{"instances":[[1,2]]}"#)))
+                .body(Full::new(Bytes::from_static(body)))
                 .expect("request");
             let answer = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;
             let rev = match answer {
