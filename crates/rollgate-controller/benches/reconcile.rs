@@ -143,6 +143,7 @@ async fn run(store: SqlStore, upstream_base: &str) -> Row {
         concurrency: 16,
         stats: Default::default(),
         notify: None,
+        adapters: Default::default(),
     };
     let versions = |store: Arc<dyn Store>| async move {
         tokio::task::spawn_blocking(move || {

@@ -5,16 +5,24 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rollgate_net::{ClientTls, Connector, TlsError};
 
+/// A bearer token kept in a file (read at every use, so a rotated token is
+/// used without a restart), without surrounding whitespace.
+pub fn bearer_token(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path)
+        .map(|t| t.trim().to_string())
+        .map_err(|e| format!("the bearer token file {path}: {e}"))
+}
+
 /// A small pooled HTTP client.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    client: Client<Connector, Empty<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
     timeout: Duration,
 }
 
@@ -53,12 +61,35 @@ impl HttpClient {
 
     /// `GET url` with `Authorization: Bearer <token>` when a token is given.
     pub async fn get_as(&self, url: &str, bearer: Option<&str>) -> Option<(u16, Bytes)> {
+        self.send(http::Method::GET, url, bearer, None).await
+    }
+
+    /// `POST url` with a JSON body (and a bearer token when given).
+    pub async fn post_json(
+        &self,
+        url: &str,
+        bearer: Option<&str>,
+        body: Bytes,
+    ) -> Option<(u16, Bytes)> {
+        self.send(http::Method::POST, url, bearer, Some(body)).await
+    }
+
+    async fn send(
+        &self,
+        method: http::Method,
+        url: &str,
+        bearer: Option<&str>,
+        json: Option<Bytes>,
+    ) -> Option<(u16, Bytes)> {
         let uri: http::Uri = url.parse().ok()?;
-        let mut req = http::Request::get(uri);
+        let mut req = http::Request::builder().method(method).uri(uri);
         if let Some(token) = bearer {
             req = req.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         }
-        let req = req.body(Empty::new()).ok()?;
+        if json.is_some() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::new(json.unwrap_or_default())).ok()?;
         let call = async {
             let resp = self.client.request(req).await.ok()?;
             let status = resp.status().as_u16();

@@ -9,6 +9,7 @@
 //! rollout's version; a crashed or racing controller can lose a pass, never
 //! duplicate or half-apply one.
 
+pub mod adapter;
 pub mod api;
 pub mod dashboard;
 pub mod http;

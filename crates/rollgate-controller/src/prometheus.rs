@@ -28,8 +28,8 @@ pub enum PromError {
     },
     #[error("Prometheus's answer to {query:?} is not a range vector: {why}")]
     Unreadable { query: String, why: String },
-    #[error("the bearer token file {path}: {why}")]
-    Token { path: String, why: String },
+    #[error("{0}")]
+    Token(String),
 }
 
 /// The epochs a look reads: the current one and the one before (whose
@@ -65,7 +65,7 @@ pub async fn exposure(
         return Ok(Exposure::default());
     }
     let token = match &cfg.bearer_token_file {
-        Some(path) => Some(read_token(path)?),
+        Some(path) => Some(crate::http::bearer_token(path).map_err(PromError::Token)?),
         None => None,
     };
     // The range reaches back to the earliest window's start (and a scrape
@@ -115,15 +115,6 @@ pub async fn exposure(
         scrape.insert(rev.id.clone(), targets);
     }
     Ok(scraped::exposure(&scrape, &windows))
-}
-
-fn read_token(path: &str) -> Result<String, PromError> {
-    std::fs::read_to_string(path)
-        .map(|t| t.trim().to_string())
-        .map_err(|e| PromError::Token {
-            path: path.into(),
-            why: e.to_string(),
-        })
 }
 
 /// A scrape target's name: its identifying labels, in the configured order.

@@ -78,6 +78,9 @@ pub struct Context {
     /// Webhook receivers of every decision (their delivery is shown by the
     /// API); none configured: `None`.
     pub notify: Option<Arc<crate::notify::Notifier>>,
+    /// The routing each external data plane confirmed
+    /// (`ModelSpec::data_plane`).
+    pub adapters: Arc<crate::adapter::Applier>,
 }
 
 /// The gateways' stats as fetched in one pass: `(stats URL, snapshot if it
@@ -190,8 +193,28 @@ pub trait RoutePush: Send + Sync {
     fn push_model(&self, model: &str, routes: Option<&ModelRoutes>);
 }
 
-/// Pushes one model's routing from the store to the in-process gateway.
+/// Brings every external data plane to the routing the store holds (each
+/// confirmed routing is applied once; a failed one again after a back-off).
+pub async fn sync_data_planes(ctx: &Context) {
+    let Ok(routes) = blocking(&ctx.store, |s| s.routes()).await else {
+        return;
+    };
+    for r in routes {
+        if let Some(plane) = r.model.spec.data_plane.clone() {
+            ctx.adapters.sync(&ctx.http, &plane, &r, false).await;
+        }
+    }
+}
+
+/// Pushes one model's routing from the store to the in-process gateway,
+/// and to its external data plane if it has one.
 pub async fn push_model(ctx: &Context, model: &str) {
+    let name = model.to_string();
+    if let Ok(Some(routes)) = blocking(&ctx.store, move |s| s.model_routes(&name)).await
+        && let Some(plane) = routes.model.spec.data_plane.clone()
+    {
+        ctx.adapters.sync(&ctx.http, &plane, &routes, true).await;
+    }
     if let Some(g) = ctx.local_gateway.clone() {
         let (store, model) = (Arc::clone(&ctx.store), model.to_string());
         let _ = tokio::task::spawn_blocking(move || {
@@ -392,7 +415,17 @@ async fn pre_route_to_champion(
         && effects.contains(&Effect::SetRouting {
             routing: Routing::CHAMPION_ONLY,
         });
-    let (true, Some(g)) = (back, &ctx.local_gateway) else {
+    if !back {
+        return;
+    }
+    let model = rec.spec.model.clone();
+    if let Ok(Some(mut routes)) = blocking(&ctx.store, move |s| s.model_routes(&model)).await
+        && let Some(plane) = routes.model.spec.data_plane.clone()
+    {
+        routes.rollout = None;
+        ctx.adapters.sync(&ctx.http, &plane, &routes, true).await;
+    }
+    let Some(g) = &ctx.local_gateway else {
         return;
     };
     let (store, gateway, model) = (Arc::clone(&ctx.store), g.clone(), rec.spec.model.clone());
@@ -500,6 +533,11 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
         Input::Observe(Observation {
             candidate_ready,
             exposure,
+            routing_applied: model
+                .spec
+                .data_plane
+                .as_ref()
+                .map(|_| ctx.adapters.applied_epoch(&model.name, rec.id)),
         }),
         now,
     ) {
@@ -608,6 +646,7 @@ impl Schedule {
 /// stats; schedules each from its outcome. Returns how many it reconciled.
 pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error> {
     use futures::stream::StreamExt as _;
+    sync_data_planes(ctx).await;
     let rollouts = blocking(&ctx.store, |s| s.rollouts(true)).await?;
     ctx.metrics.set_active(&rollouts);
     ctx.stats.next_pass();

@@ -70,6 +70,9 @@ pub enum RollbackReason {
     /// Nobody approved the step before `before` by its deadline (the
     /// candidate is not rejected: nothing was shown against it).
     ApprovalTimeout { before: ApprovalPoint },
+    /// The external data plane did not confirm the routing of `epoch`
+    /// within the stage's evidence timeout (the candidate is not rejected).
+    RoutingNotApplied { epoch: Epoch },
 }
 
 impl RollbackReason {
@@ -98,7 +101,7 @@ impl RollbackReason {
 
     /// Every reason's [`code`](Self::code), so a counter by reason can
     /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 7] = [
+    pub const CODES: [&'static str; 8] = [
         "readiness_timeout",
         "breach",
         "gross_breach",
@@ -106,6 +109,7 @@ impl RollbackReason {
         "metrics_missing",
         "anytime_breach",
         "approval_timeout",
+        "routing_not_applied",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -117,6 +121,7 @@ impl RollbackReason {
             RollbackReason::MetricsMissing { .. } => "metrics_missing",
             RollbackReason::AnytimeBreach { .. } => "anytime_breach",
             RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
+            RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",
         }
     }
 }
@@ -309,7 +314,13 @@ pub struct RolloutState {
     /// evidence read by time rather than labelled by the gateway (scraped
     /// counters, [`crate::scraped`]) is windowed by.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, u64>))]
     pub epoch_began: BTreeMap<Epoch, Timestamp>,
+    /// The latest epoch an external data plane confirmed it applied (0:
+    /// none, or routing is rollgate's own gateways', which need no
+    /// confirmation).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub confirmed_epoch: Epoch,
     /// Every gateway series' counts per epoch: the rollout's evidence. Its
     /// shape is not part of the API's contract.
     #[serde(default)]
@@ -378,11 +389,16 @@ impl RolloutState {
             epoch: 0,
             stage_starts: Vec::new(),
             epoch_began: BTreeMap::new(),
+            confirmed_epoch: 0,
             evidence: Ledger::default(),
             awaiting: None,
             approved: Vec::new(),
         }
     }
+}
+
+fn is_zero(e: &Epoch) -> bool {
+    *e == 0
 }
 
 /// How many epochs' beginnings a rollout keeps: evidence read by time
@@ -410,6 +426,11 @@ pub struct Observation {
     /// What the gateways that answered reported, per series and routing
     /// epoch; `None` if none answered.
     pub exposure: Option<Exposure>,
+    /// Routing applied by an external data plane (an adapter): the latest
+    /// epoch of this rollout it confirmed (0: none yet). `None`: routing is
+    /// rollgate's own gateways', which count each request under the epoch
+    /// it arrived in, so nothing waits for a confirmation.
+    pub routing_applied: Option<Epoch>,
 }
 
 /// Something an operator asked for.
@@ -876,6 +897,11 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     let Some(kind) = t.state.phase.stage_kind() else {
         return;
     };
+    if let Some(applied) = obs.routing_applied
+        && !routing_confirmed(plan, t, applied, now)
+    {
+        return;
+    }
     // Every series' new counts, per epoch of arrival; the champion's recent
     // counts for outage detection.
     let increments = obs.exposure.as_ref().map(|e| {
@@ -1041,6 +1067,34 @@ fn observe_sequential(
     if new_epoch {
         restart_epoch(plan, t, now);
     }
+}
+
+/// Whether the external data plane applies the current epoch's routing,
+/// given the latest epoch it confirmed. At the first look that sees it
+/// confirmed, the epoch (and a stage entered with it) starts its clock:
+/// nothing before counts for it, since the split it judges was not yet in
+/// force. Unconfirmed past the stage's evidence timeout: rolled back (the
+/// adapter returns the data plane to the champion first).
+fn routing_confirmed(plan: &Plan, t: &mut Transition, applied: Epoch, now: Timestamp) -> bool {
+    let epoch = t.state.epoch;
+    if t.state.confirmed_epoch >= epoch {
+        return true;
+    }
+    if applied >= epoch {
+        t.state.confirmed_epoch = epoch;
+        t.state.epoch_began.insert(epoch, now);
+        if let Some(clock) = t.state.stage.as_mut()
+            && clock.epoch == epoch
+        {
+            clock.started_at = now;
+        }
+        return true;
+    }
+    let sent = t.state.epoch_began.get(&epoch).copied().unwrap_or(now);
+    if now.since(sent) >= plan.evidence_timeout {
+        roll_back(plan, t, RollbackReason::RoutingNotApplied { epoch }, None);
+    }
+    false
 }
 
 /// A champion outage ended: the same split continues in a new routing

@@ -235,6 +235,9 @@ fn rollback_words(r: &RollbackReason) -> String {
     let names = |g: &[crate::GateKind]| g.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ");
     match r {
         RollbackReason::ReadinessTimeout => "the candidate never became ready".into(),
+        RollbackReason::RoutingNotApplied { epoch } => {
+            format!("the data plane never confirmed the routing of epoch {epoch}")
+        }
         RollbackReason::Breach {
             gates,
             confirmations,

@@ -158,6 +158,7 @@ fn run(spec: &RolloutSpec, traffic: &mut Traffic, max_s: u64) -> Run {
         traffic.tick();
         s += 1;
         let obs = Observation {
+            routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
         };
@@ -199,6 +200,7 @@ fn observe(
         spec,
         state,
         Input::Observe(Observation {
+            routing_applied: None,
             candidate_ready: ready,
             exposure: snapshot.map(Exposure::pooled),
         }),
@@ -1024,6 +1026,7 @@ fn sequential_traffic_that_stops_never_promotes() {
                 &spec,
                 &state,
                 Input::Observe(Observation {
+                    routing_applied: None,
                     candidate_ready: true,
                     exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
                 }),
@@ -1126,7 +1129,7 @@ proptest! {
                 cumulative.clone()
             });
             saw_stats |= snapshot.is_some();
-            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
             if let Phase::Promoted { manual } = t.state.phase {
                 prop_assert!(!manual);
                 prop_assert!(saw_stats);
@@ -1374,6 +1377,7 @@ fn drive(
         }
         traffic.tick();
         let obs = Observation {
+            routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
         };
@@ -1663,7 +1667,7 @@ proptest! {
                 for _ in 0..co.min(ho) { cumulative.pairs_mut(CA).record_pair(true, true); }
                 cumulative.clone()
             });
-            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
             for e in &t.effects {
                 if let Effect::SetRouting { routing } = e {
                     prop_assert_eq!(routing.candidate_weight_bp, 0);
@@ -1810,7 +1814,7 @@ proptest! {
                 for _ in 0..co.min(ho) { cumulative.pairs_mut(CA).record_pair(true, true); }
                 cumulative.clone()
             });
-            let t = step(&spec, &state, Input::Observe(Observation { candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), now).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), now).expect("observe");
             assert_harmless(&t.effects);
             if t.state.phase.is_terminal() && !state.phase.is_terminal() {
                 let last = mirrors(&t.effects).last().copied();
@@ -1819,4 +1823,124 @@ proptest! {
             state = t.state;
         }
     }
+}
+
+/// Drives a rollout whose routing an external data plane applies `lag_s`
+/// seconds after it is decided (never, with `None`), confirming each
+/// epoch as it does; checks at every look that nothing is judged while the
+/// current routing is unconfirmed and that a stage's clock starts at its
+/// confirmation.
+fn run_external(spec: &RolloutSpec, traffic: &mut Traffic, lag_s: Option<u64>, max_s: u64) -> Run {
+    let mut state = RolloutState::new(Timestamp(0));
+    let mut effects = Vec::new();
+    // Routings decided and not yet applied: (apply at, epoch, routing).
+    let mut queued: Vec<(u64, u32, Routing)> = Vec::new();
+    let mut applied = 0;
+    let mut s = 0;
+    while s < max_s && !state.phase.is_terminal() {
+        s += 1;
+        for (_, epoch, routing) in queued.iter().filter(|(at, _, _)| *at <= s) {
+            traffic.routing = *routing;
+            applied = *epoch;
+        }
+        queued.retain(|(at, _, _)| *at > s);
+        traffic.tick();
+        let obs = Observation {
+            candidate_ready: true,
+            exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
+            routing_applied: Some(applied),
+        };
+        let before = state.clone();
+        let t = step(spec, &state, Input::Observe(obs), Timestamp(s * 1000))
+            .expect("observe never errs");
+        if before.epoch > 0 && applied < before.epoch && !t.state.phase.is_terminal() {
+            assert_eq!(
+                t.state.evaluations, before.evaluations,
+                "judged at {s}s before its routing applied"
+            );
+        }
+        if before.epoch > 0
+            && before.confirmed_epoch < before.epoch
+            && applied >= before.epoch
+            && let Some(clock) = &t.state.stage
+            && clock.epoch == before.epoch
+        {
+            assert_eq!(
+                clock.started_at,
+                Timestamp(s * 1000),
+                "the clock starts when confirmed"
+            );
+            assert_eq!(t.state.epoch_began[&before.epoch], Timestamp(s * 1000));
+        }
+        for e in &t.effects {
+            if let Effect::SetRouting { routing } = e {
+                match lag_s {
+                    // The rollback's routing: the adapter sends it before
+                    // the commit, so it is in force at once.
+                    _ if t.state.phase.is_terminal() => traffic.routing = *routing,
+                    Some(lag) => queued.push((s + lag, routing.epoch, *routing)),
+                    None => {}
+                }
+            }
+        }
+        effects.extend(t.effects);
+        state = t.state;
+    }
+    Run {
+        state,
+        effects,
+        seconds: s,
+    }
+}
+
+#[test]
+fn an_external_data_plane_starts_each_stage_when_it_confirms_the_routing() {
+    let spec = spec(sequential_plan(rollgate_core::Advance::OnTime));
+    let mut traffic = Traffic::new(3, 200, HEALTHY, HEALTHY);
+    let direct = run(&spec, &mut traffic, 600);
+    let mut traffic = Traffic::new(3, 200, HEALTHY, HEALTHY);
+    let lagged = run_external(&spec, &mut traffic, Some(7), 600);
+    assert!(
+        matches!(direct.state.phase, Phase::Promoted { .. }),
+        "{:?}",
+        direct.state.phase
+    );
+    assert!(
+        matches!(lagged.state.phase, Phase::Promoted { .. }),
+        "{:?}",
+        lagged.state.phase
+    );
+    // Every stage waited for its routing: at least 7 s more per stage.
+    let stages = lagged.state.stage_starts.len() as u64;
+    assert!(
+        lagged.seconds >= direct.seconds + 7 * stages,
+        "{}s with a 7 s lag, {}s without, {stages} stages",
+        lagged.seconds,
+        direct.seconds
+    );
+}
+
+#[test]
+fn a_routing_never_confirmed_rolls_back_at_the_deadline_without_rejecting() {
+    let spec = spec(quick_plan());
+    let mut traffic = Traffic::new(4, 100, HEALTHY, HEALTHY);
+    let r = run_external(&spec, &mut traffic, None, 600);
+    assert_eq!(
+        r.state.phase,
+        Phase::RolledBack {
+            reason: RollbackReason::RoutingNotApplied { epoch: 1 }
+        }
+    );
+    // At the stage's evidence timeout (60 s after it was entered at 1 s),
+    // with nothing judged, and the candidate free to be rolled out again.
+    assert_eq!(r.seconds, 61);
+    assert_eq!(r.state.evaluations, 0);
+    assert!(
+        !r.effects
+            .iter()
+            .any(|e| matches!(e, Effect::RejectCandidate))
+    );
+    assert!(r.effects.contains(&Effect::SetRouting {
+        routing: Routing::CHAMPION_ONLY
+    }));
 }

@@ -511,6 +511,8 @@ impl Decider for CoreDecider {
         let obs = Observation {
             candidate_ready: true,
             exposure: Some(exposure.clone()),
+            // The simulated gateways count by epoch of arrival.
+            routing_applied: None,
         };
         let Ok(t) = step(
             &self.spec,

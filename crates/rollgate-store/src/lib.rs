@@ -34,7 +34,8 @@ pub use checkpoint::{
 };
 pub use postgres::scratch_database;
 pub use registry::{
-    Model, ModelSpec, PrometheusEvidence, Protocol, Revision, RevisionSpec, RevisionState,
+    DataPlane, Model, ModelSpec, PrometheusEvidence, Protocol, Revision, RevisionSpec,
+    RevisionState,
 };
 pub use sql::SqlStore;
 pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};

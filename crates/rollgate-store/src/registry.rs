@@ -36,6 +36,94 @@ pub struct ModelSpec {
     /// pairs still count). Unset: the gateways'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusEvidence>,
+    /// The data plane that splits the model's traffic when it is not
+    /// rollgate's gateway: the controller sets its weights through an
+    /// adapter and waits for it to confirm each routing before the stage's
+    /// clock starts. Unset: rollgate's gateways route it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_plane: Option<DataPlane>,
+}
+
+/// An external data plane and how the controller sets its weights. Each
+/// adapter confirms the routing version it applied, and is sent
+/// champion-only routing before a rollback is committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataPlane {
+    /// POST the desired weights and routing version to `url`, again with
+    /// back-off until a 2xx answer names that version (`{"version": ...}`).
+    Webhook {
+        url: String,
+        /// A file holding a bearer token for the receiver (read at every
+        /// call; never stored here).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bearer_token_file: Option<String>,
+    },
+    /// Write an nginx include file (`split_clients` on the sticky key, one
+    /// `upstream` per revision) atomically, run `reload_command`, and
+    /// confirm by reading the version nginx serves at `confirm_url`.
+    Nginx {
+        include_file: String,
+        /// The reload command and its arguments (run without a shell),
+        /// e.g. `["nginx", "-s", "reload"]`.
+        reload_command: Vec<String>,
+        /// A URL served by the reloaded nginx that answers the routing
+        /// version (`return 200 $rollgate_<model>_version;`).
+        confirm_url: String,
+        /// The nginx variable the split hashes (the sticky key).
+        #[serde(default = "default_nginx_key")]
+        key: String,
+    },
+}
+
+fn default_nginx_key() -> String {
+    "$http_x_rollgate_key".into()
+}
+
+impl DataPlane {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(StoreError::Invalid(format!("model.data_plane.{m}")));
+        match self {
+            DataPlane::Webhook { url, .. } => {
+                if let Err(e) = rollgate_core::spec::check_upstream_url("url", url) {
+                    return bad(e.to_string());
+                }
+            }
+            DataPlane::Nginx {
+                include_file,
+                reload_command,
+                confirm_url,
+                key,
+            } => {
+                if !include_file.starts_with('/') {
+                    return bad(format!(
+                        "include_file: an absolute path, got {include_file:?}"
+                    ));
+                }
+                if reload_command.first().is_none_or(|c| c.trim().is_empty()) {
+                    return bad(
+                        "reload_command: a command, e.g. [\"nginx\", \"-s\", \"reload\"]".into(),
+                    );
+                }
+                if let Err(e) = rollgate_core::spec::check_upstream_url("confirm_url", confirm_url)
+                {
+                    return bad(e.to_string());
+                }
+                let var_ok = key.len() > 1
+                    && key.starts_with('$')
+                    && key[1..]
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !var_ok {
+                    return bad(format!(
+                        "key: an nginx variable such as $http_x_user, got {key:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Evidence from Prometheus: which raw counters count a revision's
@@ -169,9 +257,10 @@ impl ModelSpec {
             output: self.output.as_deref(),
         })
         .map_err(|e| StoreError::Invalid(format!("model.{e}")))?;
-        self.prometheus
-            .as_ref()
-            .map_or(Ok(()), PrometheusEvidence::validate)
+        if let Some(p) = &self.prometheus {
+            p.validate()?;
+        }
+        self.data_plane.as_ref().map_or(Ok(()), DataPlane::validate)
     }
 }
 

@@ -177,6 +177,7 @@ where
                         .map_err(anyhow::Error::msg)?,
                 ))
             },
+            adapters: Default::default(),
         };
         let state = ApiState {
             ctx: ctx.clone(),

@@ -146,25 +146,47 @@ pub struct SpecArgs {
     /// High-confidence threshold for shadow flips.
     #[arg(long)]
     confidence_threshold: Option<f64>,
+    /// Read the model's evidence from Prometheus: a JSON file holding the
+    /// spec's `prometheus` object (docs/config.md).
+    #[arg(long, value_name = "FILE")]
+    prometheus: Option<PathBuf>,
+    /// Route the model through another data plane: a JSON file holding the
+    /// spec's `data_plane` object (`{"kind": "webhook", ...}` or
+    /// `{"kind": "nginx", ...}`; docs/config.md).
+    #[arg(long, value_name = "FILE")]
+    data_plane: Option<PathBuf>,
+}
+
+/// A JSON file given on the command line (a user's mistake is exit 2).
+fn json_file(path: &Option<PathBuf>) -> Result<Value, CallError> {
+    let Some(path) = path else {
+        return Ok(Value::Null);
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CallError::Input(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text)
+        .map_err(|e| CallError::Input(format!("{}: not JSON: {e}", path.display())))
 }
 
 impl SpecArgs {
     /// The spec as the API takes it (unset fields left out).
-    fn json(&self) -> Value {
+    fn json(&self) -> Result<Value, CallError> {
         let spec = json!({
             "protocol": Protocol::from(self.protocol),
             "output_pointer": self.output_pointer, "json_path": self.json_path,
             "key_field": self.key_field,
             "confidence_threshold": self.confidence_threshold,
+            "prometheus": json_file(&self.prometheus)?,
+            "data_plane": json_file(&self.data_plane)?,
         });
-        Value::Object(
+        Ok(Value::Object(
             spec.as_object()
                 .into_iter()
                 .flatten()
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-        )
+        ))
     }
 }
 
@@ -441,7 +463,7 @@ pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
             let m = a.call(
                 "POST",
                 "/api/v1/models",
-                Some(&json!({ "name": name, "spec": spec.json() })),
+                Some(&json!({ "name": name, "spec": spec.json()? })),
             )?;
             print(g, &m, |m| {
                 println!("model {} ({})", s(m, "name"), m["spec"]["protocol"])
@@ -449,7 +471,11 @@ pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ModelCmd::Update { name, spec } => {
-            let m = a.call("PUT", &format!("/api/v1/models/{name}"), Some(&spec.json()))?;
+            let m = a.call(
+                "PUT",
+                &format!("/api/v1/models/{name}"),
+                Some(&spec.json()?),
+            )?;
             print(g, &m, |m| {
                 println!("model {} updated: {}", s(m, "name"), m["spec"])
             });

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use crate::common::*;
 
 /// A Prometheus server on 127.0.0.1, killed and reaped when dropped.
-struct Prometheus {
+pub(crate) struct Prometheus {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     _dir: tempfile::TempDir,
 }
 
@@ -28,7 +28,7 @@ impl Drop for Prometheus {
 impl Prometheus {
     /// Scrapes `targets` (host:port) every second, or `None` (locally, with
     /// a note) where Prometheus is not installed; in CI that is a failure.
-    fn scraping(targets: &[&str]) -> Option<Prometheus> {
+    pub(crate) fn scraping(targets: &[&str]) -> Option<Prometheus> {
         let targets = targets
             .iter()
             .map(|t| format!("'{t}'"))
@@ -70,7 +70,7 @@ impl Prometheus {
     }
 
     /// The value of the instant query `promql` (`None`: no sample yet).
-    async fn query(&self, c: &HttpClient, promql: &str) -> Option<f64> {
+    pub(crate) async fn query(&self, c: &HttpClient, promql: &str) -> Option<f64> {
         let v = self.query_raw(c, promql).await?;
         let sample: &Value = v["data"]["result"].get(0)?;
         sample["value"][1].as_str()?.parse().ok()
@@ -99,7 +99,12 @@ impl Prometheus {
     }
 
     /// Waits (bounded) until `promql` has a value that `ok` accepts.
-    async fn wait_for(&self, c: &HttpClient, promql: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    pub(crate) async fn wait_for(
+        &self,
+        c: &HttpClient,
+        promql: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> f64 {
         let started = Instant::now();
         loop {
             if let Some(v) = self.query(c, promql).await
@@ -196,11 +201,12 @@ async fn an_alert_on_the_rollback_counter_sees_the_first_rollback() {
 }
 
 /// The body `rollgate serve`'s trained model reads: one row of 12 features.
-const ROW: &[u8] = br#"{"instances":[[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2]]}"#;
+pub(crate) const ROW: &[u8] =
+    br#"{"instances":[[0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2]]}"#;
 
 /// A model server (`rollgate serve`, MLServer's metrics on its port)
 /// serving `model` as `m`, with `flags`.
-fn serve(model: &str, flags: &[&str]) -> Proc {
+pub(crate) fn serve(model: &str, flags: &[&str]) -> Proc {
     let mut args = vec![
         "serve",
         "--model",
@@ -214,9 +220,35 @@ fn serve(model: &str, flags: &[&str]) -> Proc {
     spawn(&args, &[])
 }
 
+/// The champion model `rollgate train` writes into `dir`; its path.
+pub(crate) fn trained_model(dir: &std::path::Path) -> String {
+    let models = dir.join("models");
+    let trained = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["train", "--out", &models.to_string_lossy()])
+        .output()
+        .expect("train");
+    assert!(trained.status.success(), "{trained:?}");
+    models.join("champion.json").to_string_lossy().into_owned()
+}
+
+/// A model spec's `prometheus`: `rollgate serve`'s MLServer-shaped
+/// counters and latency buckets, told apart by instance, scraped every
+/// second, with a 1.5 s horizon.
+pub(crate) fn evidence(prometheus_url: &str) -> Value {
+    let labels = r#"{model="$served_name",instance="$instance"}"#;
+    json!({
+        "url": prometheus_url,
+        "successes": format!("model_infer_request_success_total{labels}"),
+        "failures": format!("model_infer_request_failure_total{labels}"),
+        "latency_buckets": format!("model_infer_request_duration_bucket{labels}"),
+        "scrape_interval_ms": 1000,
+        "horizon_ms": 1500,
+    })
+}
+
 /// The rollout's evidence came from Prometheus's series (and the
 /// gateways' pairs), and counts `revision`.
-fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
+pub(crate) fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
     let series = r["state"]["evidence"]["series"]
         .as_object()
         .cloned()
@@ -237,13 +269,7 @@ fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
 async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let models = d.join("models");
-    let trained = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
-        .args(["train", "--out", &models.to_string_lossy()])
-        .output()
-        .expect("train");
-    assert!(trained.status.success(), "{trained:?}");
-    let model = models.join("champion.json").to_string_lossy().into_owned();
+    let model = trained_model(d);
     let champion = serve(&model, &[]);
     let identical = serve(&model, &[]);
     let broken = serve(&model, &["--ready-then-503"]);
@@ -259,15 +285,7 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     let ctl = start_controller(d, &[]);
     let gw = start_gateway(d);
     let c = client();
-    let labels = r#"{model="$served_name",instance="$instance"}"#;
-    let spec = json!({ "prometheus": {
-        "url": prom.url,
-        "successes": format!("model_infer_request_success_total{labels}"),
-        "failures": format!("model_infer_request_failure_total{labels}"),
-        "latency_buckets": format!("model_infer_request_duration_bucket{labels}"),
-        "scrape_interval_ms": 1000,
-        "horizon_ms": 1500,
-    }});
+    let spec = json!({ "prometheus": evidence(&prom.url) });
     // A selector that cannot tell the revisions apart is refused.
     let (s, r) = api(
         &c,

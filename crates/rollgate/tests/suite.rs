@@ -6,6 +6,7 @@
 mod cli;
 mod common;
 mod dashboard;
+mod data_plane;
 mod e2e;
 mod ha;
 mod notify;

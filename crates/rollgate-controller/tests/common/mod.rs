@@ -41,6 +41,7 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
         concurrency: 4,
         stats: Default::default(),
         notify: None,
+        adapters: Default::default(),
     }
 }
 

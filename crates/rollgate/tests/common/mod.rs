@@ -456,7 +456,19 @@ pub fn traffic_of(
     body: &'static [u8],
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
-    let url = format!("http://{gateway}/v1/models/m:predict");
+    traffic_by(gateway, body, "x-rollgate-revision", stop)
+}
+
+/// Sends `body` to model `m` through the proxy at `addr` with sticky keys
+/// until `stop` is set (bounded by 120 s); how many requests got each value
+/// of the answer's header `by` (`none`: no answer, or no such header).
+pub fn traffic_by(
+    addr: &str,
+    body: &'static [u8],
+    by_header: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    let url = format!("http://{addr}/v1/models/m:predict");
     tokio::spawn(async move {
         let c = client();
         let started = Instant::now();
@@ -475,7 +487,7 @@ pub fn traffic_of(
                 Ok(Ok(r)) => {
                     let rev = r
                         .headers()
-                        .get("x-rollgate-revision")
+                        .get(by_header)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("none")
                         .to_string();

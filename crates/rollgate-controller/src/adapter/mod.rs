@@ -1,0 +1,242 @@
+//! Adapters that set the weights of a data plane rollgate does not run
+//! (`ModelSpec::data_plane`): nginx, or anything behind a webhook. The
+//! leading controller brings each such model's data plane to the routing
+//! the store holds, and remembers the routing version each confirmed; a
+//! rollout's stage clock starts only once its routing is confirmed
+//! (`Observation::routing_applied`), and a rollback is sent to the data
+//! plane as champion-only routing before it is committed.
+
+mod nginx;
+mod webhook;
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rollgate_core::{Epoch, epoch_label};
+use rollgate_store::{DataPlane, ModelRoutes};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::http::HttpClient;
+
+pub use nginx::render as render_nginx;
+
+/// What a data plane must route for one model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Desired {
+    pub model: String,
+    /// Names this routing: the rollout's epoch label while one is active
+    /// (`"<rollout>.<epoch>"`), else `"champion:<revision>"`. The data
+    /// plane confirms by answering it.
+    pub version: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<i64>,
+    pub epoch: Epoch,
+    /// The revisions to route to, the champion first; weights in basis
+    /// points add up to 10,000.
+    pub arms: Vec<Arm>,
+}
+
+/// One revision a data plane routes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Arm {
+    pub role: &'static str,
+    pub revision: String,
+    pub upstream: String,
+    pub weight_bp: u32,
+}
+
+impl Desired {
+    /// The routing `routes` asks of a data plane (mirroring is not a data
+    /// plane's: a shadow needs rollgate's gateway).
+    pub fn of(routes: &ModelRoutes) -> Desired {
+        let model = routes.model.name.clone();
+        let candidate = routes
+            .rollout
+            .as_ref()
+            .filter(|(_, routing, _)| routing.candidate_weight_bp > 0);
+        let share = candidate.map_or(0, |(_, r, _)| r.candidate_weight_bp.min(10_000));
+        let mut arms = Vec::with_capacity(2);
+        if let Some(champion) = &routes.champion {
+            arms.push(Arm {
+                role: "champion",
+                revision: champion.id.clone(),
+                upstream: champion.spec.upstream.clone(),
+                weight_bp: 10_000 - share,
+            });
+        }
+        if let Some((rev, _, _)) = candidate {
+            arms.push(Arm {
+                role: "candidate",
+                revision: rev.id.clone(),
+                upstream: rev.spec.upstream.clone(),
+                weight_bp: share,
+            });
+        }
+        let (version, rollout, epoch) = match &routes.rollout {
+            Some((_, routing, id)) => (epoch_label(*id, routing.epoch), Some(*id), routing.epoch),
+            None => (
+                format!(
+                    "champion:{}",
+                    routes.champion.as_ref().map_or("none", |c| c.id.as_str())
+                ),
+                None,
+                0,
+            ),
+        };
+        Desired {
+            model,
+            version,
+            rollout,
+            epoch,
+            arms,
+        }
+    }
+}
+
+/// Why a data plane did not confirm a routing.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    #[error("the webhook at {url} did not answer")]
+    Unreachable { url: String },
+    #[error("the webhook at {url} answered {status}: {body}")]
+    Refused {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("the data plane confirmed {got:?}, not {want:?}")]
+    OtherVersion { want: String, got: String },
+    #[error("{0}")]
+    Io(String),
+    #[error("cannot route {upstream:?} through nginx: {why}")]
+    Unroutable { upstream: String, why: String },
+}
+
+#[derive(Debug, Clone)]
+struct Confirmed {
+    version: String,
+    rollout: Option<i64>,
+    epoch: Epoch,
+}
+
+/// The routing each adapter-routed model's data plane confirmed, and when
+/// to try again one that failed.
+#[derive(Debug, Default)]
+pub struct Applier {
+    confirmed: Mutex<BTreeMap<String, Confirmed>>,
+    retry: Mutex<BTreeMap<String, (Instant, u32)>>,
+}
+
+/// How long an apply may take (a reload and its confirmation included).
+const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Applier {
+    /// The latest epoch of `rollout` the model's data plane confirmed (0:
+    /// none yet).
+    pub fn applied_epoch(&self, model: &str, rollout: i64) -> Epoch {
+        let confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        confirmed
+            .get(model)
+            .filter(|c| c.rollout == Some(rollout))
+            .map_or(0, |c| c.epoch)
+    }
+
+    fn is_confirmed(&self, desired: &Desired) -> bool {
+        let confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        confirmed
+            .get(&desired.model)
+            .is_some_and(|c| c.version == desired.version)
+    }
+
+    /// Brings the model's data plane to `routes` unless it already
+    /// confirmed them, or a failed attempt's back-off has not passed
+    /// (unless `now_or_never`: a rollback's champion-only routing goes at
+    /// once).
+    pub async fn sync(
+        &self,
+        http: &HttpClient,
+        plane: &DataPlane,
+        routes: &ModelRoutes,
+        now_or_never: bool,
+    ) {
+        let desired = Desired::of(routes);
+        if self.is_confirmed(&desired) {
+            return;
+        }
+        let model = desired.model.clone();
+        if !now_or_never {
+            let retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+            if retry
+                .get(&model)
+                .is_some_and(|(at, _)| *at > Instant::now())
+            {
+                return;
+            }
+        }
+        let applied = tokio::time::timeout(APPLY_TIMEOUT, apply(http, plane, &desired))
+            .await
+            .unwrap_or_else(|_| Err(AdapterError::Io("timed out".into())));
+        match applied {
+            Ok(()) => {
+                tracing::info!(model = %model, version = %desired.version, "data plane confirmed the routing");
+                self.retry
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&model);
+                self.confirmed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        model,
+                        Confirmed {
+                            version: desired.version,
+                            rollout: desired.rollout,
+                            epoch: desired.epoch,
+                        },
+                    );
+            }
+            Err(e) => {
+                let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+                let failures = retry.get(&model).map_or(0, |(_, n)| *n) + 1;
+                // 250 ms, doubling, at most 30 s.
+                let wait =
+                    Duration::from_millis(250 << failures.min(7)).min(Duration::from_secs(30));
+                tracing::warn!(model = %model, version = %desired.version, "data plane did not confirm the routing (try {failures}, again in {wait:?}): {e}");
+                retry.insert(model, (Instant::now() + wait, failures));
+            }
+        }
+    }
+}
+
+/// Applies `desired` through the model's adapter and waits for its
+/// confirmation.
+async fn apply(
+    http: &HttpClient,
+    plane: &DataPlane,
+    desired: &Desired,
+) -> Result<(), AdapterError> {
+    match plane {
+        DataPlane::Webhook {
+            url,
+            bearer_token_file,
+        } => webhook::apply(http, url, bearer_token_file.as_deref(), desired).await,
+        DataPlane::Nginx {
+            include_file,
+            reload_command,
+            confirm_url,
+            key,
+        } => {
+            nginx::apply(
+                http,
+                include_file,
+                reload_command,
+                confirm_url,
+                key,
+                desired,
+            )
+            .await
+        }
+    }
+}

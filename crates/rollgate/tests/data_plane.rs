@@ -1,0 +1,448 @@
+//! Rollouts whose traffic rollgate does not carry: another data plane
+//! splits it (a webhook receiver's own router, or a real nginx), the
+//! controller sets its weights through an adapter and waits for each
+//! routing to be confirmed, and the evidence is read from a real
+//! Prometheus scraping the model servers (`rollgate serve`). No rollgate
+//! gateway runs. Every wait is bounded.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::common::*;
+use crate::prometheus::{Prometheus, ROW, evidence, scraped_evidence_counts, serve, trained_model};
+
+/// A plan for a data plane that does not mirror: no shadow stage.
+fn plan() -> Value {
+    json!({
+        "steps": [20, 50],
+        "min_stage_duration": "1s",
+        "evidence_timeout": "20s",
+        "readiness_timeout": "5s",
+        "shadow": { "enabled": false },
+        "gates": {
+            "error_rate": { "min_requests": 20, "margin": 0.05 },
+            "latency": { "min_requests": 20 }
+        }
+    })
+}
+
+/// The model servers of these tests and a Prometheus scraping them.
+struct Servers {
+    champion: Proc,
+    identical: Proc,
+    broken: Proc,
+    prometheus: Prometheus,
+}
+
+impl Servers {
+    /// `None` (locally, with a note) where Prometheus is not installed.
+    fn start(dir: &std::path::Path) -> Option<Servers> {
+        let model = trained_model(dir);
+        let champion = serve(&model, &[]);
+        let identical = serve(&model, &[]);
+        let broken = serve(&model, &["--ready-then-503"]);
+        let prometheus = Prometheus::scraping(&[champion.addr(), identical.addr(), broken.addr()])?;
+        Some(Servers {
+            champion,
+            identical,
+            broken,
+            prometheus,
+        })
+    }
+
+    /// Registers model `m` routed by `data_plane`, with its champion, the
+    /// identical candidate and the broken one; waits until Prometheus
+    /// scrapes all three. Returns their ids.
+    async fn register(
+        &self,
+        c: &HttpClient,
+        ctl: &Proc,
+        data_plane: Value,
+    ) -> (String, String, String) {
+        let spec = json!({
+            "prometheus": evidence(&self.prometheus.url),
+            "data_plane": data_plane,
+        });
+        let (s, r) = api(
+            c,
+            ctl,
+            "POST",
+            "/api/v1/models",
+            Some(json!({ "name": "m", "spec": spec })),
+        )
+        .await;
+        assert_eq!(s, 201, "{r}");
+        let url = |p: &Proc| format!("http://{}", p.addr());
+        let champ = register(c, ctl, &url(&self.champion)).await;
+        let (s, r) = api(
+            c,
+            ctl,
+            "PUT",
+            "/api/v1/models/m/champion",
+            Some(json!({ "revision": champ, "reason": "first" })),
+        )
+        .await;
+        assert_eq!(s, 200, "{r}");
+        let same = register(c, ctl, &url(&self.identical)).await;
+        let bad = register(c, ctl, &url(&self.broken)).await;
+        self.prometheus
+            .wait_for(c, "count(up == 1)", |v| v == 3.0)
+            .await;
+        (champ, same, bad)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What a webhook receiver was asked and applied.
+#[derive(Default)]
+struct Receiver {
+    /// Calls still to refuse with a 503.
+    refuse: u32,
+    refused: u32,
+    /// The routing in force: `(revision, upstream, weight_bp)`, champion
+    /// first.
+    arms: Vec<(String, String, u32)>,
+    version: String,
+    /// When each version was applied (ms since the Unix epoch).
+    applied_at: BTreeMap<String, u64>,
+}
+
+/// A webhook receiver on 127.0.0.1 that applies what it is sent to its
+/// own router (after refusing the first `refuse` calls); its URL.
+async fn receiver(state: Arc<Mutex<Receiver>>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let state = Arc::clone(&state);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let state = Arc::clone(&state);
+                    async move {
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let desired: Value = body
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or(Value::Null);
+                        let mut r = state.lock().expect("receiver");
+                        let (status, answer) = if r.refuse > 0 {
+                            r.refuse -= 1;
+                            r.refused += 1;
+                            (503, json!({ "error": "not now" }))
+                        } else {
+                            let version = desired["version"].as_str().unwrap_or("").to_string();
+                            r.arms = desired["arms"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|a| {
+                                    (
+                                        a["revision"].as_str().unwrap_or("").to_string(),
+                                        a["upstream"].as_str().unwrap_or("").to_string(),
+                                        a["weight_bp"].as_u64().unwrap_or(0) as u32,
+                                    )
+                                })
+                                .collect();
+                            r.applied_at.insert(version.clone(), now_ms());
+                            r.version = version.clone();
+                            (200, json!({ "version": version }))
+                        };
+                        let mut resp = Response::new(Full::new(Bytes::from(answer.to_string())));
+                        *resp.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}/routing")
+}
+
+/// The receiver's router: each key (a user) goes to the arm its hash
+/// falls in, sticky while the weights hold. Sends until `stop` (bounded by
+/// 120 s); how many requests each revision answered 2xx or not.
+fn routed_traffic(
+    state: Arc<Mutex<Receiver>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeMap<String, u64>> {
+    tokio::spawn(async move {
+        let c = client();
+        let started = Instant::now();
+        let mut by = BTreeMap::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::SeqCst) && started.elapsed() < Duration::from_secs(120) {
+            let bucket = (n % 5000).wrapping_mul(2_654_435_761) % 10_000;
+            let arms = state.lock().expect("receiver").arms.clone();
+            let mut below = 0;
+            let arm = arms.iter().find(|(_, _, w)| {
+                below += *w as u64;
+                bucket < below
+            });
+            let Some((revision, upstream, _)) = arm.cloned() else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let req = Request::post(format!("{upstream}/v1/models/m:predict"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(ROW)))
+                .expect("request");
+            let answered = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;
+            if let Ok(Ok(r)) = answered {
+                let _ = r.into_body().collect().await;
+            }
+            *by.entry(revision).or_insert(0) += 1;
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        by
+    })
+}
+
+/// Through a webhook: routing refused twice is sent again until confirmed,
+/// and the first stage's clock starts only after the confirmation; an
+/// identical candidate is promoted; a ready-then-503 one is rolled back,
+/// the receiver told champion-only before the rollback is visible, and
+/// every request after it is the champion's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(servers) = Servers::start(dir.path()) else {
+        return;
+    };
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let state = Arc::new(Mutex::new(Receiver::default()));
+    let url = receiver(Arc::clone(&state)).await;
+    let (champ, same, bad) = servers
+        .register(&c, &ctl, json!({ "kind": "webhook", "url": url }))
+        .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = routed_traffic(Arc::clone(&state), Arc::clone(&stop));
+
+    // The first stage's routing is refused twice before it is applied.
+    state.lock().expect("receiver").refuse = 2;
+    let id = start_rollout_with(&c, &ctl, &same, plan()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    assert!(
+        scraped_evidence_counts(&r, &same),
+        "{}",
+        r["state"]["evidence"]
+    );
+    {
+        let s = state.lock().expect("receiver");
+        assert_eq!(s.refused, 2, "the first calls were refused");
+        let first = format!("{id}.1");
+        let confirmed = s.applied_at.get(&first).copied().expect("epoch 1 applied");
+        let began = r["state"]["epoch_began"]["1"]
+            .as_u64()
+            .expect("epoch 1 began");
+        assert!(
+            began >= confirmed,
+            "epoch 1 began at {began}, before its routing was confirmed at {confirmed}"
+        );
+        assert_eq!(
+            s.version,
+            format!("champion:{same}"),
+            "the promoted champion routed"
+        );
+    }
+
+    let id = start_rollout_with(&c, &ctl, &bad, plan()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(
+        state.lock().expect("receiver").version,
+        format!("champion:{same}"),
+        "champion-only before the rollback was committed"
+    );
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    let reason = &r["state"]["phase"]["reason"];
+    assert!(reason["gates"].to_string().contains("error_rate"), "{r}");
+    stop.store(true, Ordering::SeqCst);
+    let before = load.await.expect("traffic");
+    eprintln!("webhook: rolled back ({reason}); requests by revision: {before:?}");
+    assert!(before.get(&bad).copied().unwrap_or(0) > 0, "{before:?}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let after = routed_traffic(Arc::clone(&state), Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let after = after.await.expect("traffic");
+    assert!(
+        !after.is_empty() && after.keys().all(|k| *k == same),
+        "{after:?}"
+    );
+    assert_ne!(champ, same);
+}
+
+/// An nginx on 127.0.0.1 in the foreground (its pid is the child's),
+/// killed and reaped when dropped.
+struct Nginx {
+    child: Child,
+    addr: String,
+    conf: String,
+    include: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nginx {
+    /// nginx proxying model `m` by the include file the adapter writes,
+    /// seeded with `champion` only (nginx needs the variables it defines
+    /// to start); `None` (locally, with a note) where nginx is absent.
+    fn start(champion: &str) -> Option<Nginx> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path().to_string_lossy().into_owned();
+        let addr = free_addr();
+        let include = format!("{d}/rollgate-m.conf");
+        std::fs::write(
+            &include,
+            format!(
+                "upstream seed {{ server {champion}; }}\n\
+                 split_clients \"$http_x_rollgate_key\" $rollgate_m_upstream {{ * seed; }}\n\
+                 map $host $rollgate_m_version {{ default \"seed\"; }}\n"
+            ),
+        )
+        .expect("include");
+        let conf = format!("{d}/nginx.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+                 error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\n\
+                 http {{\n  access_log off;\n\
+                 client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+                 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+                 include {include};\n\
+                 server {{\n    listen {addr};\n\
+                 location /v1/models/ {{\n      proxy_pass http://$rollgate_m_upstream;\n\
+                 proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n\
+                 add_header X-Upstream $upstream_addr always;\n    }}\n\
+                 location = /rollgate/routing/m {{ return 200 $rollgate_m_version; }}\n  }}\n}}\n"
+            ),
+        )
+        .expect("nginx.conf");
+        let child = Command::new("nginx")
+            .args(["-c", &conf, "-e", &format!("{d}/error.log")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(_) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: nginx is not installed (apt-get install nginx)");
+                return None;
+            }
+            Err(e) => panic!("CI needs nginx (apt-get install nginx): {e}"),
+        };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nginx did not listen on {addr}: {}",
+                std::fs::read_to_string(format!("{d}/error.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Nginx {
+            child,
+            addr,
+            conf,
+            include,
+            _dir: dir,
+        })
+    }
+}
+
+/// Through a real nginx, its weights set by the nginx adapter (an include
+/// file, a reload, the version read back): an identical candidate is
+/// promoted; a ready-then-503 one is rolled back with every request after
+/// on the champion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nginx_data_plane_with_prometheus_evidence_promotes_and_rolls_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(servers) = Servers::start(dir.path()) else {
+        return;
+    };
+    let Some(nginx) = Nginx::start(servers.champion.addr()) else {
+        return;
+    };
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let plane = json!({
+        "kind": "nginx",
+        "include_file": nginx.include,
+        "reload_command": ["nginx", "-c", nginx.conf, "-s", "reload"],
+        "confirm_url": format!("http://{}/rollgate/routing/m", nginx.addr),
+    });
+    let (_champ, same, bad) = servers.register(&c, &ctl, plane).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic_by(&nginx.addr, ROW, "x-upstream", Arc::clone(&stop));
+
+    let id = start_rollout_with(&c, &ctl, &same, plan()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    assert!(
+        scraped_evidence_counts(&r, &same),
+        "{}",
+        r["state"]["evidence"]
+    );
+
+    let id = start_rollout_with(&c, &ctl, &bad, plan()).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert!(
+        r["state"]["phase"]["reason"]["gates"]
+            .to_string()
+            .contains("error_rate"),
+        "{r}"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let before = load.await.expect("traffic");
+    eprintln!(
+        "nginx: rolled back ({}); requests by upstream: {before:?}",
+        r["state"]["phase"]["reason"]
+    );
+    assert!(
+        before.get(servers.broken.addr()).copied().unwrap_or(0) > 0,
+        "the broken candidate served through nginx: {before:?}"
+    );
+    // The include file the adapter left routes everyone to the champion.
+    let text = std::fs::read_to_string(&nginx.include).expect("include");
+    assert!(text.contains(&format!("champion:{same}")), "{text}");
+    let stop = Arc::new(AtomicBool::new(false));
+    let after = traffic_by(&nginx.addr, ROW, "x-upstream", Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let after = after.await.expect("traffic");
+    assert!(
+        !after.is_empty() && after.keys().all(|k| k == servers.identical.addr()),
+        "{after:?}"
+    );
+}
