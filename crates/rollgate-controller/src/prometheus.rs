@@ -32,19 +32,6 @@ pub enum PromError {
     Token(String),
 }
 
-/// The epochs a look reads: the current one and the one before (whose
-/// last requests may still be scraped). Older ones were final by the look
-/// after the next began.
-fn recent_epochs(state: &RolloutState) -> BTreeMap<u32, Timestamp> {
-    let n = state.epoch_began.len();
-    state
-        .epoch_began
-        .iter()
-        .skip(n.saturating_sub(2))
-        .map(|(&e, &t)| (e, t))
-        .collect()
-}
-
 /// What Prometheus holds for `revisions` of `model`, per target and epoch,
 /// read at `now`.
 pub async fn exposure(
@@ -55,8 +42,7 @@ pub async fn exposure(
     state: &RolloutState,
     now: Timestamp,
 ) -> Result<Exposure, PromError> {
-    let began = recent_epochs(state);
-    let windows = scraped::windows(&began, Duration::from_millis(cfg.horizon_ms));
+    let windows = scraped::windows(&state.epoch_began, Duration::from_millis(cfg.horizon_ms));
     let Some(earliest) = windows.iter().map(|w| w.from).min() else {
         return Ok(Exposure::default());
     };

@@ -65,12 +65,14 @@ pub struct EpochWindow {
     pub until: Option<Timestamp>,
 }
 
-/// The windows of the epochs a look reads: each epoch began at the given
-/// instant, and a request finishing `horizon` after may still have
-/// arrived before.
+/// The windows of the epochs a look reads: the current one and the one
+/// before (whose last requests may still be scraped; older ones were final
+/// by the look after the next began). Each epoch began at the given
+/// instant, and a request finishing `horizon` after may still have arrived
+/// before.
 pub fn windows(began: &BTreeMap<Epoch, Timestamp>, horizon: Duration) -> Vec<EpochWindow> {
-    let mut out: Vec<EpochWindow> = Vec::with_capacity(began.len());
-    let mut epochs = began.iter().peekable();
+    let mut out: Vec<EpochWindow> = Vec::with_capacity(2);
+    let mut epochs = began.iter().skip(began.len().saturating_sub(2)).peekable();
     while let Some((&epoch, &at)) = epochs.next() {
         out.push(EpochWindow {
             epoch,
@@ -221,7 +223,7 @@ mod tests {
 
     #[test]
     fn epochs_begin_a_horizon_late_and_end_when_the_next_begins() {
-        let began = BTreeMap::from([(1, t(10)), (2, t(40))]);
+        let began = BTreeMap::from([(0, t(0)), (1, t(10)), (2, t(40))]);
         let w = windows(&began, Duration::from_secs(5));
         assert_eq!(
             w,

@@ -29,7 +29,10 @@ type Rng = Xoshiro256PlusPlus;
 
 pub mod baseline;
 pub mod matrix;
+mod scrape;
 mod users;
+
+pub use scrape::ScrapeModel;
 
 pub use users::{Assignment, Users};
 use users::{Crowd, UnitAcc, User, any_unit, uniform};
@@ -170,6 +173,10 @@ pub struct Scenario {
     /// Give up after this long (the result is then unfinished).
     #[serde(with = "humantime_serde")]
     pub max_duration: Duration,
+    /// The evidence is scraped from the model servers by Prometheus
+    /// (counted at completion, sampled, windowed by time) instead of
+    /// reported by the gateways.
+    pub scrape: Option<ScrapeModel>,
 }
 
 impl Scenario {
@@ -225,6 +232,7 @@ impl Scenario {
             batch_correlation: 0.0,
             tick: Duration::from_secs(1),
             max_duration: Duration::from_secs(3600),
+            scrape: None,
         }
     }
 }
@@ -699,6 +707,7 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
     let mut restarts = scenario.gateway_restarts.clone();
     restarts.sort_unstable();
     let mut restarts = restarts.into_iter().peekable();
+    let mut scraper = scenario.scrape.as_ref().map(scrape::Scraper::new);
 
     while now < scenario.max_duration && !phase.is_terminal() {
         now += scenario.tick;
@@ -832,9 +841,16 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
         for (g, gw) in gws.iter().enumerate().filter(|(g, _)| !flapping(*g)) {
             exposure = exposure.with_epochs(format!("gw{g}/{}", gw.boot), gw.epochs.clone());
         }
+        if let Some(s) = scraper.as_mut() {
+            s.tick(gws.iter().flat_map(|g| g.epochs.values()), now);
+            exposure = s.exposure(&exposure);
+        }
 
         let (r, p, events) = decider.observe(&exposure, now);
         if let Some(r) = r {
+            if let Some(s) = scraper.as_mut() {
+                s.routed(r.epoch, now);
+            }
             let w = r.candidate_weight_bp;
             if w != routing.candidate_weight_bp {
                 share = if per_request {

@@ -38,6 +38,10 @@ fn identical_arms_are_never_rolled_back_whatever_the_exposure_does() {
         ("gateway-restart-mid-stage", 12),
         ("ramp-drift-20-400ms-no-shadow", 8),
         ("shared-step-20-100ms-no-shadow", 12),
+        ("scraped-identical-100rps-0.5pct", 8),
+        ("scraped-timeouts-0.5pct-100rps", 8),
+        ("scraped-identical-target-restarts", 8),
+        ("scraped-identical-stale-2min", 8),
     ] {
         let r = run_cell(
             &m.plan,
@@ -123,4 +127,36 @@ fn a_candidate_failing_after_an_outage_is_rolled_back_within_seconds_of_its_end(
         .collect();
     after.sort_by(f64::total_cmp);
     assert!(after[10] <= 10.0, "median {} s after the outage", after[10]);
+}
+
+#[test]
+fn scraped_evidence_stops_a_failing_candidate_a_horizon_and_a_scrape_later() {
+    let m = matrix();
+    let s = scenario(&m, "scraped-errors-50pct");
+    let direct = scenario(&m, "errors-50pct");
+    let scrape = s.scrape.as_ref().expect("scraped");
+    for seed in 0..8 {
+        let r = simulate(&m.plan, s, seed);
+        assert!(
+            matches!(
+                r.phase,
+                Phase::RolledBack {
+                    reason: RollbackReason::AnytimeBreach { .. }
+                        | RollbackReason::GrossBreach { .. }
+                }
+            ),
+            "seed {seed}: {:?}",
+            r.phase
+        );
+        // Through the gateway it is stopped within a second or so; here
+        // the first counts come a horizon plus at most two scrapes in.
+        let d = simulate(&m.plan, direct, seed);
+        let bound = d.seconds + (scrape.horizon + 2 * scrape.interval).as_secs_f64() + 1.0;
+        assert!(
+            r.seconds <= bound,
+            "seed {seed}: {}s scraped, {}s through the gateway",
+            r.seconds,
+            d.seconds
+        );
+    }
 }

@@ -15,7 +15,8 @@ use crate::common::*;
 pub(crate) struct Prometheus {
     child: Child,
     pub(crate) url: String,
-    _dir: tempfile::TempDir,
+    listen: String,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Prometheus {
@@ -45,21 +46,12 @@ impl Prometheus {
         )
         .expect("config");
         let listen = free_addr();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={listen}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        match child {
+        match Self::spawn(dir.path(), &listen) {
             Ok(child) => Some(Prometheus {
                 child,
                 url: format!("http://{listen}"),
-                _dir: dir,
+                listen,
+                dir,
             }),
             Err(_) if std::env::var_os("CI").is_none() => {
                 eprintln!("skipped: prometheus is not installed (apt-get install prometheus)");
@@ -67,6 +59,30 @@ impl Prometheus {
             }
             Err(e) => panic!("CI needs prometheus (apt-get install prometheus): {e}"),
         }
+    }
+
+    fn spawn(dir: &std::path::Path, listen: &str) -> std::io::Result<Child> {
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={listen}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    }
+
+    /// Kills Prometheus and starts it again on the same address and data
+    /// (what it scraped is kept; what it missed meanwhile is not).
+    pub(crate) fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::spawn(self.dir.path(), &self.listen).expect("prometheus again");
     }
 
     /// The value of the instant query `promql` (`None`: no sample yet).
@@ -264,7 +280,8 @@ pub(crate) fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
 /// revisions unread): an identical candidate is promoted; a candidate that
 /// is ready and answers every prediction 503 is rolled back, every request
 /// after on the champion; a candidate whose scrape target goes away
-/// mid-stage never promotes (no evidence is not health) and fails safe.
+/// mid-stage never promotes (no evidence is not health) and fails safe; a
+/// Prometheus restarted mid-rollout loses nothing it had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -274,7 +291,7 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     let identical = serve(&model, &[]);
     let broken = serve(&model, &["--ready-then-503"]);
     let mut vanishing = serve(&model, &[]);
-    let Some(prom) = Prometheus::scraping(&[
+    let Some(mut prom) = Prometheus::scraping(&[
         champion.addr(),
         identical.addr(),
         broken.addr(),
@@ -329,6 +346,14 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     // An identical candidate is promoted on the scraped counts.
     let same = register(&c, &ctl, &url(&identical)).await;
     let id = start_rollout_with(&c, &ctl, &same, plan.clone()).await;
+    // Prometheus restarted mid-rollout: the counters it reads after are
+    // still the targets' cumulative ones, so nothing is lost but the
+    // scrapes it missed.
+    wait_for(&c, &ctl, id, Duration::from_secs(60), |r| {
+        phase(r) == "canary" || finished(r)
+    })
+    .await;
+    prom.restart();
     let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     eprintln!(
