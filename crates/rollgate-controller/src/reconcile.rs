@@ -199,11 +199,12 @@ pub async fn sync_data_planes(ctx: &Context) {
     let Ok(routes) = blocking(&ctx.store, |s| s.routes()).await else {
         return;
     };
-    for r in routes {
-        if let Some(plane) = r.model.spec.data_plane.clone() {
-            ctx.adapters.sync(&ctx.http, &plane, &r, false).await;
-        }
-    }
+    // Concurrently: one data plane slow to confirm holds up no other.
+    futures::future::join_all(routes.iter().filter_map(|r| {
+        let plane = r.model.spec.data_plane.as_ref()?;
+        Some(ctx.adapters.sync(&ctx.http, plane, r, false))
+    }))
+    .await;
 }
 
 /// Pushes one model's routing from the store to the in-process gateway,
@@ -387,19 +388,10 @@ async fn scraped_exposure(
                 return Ok(None);
             }
         };
-    let mut out = scraped;
-    if let Some(gateways) = exposure(ctx, &model.name, rec.id).await? {
-        for (series, report) in gateways.series {
-            if let SeriesReport::Epochs { epochs } = report {
-                let pairs = epochs
-                    .into_iter()
-                    .map(|(e, snap)| (e, snap.pairs_only()))
-                    .collect();
-                out = out.with_epochs(series, pairs);
-            }
-        }
-    }
-    Ok(Some(out))
+    Ok(Some(match exposure(ctx, &model.name, rec.id).await? {
+        Some(gateways) => scraped.with_pairs_of(&gateways),
+        None => scraped,
+    }))
 }
 
 /// Pushes champion-only routing for `model` to the in-process gateway

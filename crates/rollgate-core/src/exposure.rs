@@ -70,6 +70,19 @@ impl Exposure {
             .insert(series.into(), SeriesReport::Epochs { epochs });
         self
     }
+
+    /// Adds the shadow pairs of `gateways`' per-epoch series, without
+    /// their counts of the revisions (which come from elsewhere, e.g.
+    /// scraped counters: only a gateway can pair answers).
+    pub fn with_pairs_of(mut self, gateways: &Exposure) -> Exposure {
+        for (id, report) in &gateways.series {
+            if let SeriesReport::Epochs { epochs } = report {
+                let pairs = epochs.iter().map(|(e, s)| (*e, s.pairs_only())).collect();
+                self = self.with_epochs(id.clone(), pairs);
+            }
+        }
+        self
+    }
 }
 
 /// What one series has contributed so far, per epoch.
@@ -313,7 +326,7 @@ pub fn epoch_of(label: &str, rollout: i64) -> Option<Epoch> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FailureClass;
+    use crate::{FailureClass, PairStats};
 
     fn snap(req: u64, fail: u64) -> Snapshot {
         let mut s = Snapshot::default();
@@ -325,6 +338,19 @@ mod tests {
             r.record_failure(FailureClass::Timeout);
         }
         s
+    }
+
+    #[test]
+    fn pairs_are_taken_from_gateways_without_their_counts() {
+        let mut counted = snap(10, 2);
+        counted.pairs_mut("a").record_pairs(7, true, false);
+        let gateways = Exposure::default().with_epochs("gw/1", BTreeMap::from([(3, counted)]));
+        let e = Exposure::default().with_pairs_of(&gateways);
+        let SeriesReport::Epochs { epochs } = &e.series["gw/1"] else {
+            panic!("per epoch");
+        };
+        assert!(epochs[&3].revisions().is_empty());
+        assert_eq!(epochs[&3].pairs_for("a").map(PairStats::pairs), Some(7));
     }
 
     fn epochs(pairs: &[(Epoch, u64, u64)]) -> BTreeMap<Epoch, Snapshot> {

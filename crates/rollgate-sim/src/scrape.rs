@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rollgate_core::scraped::{self, Samples, Scrape, TargetSamples};
-use rollgate_core::{Epoch, Exposure, RevisionStats, SeriesReport, Snapshot, Timestamp};
+use rollgate_core::{Epoch, Exposure, RevisionStats, Snapshot, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::{CANDIDATE, CHAMPION};
@@ -172,13 +172,6 @@ impl<'a> Scraper<'a> {
                 }
             }
         }
-        let mut out = scraped::exposure(&self.scrape, &windows);
-        for (id, report) in &gateways.series {
-            if let SeriesReport::Epochs { epochs } = report {
-                let pairs = epochs.iter().map(|(e, s)| (*e, s.pairs_only())).collect();
-                out = out.with_epochs(id.clone(), pairs);
-            }
-        }
-        out
+        scraped::exposure(&self.scrape, &windows).with_pairs_of(gateways)
     }
 }

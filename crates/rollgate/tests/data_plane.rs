@@ -105,6 +105,22 @@ impl Servers {
     }
 }
 
+/// Runs a rollout of `candidate` under [`plan`] to its end; its record.
+async fn run_rollout(c: &HttpClient, ctl: &Proc, candidate: &str) -> Value {
+    let id = start_rollout_with(c, ctl, candidate, plan()).await;
+    wait_for(c, ctl, id, Duration::from_secs(90), finished).await
+}
+
+/// Runs a rollout of `candidate` and checks it was promoted on the counts
+/// Prometheus scraped; its record.
+async fn promoted_on_scraped_counts(c: &HttpClient, ctl: &Proc, candidate: &str) -> Value {
+    let r = run_rollout(c, ctl, candidate).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let evidence = &r["state"]["evidence"];
+    assert!(scraped_evidence_counts(&r, candidate), "{evidence}");
+    r
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -242,18 +258,11 @@ async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back()
 
     // The first stage's routing is refused twice before it is applied.
     state.lock().expect("receiver").refuse = 2;
-    let id = start_rollout_with(&c, &ctl, &same, plan()).await;
-    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
-    assert_eq!(phase(&r), "promoted", "{r}");
-    assert!(
-        scraped_evidence_counts(&r, &same),
-        "{}",
-        r["state"]["evidence"]
-    );
+    let r = promoted_on_scraped_counts(&c, &ctl, &same).await;
     {
         let s = state.lock().expect("receiver");
         assert_eq!(s.refused, 2, "the first calls were refused");
-        let first = format!("{id}.1");
+        let first = format!("{}.1", r["id"]);
         let confirmed = s.applied_at.get(&first).copied().expect("epoch 1 applied");
         let began = r["state"]["epoch_began"]["1"]
             .as_u64()
@@ -269,8 +278,7 @@ async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back()
         );
     }
 
-    let id = start_rollout_with(&c, &ctl, &bad, plan()).await;
-    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    let r = run_rollout(&c, &ctl, &bad).await;
     assert_eq!(
         state.lock().expect("receiver").version,
         format!("champion:{same}"),
@@ -405,17 +413,9 @@ async fn an_nginx_data_plane_with_prometheus_evidence_promotes_and_rolls_back() 
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic_by(&nginx.addr, ROW, "x-upstream", Arc::clone(&stop));
 
-    let id = start_rollout_with(&c, &ctl, &same, plan()).await;
-    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
-    assert_eq!(phase(&r), "promoted", "{r}");
-    assert!(
-        scraped_evidence_counts(&r, &same),
-        "{}",
-        r["state"]["evidence"]
-    );
+    promoted_on_scraped_counts(&c, &ctl, &same).await;
 
-    let id = start_rollout_with(&c, &ctl, &bad, plan()).await;
-    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    let r = run_rollout(&c, &ctl, &bad).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
     assert!(
         r["state"]["phase"]["reason"]["gates"]
