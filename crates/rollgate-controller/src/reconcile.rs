@@ -195,7 +195,15 @@ pub trait RoutePush: Send + Sync {
 
 /// Brings every external data plane to the routing the store holds (each
 /// confirmed routing is applied once; a failed one again after a back-off).
+/// Reads the routes only when they changed since the last full sync or a
+/// failed routing waits to be sent again: a pass costs one small read.
 pub async fn sync_data_planes(ctx: &Context) {
+    let Ok(version) = blocking(&ctx.store, |s| s.routes_version()).await else {
+        return;
+    };
+    if !ctx.adapters.needs_sync(version) {
+        return;
+    }
     let Ok(routes) = blocking(&ctx.store, |s| s.routes()).await else {
         return;
     };
@@ -205,25 +213,29 @@ pub async fn sync_data_planes(ctx: &Context) {
         Some(ctx.adapters.sync(&ctx.http, plane, r, false))
     }))
     .await;
+    ctx.adapters.synced(version);
 }
 
-/// Pushes one model's routing from the store to the in-process gateway,
-/// and to its external data plane if it has one.
-pub async fn push_model(ctx: &Context, model: &str) {
-    let name = model.to_string();
-    if let Ok(Some(routes)) = blocking(&ctx.store, move |s| s.model_routes(&name)).await
-        && let Some(plane) = routes.model.spec.data_plane.clone()
+/// Sends one model's routes to its external data plane, if it has one, and
+/// to the in-process gateway: read once, given to both.
+async fn route(ctx: &Context, model: &str, routes: Option<ModelRoutes>) {
+    if let Some(routes) = &routes
+        && let Some(plane) = &routes.model.spec.data_plane
     {
-        ctx.adapters.sync(&ctx.http, &plane, &routes, true).await;
+        ctx.adapters.sync(&ctx.http, plane, routes, true).await;
     }
     if let Some(g) = ctx.local_gateway.clone() {
-        let (store, model) = (Arc::clone(&ctx.store), model.to_string());
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Ok(routes) = store.model_routes(&model) {
-                g.push_model(&model, routes.as_ref());
-            }
-        })
-        .await;
+        let model = model.to_string();
+        let _ = tokio::task::spawn_blocking(move || g.push_model(&model, routes.as_ref())).await;
+    }
+}
+
+/// Pushes one model's routing from the store to its external data plane
+/// and to the in-process gateway.
+pub async fn push_model(ctx: &Context, model: &str) {
+    let name = model.to_string();
+    if let Ok(routes) = blocking(&ctx.store, move |s| s.model_routes(&name)).await {
+        route(ctx, model, routes).await;
     }
 }
 
@@ -394,8 +406,8 @@ async fn scraped_exposure(
     }))
 }
 
-/// Pushes champion-only routing for `model` to the in-process gateway
-/// before a rollback or abort is committed: the safe direction, so a failed
+/// Pushes champion-only routing for `model` to its external data plane and
+/// the in-process gateway before a rollback or abort is committed: the safe direction, so a failed
 /// commit can only have reduced exposure.
 async fn pre_route_to_champion(
     ctx: &Context,
@@ -411,23 +423,10 @@ async fn pre_route_to_champion(
         return;
     }
     let model = rec.spec.model.clone();
-    if let Ok(Some(mut routes)) = blocking(&ctx.store, move |s| s.model_routes(&model)).await
-        && let Some(plane) = routes.model.spec.data_plane.clone()
-    {
+    if let Ok(Some(mut routes)) = blocking(&ctx.store, move |s| s.model_routes(&model)).await {
         routes.rollout = None;
-        ctx.adapters.sync(&ctx.http, &plane, &routes, true).await;
+        route(ctx, &rec.spec.model, Some(routes)).await;
     }
-    let Some(g) = &ctx.local_gateway else {
-        return;
-    };
-    let (store, gateway, model) = (Arc::clone(&ctx.store), g.clone(), rec.spec.model.clone());
-    let _ = tokio::task::spawn_blocking(move || {
-        if let Ok(Some(mut routes)) = store.model_routes(&model) {
-            routes.rollout = None;
-            gateway.push_model(&model, Some(&routes));
-        }
-    })
-    .await;
 }
 
 /// Commits a transition (under `fence`, for the leader's own decisions);

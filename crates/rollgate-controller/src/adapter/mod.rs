@@ -1,11 +1,12 @@
 //! Adapters that set the weights of a data plane rollgate does not run
-//! (`ModelSpec::data_plane`): nginx, or anything behind a webhook. The
+//! (`ModelSpec::data_plane`): nginx, Envoy, or anything behind a webhook. The
 //! leading controller brings each such model's data plane to the routing
 //! the store holds, and remembers the routing version each confirmed; a
 //! rollout's stage clock starts only once its routing is confirmed
 //! (`Observation::routing_applied`), and a rollback is sent to the data
 //! plane as champion-only routing before it is committed.
 
+mod envoy;
 mod nginx;
 mod webhook;
 
@@ -21,6 +22,21 @@ use tokio::time::Instant;
 use crate::http::HttpClient;
 
 pub use nginx::render as render_nginx;
+
+/// `name` as part of an identifier in a data plane's configuration.
+fn ident(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// Replaces `path` with `bytes` in one rename: a data plane watching or
+/// reloading it never reads half a file.
+fn write_atomically(path: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = format!("{path}.rollgate-tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
 
 /// What a data plane must route for one model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -110,7 +126,7 @@ pub enum AdapterError {
     OtherVersion { want: String, got: String },
     #[error("{0}")]
     Io(String),
-    #[error("cannot route {upstream:?} through nginx: {why}")]
+    #[error("cannot route {upstream:?}: {why}")]
     Unroutable { upstream: String, why: String },
 }
 
@@ -127,6 +143,9 @@ struct Confirmed {
 pub struct Applier {
     confirmed: Mutex<BTreeMap<String, Confirmed>>,
     retry: Mutex<BTreeMap<String, (Instant, u32)>>,
+    /// The store's `routes_version` at the last pass that synced every
+    /// model.
+    synced: Mutex<Option<u64>>,
 }
 
 /// How long an apply may take (a reload and its confirmation included).
@@ -141,6 +160,24 @@ impl Applier {
             .get(model)
             .filter(|c| c.rollout == Some(rollout))
             .map_or(0, |c| c.epoch)
+    }
+
+    /// Whether a pass must read the routes: they changed since the last
+    /// sync (`routes_version`), or a failed routing waits to be sent again.
+    pub fn needs_sync(&self, routes_version: u64) -> bool {
+        let synced = *self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        synced != Some(routes_version)
+            || !self
+                .retry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+    }
+
+    /// Records that every model was synced to the routes of
+    /// `routes_version`.
+    pub fn synced(&self, routes_version: u64) {
+        *self.synced.lock().unwrap_or_else(|p| p.into_inner()) = Some(routes_version);
     }
 
     fn is_confirmed(&self, desired: &Desired) -> bool {
@@ -238,5 +275,40 @@ async fn apply(
             )
             .await
         }
+        DataPlane::Envoy {
+            routes_file,
+            clusters_file,
+            admin_url,
+            route_config_name,
+            key_header,
+        } => {
+            let files = envoy::Files {
+                routes_file,
+                clusters_file,
+                admin_url: admin_url.trim_end_matches('/'),
+                route_config_name: route_config_name.as_deref(),
+                key_header,
+            };
+            envoy::apply(http, &files, desired).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_reads_the_routes_only_when_they_moved_or_a_routing_waits() {
+        let a = Applier::default();
+        assert!(a.needs_sync(3), "never synced");
+        a.synced(3);
+        assert!(!a.needs_sync(3), "nothing changed");
+        assert!(a.needs_sync(4), "the routes moved");
+        a.retry
+            .lock()
+            .expect("retry")
+            .insert("m".into(), (Instant::now(), 1));
+        assert!(a.needs_sync(3), "a failed routing waits to be sent again");
     }
 }

@@ -7,15 +7,8 @@
 
 use std::time::Duration;
 
-use super::{AdapterError, Desired};
+use super::{AdapterError, Desired, ident, write_atomically};
 use crate::http::HttpClient;
-
-/// `name` as part of an nginx identifier.
-fn ident(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
-}
 
 /// The include file for `desired`, splitting on the nginx variable `key`.
 /// It defines `$rollgate_<model>_upstream` (for `proxy_pass
@@ -99,14 +92,6 @@ pub(super) async fn apply(
         want: desired.version.clone(),
         got,
     })
-}
-
-/// Replaces `path` with `bytes` in one rename: nginx never reads half a
-/// file.
-fn write_atomically(path: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = format!("{path}.rollgate-tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
 }
 
 async fn run(command: &[String]) -> Result<(), AdapterError> {

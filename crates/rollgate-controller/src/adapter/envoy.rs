@@ -1,0 +1,358 @@
+//! The Envoy adapter: the model's routing as Envoy's own file-based
+//! dynamic configuration. A cluster per revision goes into the CDS file
+//! (shared by models: only this model's clusters are rewritten), then the
+//! model's `RouteConfiguration` into its RDS file (`weighted_clusters`
+//! chosen by a hash of the sticky key header, so a user stays on one arm
+//! while the weights hold), each replaced in one rename for Envoy's file
+//! watch. Confirmed from the admin's `/config_dump`: the clusters active
+//! before the routes name them, then the routes' `version_info`.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{AdapterError, Desired, ident, write_atomically};
+use crate::http::HttpClient;
+
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+
+/// The CDS file is read, changed and written by every Envoy-routed model:
+/// one at a time.
+static CLUSTERS_FILE: Mutex<()> = Mutex::new(());
+
+/// Where one model's routing goes in Envoy.
+pub(super) struct Files<'a> {
+    pub routes_file: &'a str,
+    pub clusters_file: &'a str,
+    pub admin_url: &'a str,
+    pub route_config_name: Option<&'a str>,
+    pub key_header: &'a str,
+}
+
+/// The name of the route configuration of `model`.
+fn route_config_name(files: &Files, model: &str) -> String {
+    files
+        .route_config_name
+        .map_or_else(|| format!("rollgate_{}", ident(model)), str::to_string)
+}
+
+fn cluster_name(model: &str, revision: &str) -> String {
+    format!("rollgate_{}_{}", ident(model), ident(revision))
+}
+
+/// One STRICT_DNS cluster for a revision's `http://host:port` upstream.
+fn cluster(name: &str, upstream: &str) -> Result<Value, AdapterError> {
+    let unroutable = |why: &str| AdapterError::Unroutable {
+        upstream: upstream.to_string(),
+        why: why.to_string(),
+    };
+    let authority = upstream
+        .strip_prefix("http://")
+        .ok_or_else(|| unroutable("the Envoy adapter proxies plain http:// upstreams"))?
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let (host, port) = authority
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse::<u16>().ok()?)))
+        .unwrap_or((authority, 80));
+    if host.is_empty() {
+        return Err(unroutable("no host"));
+    }
+    Ok(json!({
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        "type": "STRICT_DNS",
+        "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+        ]}]},
+    }))
+}
+
+/// The RDS file for `desired`: one virtual host, one route, the live arms
+/// weighted in basis points and picked by the hash of `key_header` (a
+/// request without it is placed at random); each answer names the
+/// revision that served it in `x-rollgate-revision`, as rollgate's
+/// gateway does.
+pub fn render_routes(desired: &Desired, name: &str, key_header: &str) -> Value {
+    let clusters: Vec<Value> = desired
+        .arms
+        .iter()
+        .filter(|a| a.weight_bp > 0)
+        .map(|a| {
+            json!({
+                "name": cluster_name(&desired.model, &a.revision),
+                "weight": a.weight_bp,
+                "response_headers_to_add": [{
+                    "header": {"key": "x-rollgate-revision", "value": a.revision},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }],
+            })
+        })
+        .collect();
+    json!({
+        "version_info": desired.version,
+        "resources": [{
+            "@type": ROUTES_TYPE,
+            "name": name,
+            "virtual_hosts": [{"name": "rollgate", "domains": ["*"], "routes": [{
+                "match": {"prefix": "/"},
+                "route": {
+                    "hash_policy": [{"header": {"header_name": key_header}}],
+                    "weighted_clusters": {"use_hash_policy": true, "clusters": clusters},
+                },
+            }]}],
+        }],
+    })
+}
+
+/// The cluster names a routes file routes to.
+fn routed_clusters(routes: &Value) -> BTreeSet<String> {
+    routes["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["virtual_hosts"].as_array().into_iter().flatten())
+        .flat_map(|v| v["routes"].as_array().into_iter().flatten())
+        .flat_map(|r| {
+            r["route"]["weighted_clusters"]["clusters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The CDS file with this model's clusters made `wanted` plus those its
+/// current routes still name (they are removed at the next change, once
+/// no route names them), and every other cluster as it was.
+fn merge_clusters(
+    current: Option<Value>,
+    desired: &Desired,
+    still_routed: &BTreeSet<String>,
+) -> Result<Value, AdapterError> {
+    let mine = format!("rollgate_{}_", ident(&desired.model));
+    let mut wanted = Vec::new();
+    let mut names = BTreeSet::new();
+    for arm in &desired.arms {
+        let name = cluster_name(&desired.model, &arm.revision);
+        wanted.push(cluster(&name, &arm.upstream)?);
+        names.insert(name);
+    }
+    let mut resources: Vec<Value> = current
+        .as_ref()
+        .and_then(|c| c["resources"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            let name = r["name"].as_str().unwrap_or_default();
+            !names.contains(name) && (!name.starts_with(&mine) || still_routed.contains(name))
+        })
+        .cloned()
+        .collect();
+    resources.extend(wanted);
+    Ok(json!({"version_info": desired.version, "resources": resources}))
+}
+
+fn read_json(path: &str) -> Option<Value> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+pub(super) async fn apply(
+    http: &HttpClient,
+    files: &Files<'_>,
+    desired: &Desired,
+) -> Result<(), AdapterError> {
+    let io = |what: &str, e: std::io::Error| AdapterError::Io(format!("{what}: {e}"));
+    let name = route_config_name(files, &desired.model);
+    let wanted: BTreeSet<String> = desired
+        .arms
+        .iter()
+        .map(|a| cluster_name(&desired.model, &a.revision))
+        .collect();
+    {
+        let _one = CLUSTERS_FILE.lock().unwrap_or_else(|p| p.into_inner());
+        let still_routed = read_json(files.routes_file)
+            .map(|r| routed_clusters(&r))
+            .unwrap_or_default();
+        let clusters = merge_clusters(read_json(files.clusters_file), desired, &still_routed)?;
+        write_atomically(files.clusters_file, clusters.to_string().as_bytes())
+            .map_err(|e| io(files.clusters_file, e))?;
+    }
+    // Routes that name a cluster Envoy does not have yet answer 503: wait
+    // for the clusters first.
+    let url = format!(
+        "{}/config_dump?resource=dynamic_active_clusters",
+        files.admin_url
+    );
+    confirm(http, &url, |dump| {
+        let active: BTreeSet<&str> = configs(dump)
+            .filter_map(|c| c["cluster"]["name"].as_str())
+            .collect();
+        wanted.iter().all(|w| active.contains(w.as_str()))
+    })
+    .await
+    .map_err(|got| AdapterError::OtherVersion {
+        want: format!("clusters {wanted:?}"),
+        got,
+    })?;
+    let routes = render_routes(desired, &name, files.key_header);
+    write_atomically(files.routes_file, routes.to_string().as_bytes())
+        .map_err(|e| io(files.routes_file, e))?;
+    let url = format!(
+        "{}/config_dump?resource=dynamic_route_configs",
+        files.admin_url
+    );
+    confirm(http, &url, |dump| {
+        configs(dump).any(|c| {
+            c["route_config"]["name"] == name.as_str() && c["version_info"] == desired.version
+        })
+    })
+    .await
+    .map_err(|got| AdapterError::OtherVersion {
+        want: desired.version.clone(),
+        got,
+    })
+}
+
+fn configs(dump: &Value) -> impl Iterator<Item = &Value> {
+    dump["configs"].as_array().into_iter().flatten()
+}
+
+/// Reads `url` (a config dump) until `done` holds, about 5 s at most
+/// (bounded by the caller's timeout as well); what was read last if not.
+async fn confirm(
+    http: &HttpClient,
+    url: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<(), String> {
+    let mut last = String::from("no answer");
+    for _ in 0..50 {
+        match http.get(url).await {
+            Some((200, body)) => match serde_json::from_slice::<Value>(&body) {
+                Ok(dump) if done(&dump) => return Ok(()),
+                Ok(_) => last = "not yet in force".into(),
+                Err(e) => last = format!("an unreadable config dump: {e}"),
+            },
+            Some((status, _)) => last = format!("the admin answered {status}"),
+            None => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Arm;
+    use super::*;
+
+    fn desired(model: &str, candidate: Option<(&str, u32)>) -> Desired {
+        let share = candidate.map_or(0, |(_, w)| w);
+        let mut arms = vec![Arm {
+            role: "champion",
+            revision: "r1".into(),
+            upstream: "http://127.0.0.1:9001".into(),
+            weight_bp: 10_000 - share,
+        }];
+        if let Some((rev, w)) = candidate {
+            arms.push(Arm {
+                role: "candidate",
+                revision: rev.into(),
+                upstream: "http://model.internal:9002/".into(),
+                weight_bp: w,
+            });
+        }
+        Desired {
+            model: model.into(),
+            version: "7.3".into(),
+            rollout: Some(7),
+            epoch: 3,
+            arms,
+        }
+    }
+
+    #[test]
+    fn routes_weigh_live_arms_by_the_key_hash() {
+        let r = render_routes(&desired("fraud", Some(("r2", 2_000))), "rc", "x-user");
+        assert_eq!(r["version_info"], "7.3");
+        let route = &r["resources"][0]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(route["hash_policy"][0]["header"]["header_name"], "x-user");
+        assert_eq!(route["weighted_clusters"]["use_hash_policy"], true);
+        let arms: Vec<(&str, u64, &str)> = route["weighted_clusters"]["clusters"]
+            .as_array()
+            .expect("clusters")
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap_or_default(),
+                    c["weight"].as_u64().unwrap_or_default(),
+                    c["response_headers_to_add"][0]["header"]["value"]
+                        .as_str()
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            arms,
+            [
+                ("rollgate_fraud_r1", 8000, "r1"),
+                ("rollgate_fraud_r2", 2000, "r2")
+            ]
+        );
+        // A zero-weight arm is not routed at all.
+        let champion_only = render_routes(&desired("fraud", None), "rc", "x-user");
+        assert_eq!(routed_clusters(&champion_only).len(), 1);
+    }
+
+    #[test]
+    fn clusters_of_other_models_are_kept_and_unrouted_ones_of_this_model_dropped() {
+        let before = json!({"resources": [
+            {"name": "user_cluster"},
+            {"name": "rollgate_other_r9"},
+            {"name": "rollgate_fraud_r0"},
+            {"name": "rollgate_fraud_r5"},
+        ]});
+        let still: BTreeSet<String> = ["rollgate_fraud_r5".to_string()].into();
+        let after = merge_clusters(Some(before), &desired("fraud", Some(("r2", 500))), &still)
+            .expect("merge");
+        let names: Vec<&str> = after["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "user_cluster",
+                "rollgate_other_r9",
+                "rollgate_fraud_r5",
+                "rollgate_fraud_r1",
+                "rollgate_fraud_r2"
+            ]
+        );
+        let r2 = &after["resources"][4]["load_assignment"]["endpoints"][0]["lb_endpoints"][0];
+        assert_eq!(
+            r2["endpoint"]["address"]["socket_address"],
+            json!({"address": "model.internal", "port_value": 9002})
+        );
+    }
+
+    #[test]
+    fn https_upstreams_are_refused() {
+        let mut d = desired("fraud", Some(("r2", 100)));
+        d.arms[1].upstream = "https://model:443".into();
+        assert!(matches!(
+            merge_clusters(None, &d, &BTreeSet::new()),
+            Err(AdapterError::Unroutable { .. })
+        ));
+    }
+}
