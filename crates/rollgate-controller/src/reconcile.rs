@@ -369,6 +369,16 @@ pub async fn exposure(ctx: &Context, model: &str, rollout: i64) -> Result<Option
     Ok(answered.then_some(out))
 }
 
+/// Whether the candidate of a model on another data plane gets only the
+/// copies rollgate's gateway mirrors (in SHADOW, or a dry run): then the
+/// gateway's counts of both arms, on the same requests, are the evidence;
+/// the candidate's server counts only the copies, the champion's all its
+/// traffic, so Prometheus's counts would not compare like with like.
+fn only_mirrored(model: &Model, rec: &RolloutRecord) -> bool {
+    model.spec.data_plane.is_some()
+        && (rec.state.phase == Phase::Shadow || !rec.spec.plan.mode.is_enforce())
+}
+
 /// A model's evidence from Prometheus (`ModelSpec::prometheus`): its
 /// revisions' counts as scraped, per target and epoch, with the gateways'
 /// shadow pairs (only a gateway can pair answers; its own counts of the
@@ -515,8 +525,10 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     let candidate_ready = probe_ready(ctx, &model, &candidate).await;
     let now = (ctx.clock)();
     let exposure = match &model.spec.prometheus {
-        None => exposure(ctx, &rec.spec.model, rec.id).await?,
-        Some(cfg) => scraped_exposure(ctx, cfg, &model, candidate, &rec, now).await?,
+        Some(cfg) if !only_mirrored(&model, &rec) => {
+            scraped_exposure(ctx, cfg, &model, candidate, &rec, now).await?
+        }
+        _ => exposure(ctx, &rec.spec.model, rec.id).await?,
     };
     let t = match step(
         &rec.spec,

@@ -203,6 +203,13 @@ pub struct ModelRoute {
     /// change are never counted in the new split.
     #[serde(default)]
     pub epoch: Option<String>,
+    /// Another data plane serves this model's users and sends the gateway
+    /// a copy of each request: the gateway only measures a shadow. A copy
+    /// it mirrors goes to the champion and the shadow and is paired; any
+    /// other is refused (`421`) without reaching a model, so copies cost
+    /// the champion nothing while no shadow runs. No candidate is routed.
+    #[serde(default)]
+    pub mirror_only: bool,
 }
 
 fn default_confidence() -> f64 {

@@ -536,6 +536,22 @@ pub(crate) async fn predict_admitted(
         }
         inner.counters.fallback(&route.name);
     }
+    // A copy from another data plane is worth sending on only to be
+    // paired with the shadow's answer.
+    let mirrored = chosen.is_none()
+        && route
+            .shadow
+            .as_ref()
+            .is_some_and(|(_, mirror_bp, _)| rand::random_range(0..10_000u32) < *mirror_bp);
+    if route.mirror_only && !mirrored {
+        return refuse(
+            wire,
+            StatusCode::MISDIRECTED_REQUEST,
+            "mirror_only",
+            "this model is served by another data plane; this gateway only \
+             measures a shadow, from copies of its requests, while one runs",
+        );
+    }
     let champion = &route.champion;
     champion.stats.with(|s| s.record_arrivals(1));
     let outcome = forward(
@@ -551,10 +567,9 @@ pub(crate) async fn predict_admitted(
     .await;
     let preds = record(route, champion, unit, &outcome, wire);
     // (With a shadow, a body is always held whole.)
-    if chosen.is_none()
-        && let Some((_, mirror_bp, pairs)) = &route.shadow
+    if mirrored
+        && let Some((_, _, pairs)) = &route.shadow
         && let Sent::Whole(body) = body
-        && rand::random_range(0..10_000u32) < *mirror_bp
     {
         mirror(
             inner,

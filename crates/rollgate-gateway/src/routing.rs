@@ -140,6 +140,9 @@ pub struct Route {
     pub champion: Target,
     pub candidate: Option<(Target, u32)>,
     pub shadow: Option<(Target, u32, Arc<Sharded<PairStats>>)>,
+    /// Only copies of another data plane's requests arrive: see
+    /// `ModelRoute::mirror_only`.
+    pub mirror_only: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -230,7 +233,8 @@ impl RoutingTable {
             numeric_tolerance: m.numeric_tolerance,
             fallback_to_champion: m.fallback_to_champion,
             champion: Target::new(&m.name, epoch, &m.champion, default_timeout, rec),
-            candidate: m.candidate.as_ref().map(|c| {
+            mirror_only: m.mirror_only,
+            candidate: m.candidate.as_ref().filter(|_| !m.mirror_only).map(|c| {
                 (
                     Target::new(&m.name, epoch, &c.upstream, default_timeout, rec),
                     c.weight_bp,
@@ -344,6 +348,7 @@ mod incremental {
             }),
             shadow: None,
             epoch: (epoch > 0).then(|| format!("1.{epoch}")),
+            mirror_only: false,
         }
     }
 

@@ -459,6 +459,56 @@ async fn shadow_answers_are_paired_with_the_champions() {
     gw.shutdown().await;
 }
 
+/// A model another data plane serves: the gateway gets copies of its
+/// requests. While a shadow is mirrored each copy goes to the champion and
+/// the shadow and is paired; a candidate is never routed; without a
+/// shadow every copy is refused 421 without reaching a model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_only_model_pairs_copies_and_sends_nothing_else() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Answer(200, ONE)).await;
+    let mut mirrored = with_shadow(route(&champ.url), &shadow.url, 10_000);
+    mirrored.mirror_only = true;
+    mirrored = with_candidate(mirrored, &cand.url, 10_000);
+    let gw = start(config(vec![mirrored])).await;
+    let c = client();
+    for i in 0..30 {
+        assert_eq!(
+            predict(&c, gw.addr, Some(&format!("u{i}"))).await.status,
+            StatusCode::OK
+        );
+    }
+    let s = eventually(&gw.gateway, |s| {
+        s.models["m"]
+            .pairs_for("shadow")
+            .is_some_and(|p| p.pairs() == 30)
+    })
+    .await;
+    assert_eq!(rev(&s, "champ").requests(), 30);
+    assert_eq!(cand.hits.load(Ordering::SeqCst), 0, "no candidate routed");
+    // (Its idle connection would hold the graceful shutdown.)
+    drop(c);
+    gw.shutdown().await;
+
+    let mut idle = route(&champ.url);
+    idle.mirror_only = true;
+    let before = champ.hits.load(Ordering::SeqCst);
+    let gw = start(config(vec![idle])).await;
+    let c = client();
+    for i in 0..10 {
+        let r = predict(&c, gw.addr, Some(&format!("u{i}"))).await;
+        assert_eq!(r.status, StatusCode::MISDIRECTED_REQUEST);
+        assert!(r.body.contains("mirror_only"), "{}", r.body);
+    }
+    assert_eq!(
+        champ.hits.load(Ordering::SeqCst),
+        before,
+        "no copy reached a model"
+    );
+    gw.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_are_attributed_to_the_revision_that_caused_them() {
     let champ = upstream(Behaviour::Answer(200, ONE)).await;

@@ -75,6 +75,12 @@ fn body(rng: &mut StdRng, v2: bool) -> String {
     }
 }
 
+/// The body of synthetic request number `n`: features drawn like the
+/// traffic generator's, the same for the same `n`.
+pub fn body_of(n: u64, v2: bool) -> String {
+    body(&mut StdRng::seed_from_u64(n), v2)
+}
+
 /// Sends traffic until the duration ends or `stop` resolves.
 pub async fn run(cfg: TrafficConfig, stop: impl Future<Output = ()>) -> TrafficReport {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())

@@ -98,6 +98,10 @@ pub enum DataPlane {
         /// The request header the split hashes (the sticky key).
         #[serde(default = "default_key_header")]
         key_header: String,
+        /// A cluster of Envoy's own that reaches rollgate's gateway: every
+        /// request is mirrored to it, so a plan may have a SHADOW stage.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mirror_cluster: Option<String>,
     },
 }
 
@@ -155,6 +159,7 @@ impl DataPlane {
                 admin_url,
                 route_config_name,
                 key_header,
+                mirror_cluster,
             } => {
                 for (field, path) in [
                     ("routes_file", routes_file),
@@ -170,11 +175,13 @@ impl DataPlane {
                 if let Err(e) = rollgate_core::spec::check_upstream_url("admin_url", admin_url) {
                     return bad(e.to_string());
                 }
-                if route_config_name
-                    .as_ref()
-                    .is_some_and(|n| n.trim().is_empty())
-                {
-                    return bad("route_config_name: a name, or absent".into());
+                for (field, name) in [
+                    ("route_config_name", route_config_name),
+                    ("mirror_cluster", mirror_cluster),
+                ] {
+                    if name.as_ref().is_some_and(|n| n.trim().is_empty()) {
+                        return bad(format!("{field}: a name, or absent"));
+                    }
                 }
                 let header_ok = !key_header.is_empty()
                     && key_header
@@ -322,6 +329,14 @@ impl ModelSpec {
         .map_err(|e| StoreError::Invalid(format!("model.{e}")))?;
         if let Some(p) = &self.prometheus {
             p.validate()?;
+        }
+        if self.data_plane.is_some() && self.prometheus.is_none() {
+            // rollgate's gateways see only the copies they mirror.
+            return Err(StoreError::Invalid(
+                "model.prometheus: a model routed by another data plane takes its evidence \
+                 from Prometheus: set prometheus"
+                    .into(),
+            ));
         }
         self.data_plane.as_ref().map_or(Ok(()), DataPlane::validate)
     }
@@ -615,10 +630,20 @@ mod tests {
         assert!(with(&envoy, "admin_url", "ftp://x".into()).contains("admin_url"));
         assert!(with(&envoy, "key_header", "x user".into()).contains("key_header"));
         assert!(with(&envoy, "route_config_name", " ".into()).contains("route_config_name"));
+        assert!(with(&envoy, "mirror_cluster", "".into()).contains("mirror_cluster"));
         assert!(with(&nginx, "include_file", "m.conf".into()).contains("include_file"));
         assert!(with(&nginx, "reload_command", serde_json::json!([])).contains("reload_command"));
         assert!(with(&nginx, "key", "http_x".into()).contains("key"));
         assert!(with(&webhook, "url", "router".into()).contains("url"));
+        // Another data plane's evidence is Prometheus's.
+        let spec = ModelSpec {
+            data_plane: Some(plane(webhook.clone())),
+            ..ModelSpec::default()
+        };
+        assert!(
+            matches!(spec.validate(), Err(StoreError::Invalid(m)) if m.contains("prometheus")),
+            "a data plane without prometheus"
+        );
     }
 
     fn spec(upstream: &str) -> RevisionSpec {

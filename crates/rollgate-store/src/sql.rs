@@ -1113,13 +1113,6 @@ impl Store for SqlStore {
         self.write(|db, now| {
             let m = get_model(db, model)?;
             let rev = revision_of(db, model, candidate)?;
-            if m.spec.data_plane.is_some() && (plan.shadow.enabled || !plan.mode.is_enforce()) {
-                return Err(StoreError::Invalid(format!(
-                    "plan.shadow: model {model:?} is routed by an external data plane, which \
-                     does not mirror: set shadow.enabled = false (and mode = \"enforce\"), or \
-                     route the model through rollgate's gateway"
-                )));
-            }
             let Some(champion) = m.champion.clone() else {
                 return Err(StoreError::Conflict(format!(
                     "model {model:?} has no champion yet; set one first"

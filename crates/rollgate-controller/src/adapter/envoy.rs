@@ -30,6 +30,8 @@ pub(super) struct Files<'a> {
     pub admin_url: &'a str,
     pub route_config_name: Option<&'a str>,
     pub key_header: &'a str,
+    /// Every request mirrored to this cluster (rollgate's gateway).
+    pub mirror_cluster: Option<&'a str>,
 }
 
 /// The name of the route configuration of `model`.
@@ -77,8 +79,14 @@ fn cluster(name: &str, upstream: &str) -> Result<Value, AdapterError> {
 /// weighted in basis points and picked by the hash of `key_header` (a
 /// request without it is placed at random); each answer names the
 /// revision that served it in `x-rollgate-revision`, as rollgate's
-/// gateway does.
-pub fn render_routes(desired: &Desired, name: &str, key_header: &str) -> Value {
+/// gateway does, and the routing version in `x-rollgate-routing`; every
+/// request is mirrored to `mirror_cluster` if given.
+pub fn render_routes(
+    desired: &Desired,
+    name: &str,
+    key_header: &str,
+    mirror_cluster: Option<&str>,
+) -> Value {
     let clusters: Vec<Value> = desired
         .arms
         .iter()
@@ -94,17 +102,29 @@ pub fn render_routes(desired: &Desired, name: &str, key_header: &str) -> Value {
             })
         })
         .collect();
+    let mut route = json!({
+        "hash_policy": [{"header": {"header_name": key_header}}],
+        "weighted_clusters": {"use_hash_policy": true, "clusters": clusters},
+    });
+    if let Some(cluster) = mirror_cluster {
+        route["request_mirror_policies"] = json!([{"cluster": cluster}]);
+    }
     json!({
         "version_info": desired.version,
         "resources": [{
             "@type": ROUTES_TYPE,
             "name": name,
+            // The version in the configuration itself, not only beside it:
+            // Envoy keeps a configuration whose content did not change
+            // (SHADOW's routing is the champion's, under a new version),
+            // and `/config_dump` would go on showing the old version.
+            "response_headers_to_add": [{
+                "header": {"key": "x-rollgate-routing", "value": desired.version},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }],
             "virtual_hosts": [{"name": "rollgate", "domains": ["*"], "routes": [{
                 "match": {"prefix": "/"},
-                "route": {
-                    "hash_policy": [{"header": {"header_name": key_header}}],
-                    "weighted_clusters": {"use_hash_policy": true, "clusters": clusters},
-                },
+                "route": route,
             }]}],
         }],
     })
@@ -203,7 +223,7 @@ pub(super) async fn apply(
         want: format!("clusters {wanted:?}"),
         got,
     })?;
-    let routes = render_routes(desired, &name, files.key_header);
+    let routes = render_routes(desired, &name, files.key_header, files.mirror_cluster);
     write_atomically(files.routes_file, routes.to_string().as_bytes())
         .map_err(|e| io(files.routes_file, e))?;
     let url = format!(
@@ -281,8 +301,12 @@ mod tests {
 
     #[test]
     fn routes_weigh_live_arms_by_the_key_hash() {
-        let r = render_routes(&desired("fraud", Some(("r2", 2_000))), "rc", "x-user");
+        let r = render_routes(&desired("fraud", Some(("r2", 2_000))), "rc", "x-user", None);
         assert_eq!(r["version_info"], "7.3");
+        assert_eq!(
+            r["resources"][0]["response_headers_to_add"][0]["header"]["value"],
+            "7.3"
+        );
         let route = &r["resources"][0]["virtual_hosts"][0]["routes"][0]["route"];
         assert_eq!(route["hash_policy"][0]["header"]["header_name"], "x-user");
         assert_eq!(route["weighted_clusters"]["use_hash_policy"], true);
@@ -308,8 +332,15 @@ mod tests {
             ]
         );
         // A zero-weight arm is not routed at all.
-        let champion_only = render_routes(&desired("fraud", None), "rc", "x-user");
+        let champion_only = render_routes(&desired("fraud", None), "rc", "x-user", Some("gw"));
         assert_eq!(routed_clusters(&champion_only).len(), 1);
+        let route = &champion_only["resources"][0]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(route["request_mirror_policies"], json!([{"cluster": "gw"}]));
+        assert!(
+            r["resources"][0]["virtual_hosts"][0]["routes"][0]["route"]
+                .get("request_mirror_policies")
+                .is_none()
+        );
     }
 
     #[test]

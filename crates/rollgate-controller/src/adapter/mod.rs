@@ -281,6 +281,7 @@ async fn apply(
             admin_url,
             route_config_name,
             key_header,
+            mirror_cluster,
         } => {
             let files = envoy::Files {
                 routes_file,
@@ -288,6 +289,7 @@ async fn apply(
                 admin_url: admin_url.trim_end_matches('/'),
                 route_config_name: route_config_name.as_deref(),
                 key_header,
+                mirror_cluster: mirror_cluster.as_deref(),
             };
             envoy::apply(http, &files, desired).await
         }

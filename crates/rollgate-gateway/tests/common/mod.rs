@@ -34,6 +34,7 @@ pub fn route(champion: &str) -> ModelRoute {
         candidate: None,
         shadow: None,
         epoch: None,
+        mirror_only: false,
     }
 }
 

@@ -468,6 +468,16 @@ pub fn traffic_by(
     by_header: &'static str,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    traffic_with(addr, move |_| Bytes::from_static(body), by_header, stop)
+}
+
+/// [`traffic_by`] with request `n`'s body `body(n)`.
+pub fn traffic_with(
+    addr: &str,
+    body: impl Fn(u64) -> Bytes + Send + 'static,
+    by_header: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
     let url = format!("http://{addr}/v1/models/m:predict");
     tokio::spawn(async move {
         let c = client();
@@ -480,7 +490,7 @@ pub fn traffic_by(
                 .uri(&url)
                 .header("content-type", "application/json")
                 .header("x-rollgate-key", format!("user-{}", n % 5000))
-                .body(Full::new(Bytes::from_static(body)))
+                .body(Full::new(body(n)))
                 .expect("request");
             let answer = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;
             let rev = match answer {
