@@ -5,6 +5,8 @@
 //! (refused in SHADOW, zero live exposure) and the champion's model behind a
 //! ready-then-503 server (rolled back at the first canary step). Each
 //! decision is shown with its evidence; the audit log is kept for inspection.
+//! With `--data-plane nginx` the same rollouts run through a real nginx and
+//! Prometheus (`demo_plane.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -40,8 +42,20 @@ pub struct DemoArgs {
     pub dir: Option<PathBuf>,
     /// Decide the same three rollouts on in-process simulated traffic
     /// instead (no sockets, about a second).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "data_plane")]
     pub simulated: bool,
+    /// Serve the users through another data plane instead of rollgate's
+    /// gateway: `nginx` (a real nginx whose weights the nginx adapter sets,
+    /// mirroring to rollgate's gateway for SHADOW, and Prometheus scraping
+    /// the model servers for the evidence; needs both installed).
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub data_plane: Option<DemoDataPlane>,
+}
+
+/// The data planes `rollgate demo --data-plane` can run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DemoDataPlane {
+    Nginx,
 }
 
 /// The demo's plan: the default gates, shorter clocks, a 2% error margin so a
@@ -169,6 +183,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     if args.simulated {
         return crate::sim_demo::run(args);
     }
+    let tools = match args.data_plane.map(|_| crate::demo_plane::tools()) {
+        None => None,
+        Some(Ok(tools)) => Some(tools),
+        Some(Err(missing)) => {
+            eprintln!("rollgate: {missing}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let dir = match &args.dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("rollgate-demo-{}", std::process::id())),
@@ -195,7 +217,14 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let outcomes = rt.block_on(demo(args, &dir, champion, retrained, broken))?;
+    let outcomes = rt.block_on(demo(
+        args,
+        &dir,
+        tools.as_ref(),
+        champion,
+        retrained,
+        broken,
+    ))?;
 
     println!("\n-- summary");
     let expected = [
@@ -236,6 +265,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
 async fn demo(
     args: &DemoArgs,
     dir: &Path,
+    tools: Option<&crate::demo_plane::Tools>,
     champion: LinearModel,
     retrained: LinearModel,
     broken: LinearModel,
@@ -295,11 +325,40 @@ async fn demo(
     let routed = Some(gateway);
     println!("  model servers {}", urls.join(" "));
     println!("  gateway http://{gw_addr}   admin API http://{api_addr}");
+    // Another data plane serves the users: the model's evidence comes from
+    // Prometheus and its weights go to nginx; the gateway only measures
+    // SHADOW on the copies nginx mirrors to it.
+    let authority = |u: &String| u.trim_start_matches("http://").to_string();
+    let plane = match tools {
+        Some(tools) => Some(crate::demo_plane::start(
+            tools,
+            dir,
+            &authority(&urls[0]),
+            &urls.iter().map(authority).collect::<Vec<_>>(),
+            &gw_addr.to_string(),
+        )?),
+        None => None,
+    };
+    let model_spec = match &plane {
+        Some(p) => {
+            println!(
+                "  nginx http://{} (serves the users; mirrors to the gateway)   Prometheus {}",
+                p.users, p.prometheus_url
+            );
+            ModelSpec {
+                prometheus: Some(p.evidence()),
+                data_plane: Some(p.data_plane.clone()),
+                ..ModelSpec::default()
+            }
+        }
+        None => ModelSpec::default(),
+    };
 
     // Registry: the model, four immutable revisions, the champion.
+    let servers = urls.len();
     let s = Arc::clone(&store);
     let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
-        s.create_model("fraud", &ModelSpec::default(), "demo")?;
+        s.create_model("fraud", &model_spec, "demo")?;
         let ids = urls
             .iter()
             .map(|u| {
@@ -326,13 +385,19 @@ async fn demo(
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    if let Some(p) = &plane {
+        p.scraped(servers).await?;
+    }
+    let users = plane
+        .as_ref()
+        .map_or_else(|| gw_addr.to_string(), |p| p.users.clone());
     println!(
-        "  traffic: {} requests/s to http://{gw_addr}/v1/models/fraud:predict, 10,000 sticky keys",
+        "  traffic: {} requests/s to http://{users}/v1/models/fraud:predict, 10,000 sticky keys",
         args.rps
     );
     let traffic = tokio::spawn(run_traffic(
         TrafficConfig {
-            url: format!("http://{gw_addr}/v1/models/fraud:predict"),
+            url: format!("http://{users}/v1/models/fraud:predict"),
             rps: args.rps,
             duration: Duration::from_secs(600),
             keys: 10_000,
@@ -381,6 +446,8 @@ async fn demo(
         print!("\n-- traffic: ");
         crate::kit::print_report(&report);
     }
+    // nginx and Prometheus stopped.
+    drop(plane);
     running.join().await;
     let s = Arc::clone(&store);
     let out = dir.join("audit.jsonl");

@@ -4,6 +4,7 @@ mod assemble;
 mod cli;
 mod client;
 mod demo;
+mod demo_plane;
 mod follow;
 mod gateway;
 mod kit;

@@ -16,6 +16,71 @@ fn rollgate(args: &[&str]) -> std::process::Output {
 fn demo_promotes_the_retrain_and_refuses_the_two_broken_candidates() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = rollgate(&["demo", "--quick", "--dir", &dir.path().to_string_lossy()]);
+    the_three_rollouts_decided(&out, dir.path());
+}
+
+/// The same three rollouts with a real nginx serving the users (its
+/// weights set by the nginx adapter, mirroring to rollgate's gateway for
+/// SHADOW) and a real Prometheus scraping the evidence.
+#[test]
+fn demo_through_nginx_and_prometheus_decides_the_same_three_rollouts() {
+    let has = |p: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {p} || test -x /usr/sbin/{p}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !(has("nginx") && has("prometheus")) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI needs nginx and prometheus (apt-get install nginx prometheus)"
+        );
+        eprintln!("skipped: nginx or prometheus is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = rollgate(&[
+        "demo",
+        "--quick",
+        "--data-plane",
+        "nginx",
+        "--dir",
+        &dir.path().to_string_lossy(),
+    ]);
+    let stdout = the_three_rollouts_decided(&out, dir.path());
+    assert!(stdout.contains("nginx http://"), "{stdout}");
+    // The model was routed by nginx, its evidence read from Prometheus.
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit export");
+    let created = audit.lines().next().unwrap_or_default();
+    assert!(
+        created.contains(r#""kind":"nginx""#) && created.contains(r#""prometheus":{"#),
+        "{created}"
+    );
+}
+
+/// Without nginx or Prometheus the data-plane demo says what is missing
+/// and how to get it, and does nothing else.
+#[test]
+fn demo_through_nginx_says_what_is_missing() {
+    let empty = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["demo", "--data-plane", "nginx"])
+        .env("PATH", empty.path())
+        .output()
+        .expect("run rollgate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("prometheus is not installed")
+            && stderr.contains("apt-get install nginx prometheus"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "nothing was started");
+}
+
+/// The demo's summary, sections and audit export show the three rollouts
+/// decided as they must be; its stdout.
+fn the_three_rollouts_decided(out: &std::process::Output, dir: &std::path::Path) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -50,9 +115,10 @@ fn demo_promotes_the_retrain_and_refuses_the_two_broken_candidates() {
     assert!(section("ready-then-503").contains("CANARY 5% -> ROLLED_BACK"));
     assert!(stdout.contains("records, intact"), "{stdout}");
     // The audit log was exported and every line is a record.
-    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit export");
+    let audit = std::fs::read_to_string(dir.join("audit.jsonl")).expect("audit export");
     assert!(audit.lines().count() > 10);
     assert!(audit.lines().all(|l| l.starts_with("{\"seq\":")));
+    stdout.into_owned()
 }
 
 #[test]

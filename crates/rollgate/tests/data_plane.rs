@@ -357,7 +357,22 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// `nginx -s stop` (the master stops its workers; killing the master
+    /// alone would leave them running), then the master reaped, killed
+    /// if it has not exited within 5 s.
     fn drop(&mut self) {
+        let _ = Command::new("nginx")
+            .args(["-c", &self.conf, "-s", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
