@@ -429,28 +429,12 @@ impl Nginx {
             ),
         )
         .expect("nginx.conf");
-        let child = Command::new("nginx")
-            .args(["-c", &conf, "-e", &format!("{d}/error.log")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(_) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipped: nginx is not installed (apt-get install nginx)");
-                return None;
-            }
-            Err(e) => panic!("CI needs nginx (apt-get install nginx): {e}"),
-        };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "nginx did not listen on {addr}: {}",
-                std::fs::read_to_string(format!("{d}/error.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = listening(
+            Command::new("nginx").args(["-c", &conf, "-e", &format!("{d}/error.log")]),
+            "nginx (apt-get install nginx)",
+            &addr,
+            &format!("{d}/error.log"),
+        )?;
         Some(Nginx {
             child,
             addr,
@@ -459,6 +443,33 @@ impl Nginx {
             _dir: dir,
         })
     }
+}
+
+/// Starts a data plane with `command` and waits (bounded: 20 s) until it
+/// listens on `addr`; `None` (locally, with a note) where the program is
+/// not installed, a failure in CI. `log` is shown if it never listens.
+fn listening(command: &mut Command, what: &str, addr: &str, log: &str) -> Option<Child> {
+    let mut child = match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(_) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: needs {what}");
+            return None;
+        }
+        Err(e) => panic!("CI needs {what}: {e}"),
+    };
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what} did not listen on {addr}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(child)
 }
 
 /// How a test's traffic names who answered: the upstream's address
@@ -778,29 +789,14 @@ impl Envoy {
             format!("            typed_config: {{'@type': {router}}}"),
         ];
         std::fs::write(&conf, yaml.join("\n") + "\n").expect("envoy.yaml");
-        let child = Command::new(&binary)
-            .args(["-c", &conf, "--disable-hot-restart", "--concurrency", "1"])
-            .args(["-l", "warning", "--log-path", &format!("{d}/envoy.log")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(_) if std::env::var_os("CI").is_none() => {
-                eprintln!("skipped: Envoy is not installed (tests/envoy/install.sh)");
-                return None;
-            }
-            Err(e) => panic!("CI needs Envoy (tests/envoy/install.sh sets ROLLGATE_ENVOY): {e}"),
-        };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "Envoy did not listen on {addr}: {}",
-                std::fs::read_to_string(format!("{d}/envoy.log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let child = listening(
+            Command::new(&binary)
+                .args(["-c", &conf, "--disable-hot-restart", "--concurrency", "1"])
+                .args(["-l", "warning", "--log-path", &format!("{d}/envoy.log")]),
+            "Envoy (tests/envoy/install.sh sets ROLLGATE_ENVOY)",
+            &addr,
+            &format!("{d}/envoy.log"),
+        )?;
         Some(Envoy {
             child,
             addr,
