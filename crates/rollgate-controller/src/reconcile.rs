@@ -417,8 +417,8 @@ async fn scraped_exposure(
 }
 
 /// Pushes champion-only routing for `model` to its external data plane and
-/// the in-process gateway before a rollback or abort is committed: the safe direction, so a failed
-/// commit can only have reduced exposure.
+/// the in-process gateway before a rollback or abort is committed: the
+/// safe direction, so a failed commit can only have reduced exposure.
 async fn pre_route_to_champion(
     ctx: &Context,
     rec: &RolloutRecord,
