@@ -537,9 +537,10 @@ async fn counted(
 /// with `champion_only()` true (what the data plane was left with) and
 /// every request after on the champion; a candidate whose scrape target
 /// goes away mid-stage is never promoted and fails safe at its deadline.
-/// When the data plane mirrors to rollgate's gateway (`mirrored`): a
-/// candidate that answers differently is rolled back in SHADOW having
-/// served no user, and the identical one passes SHADOW first.
+/// When the data plane mirrors to rollgate's gateway (`mirrored`): a dry
+/// run is judged on the copies and rejects nothing, a candidate that
+/// answers differently is rolled back in SHADOW having served no user, and
+/// the identical one passes SHADOW first.
 async fn the_rollouts_through(
     servers: &mut Servers,
     ctl: &Proc,
@@ -554,6 +555,32 @@ async fn the_rollouts_through(
     let load = busy_traffic(through, by, &stop);
 
     if mirrored {
+        // A dry run: every stage judged on the copies the gateway mirrors,
+        // the data plane champion-only throughout, nothing rejected.
+        let mut dry = plan();
+        dry["mode"] = json!("observe");
+        let id = start_rollout_with(&c, ctl, &revs.broken, dry).await;
+        let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
+        eprintln!("dry run of ready-then-503: {}", r["state"]["phase"]);
+        assert_eq!(phase(&r), "rolled_back", "would roll back: {r}");
+        assert!(
+            ledger_requests(&r, &revs.broken) > 0,
+            "judged on the copies: {r}"
+        );
+        assert!(
+            champion_only(&revs.champion),
+            "the data plane stayed champion-only"
+        );
+        let (_, rev) = api(
+            &c,
+            ctl,
+            "GET",
+            &format!("/api/v1/revisions/{}", revs.broken),
+            None,
+        )
+        .await;
+        assert_eq!(rev["blocked"], false, "a dry run rejects nothing: {rev}");
+
         let id = start_rollout_with(&c, ctl, &revs.disagreeing, with_shadow(plan())).await;
         let r = wait_for(&c, ctl, id, Duration::from_secs(90), finished).await;
         eprintln!("answers differently: {}", r["state"]["phase"]["reason"]);
