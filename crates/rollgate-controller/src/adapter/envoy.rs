@@ -185,6 +185,22 @@ fn read_json(path: &str) -> Option<Value> {
         .and_then(|b| serde_json::from_slice(&b).ok())
 }
 
+/// The CDS file as it is: `None` if there is none yet; an error if it
+/// cannot be read as JSON, so that clusters of others in it are never
+/// overwritten by a file holding only this model's.
+fn read_clusters(path: &str) -> Result<Option<Value>, AdapterError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(AdapterError::Io(format!("{path}: {e}"))),
+    };
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        AdapterError::Io(format!(
+            "{path} is not a JSON discovery response ({e}); left as it is"
+        ))
+    })
+}
+
 pub(super) async fn apply(
     http: &HttpClient,
     files: &Files<'_>,
@@ -202,7 +218,7 @@ pub(super) async fn apply(
         let still_routed = read_json(files.routes_file)
             .map(|r| routed_clusters(&r))
             .unwrap_or_default();
-        let clusters = merge_clusters(read_json(files.clusters_file), desired, &still_routed)?;
+        let clusters = merge_clusters(read_clusters(files.clusters_file)?, desired, &still_routed)?;
         write_atomically(files.clusters_file, clusters.to_string().as_bytes())
             .map_err(|e| io(files.clusters_file, e))?;
     }
@@ -375,6 +391,18 @@ mod tests {
             r2["endpoint"]["address"]["socket_address"],
             json!({"address": "model.internal", "port_value": 9002})
         );
+    }
+
+    #[test]
+    fn a_clusters_file_that_is_not_json_is_left_as_it_is() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cds.json");
+        let path = path.to_string_lossy();
+        assert!(matches!(read_clusters(&path), Ok(None)), "none yet");
+        std::fs::write(&*path, "resources:\n- a YAML file of the team's").expect("write");
+        assert!(matches!(read_clusters(&path), Err(AdapterError::Io(_))));
+        std::fs::write(&*path, r#"{"resources": []}"#).expect("write");
+        assert!(matches!(read_clusters(&path), Ok(Some(_))));
     }
 
     #[test]
