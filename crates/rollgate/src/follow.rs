@@ -43,12 +43,9 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
         .filter_map(|m| {
             let champion = m.champion.as_ref()?;
             let spec = &m.model.spec;
-            // Another data plane splits a model's live traffic: the
-            // gateway only measures the shadow, on copies of its requests.
-            let mirror_only = spec.data_plane.is_some();
             let (candidate, shadow) = match &m.rollout {
                 Some((cand, routing, _)) => (
-                    (routing.candidate_weight_bp > 0 && !mirror_only).then(|| WeightedUpstream {
+                    (routing.candidate_weight_bp > 0).then(|| WeightedUpstream {
                         upstream: upstream(cand),
                         weight_bp: routing.candidate_weight_bp.min(10_000),
                     }),
@@ -84,7 +81,10 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                     .rollout
                     .as_ref()
                     .map(|(_, routing, id)| epoch_label(*id, routing.epoch)),
-                mirror_only,
+                // Another data plane splits the live traffic: the gateway
+                // only measures a shadow, on copies of its requests (and
+                // routes no candidate: `ModelRoute::mirror_only`).
+                mirror_only: spec.data_plane.is_some(),
             })
         })
         .collect()
