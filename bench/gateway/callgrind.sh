@@ -11,7 +11,8 @@
 # Needs: valgrind, nginx (with ssl), openssl, python3, a release build.
 # Usage: bench/gateway/callgrind.sh [requests]   (default 2000)
 # ROLLGATE=path/to/rollgate and NAME=gateway-callgrind-x compare another
-# build (results in bench/results/NAME.tsv).
+# build (results in bench/results/NAME.tsv); FLOOR=1 adds the floor
+# (bare_proxy, see floor.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/gateway/lib.sh
@@ -69,7 +70,7 @@ PY
 RESULTS="$W/callgrind.tsv"
 printf 'setup\trequests\tinstructions\tinstructions_per_request\n' > "$RESULTS"
 cell() { # label port scheme route-toml [extra-toml]
-  local cfg="$W/$1.toml" out="$W/$1.callgrind"
+  local cfg="$W/$1.toml"
   cat > "$cfg" <<CONF
 listen = "127.0.0.1:$2"
 ${5:-}
@@ -77,8 +78,11 @@ ${5:-}
 name = "m"
 $4
 CONF
-  valgrind --tool=callgrind --callgrind-out-file="$out" "$ROLLGATE" gateway --config "$cfg" --threads 1 \
-    >"$W/$1.log" 2>&1 &
+  measure "$1" "$2" "$3" "$ROLLGATE" gateway --config "$cfg" --threads 1
+}
+measure() { # label port scheme command...
+  local out="$W/$1.callgrind"
+  valgrind --tool=callgrind --callgrind-out-file="$out" "${@:4}" >"$W/$1.log" 2>&1 &
   local pid=$!
   PIDS+=($pid)
   WAIT_TENTHS=600 wait_ports "$2" # valgrind starts slowly
@@ -108,6 +112,15 @@ cert_file = \"$W/server.crt\"
 key_file = \"$W/server.key\"
 [upstream_tls]
 ca_file = \"$W/ca.pem\""
+# The floor (FLOOR=1): the same stack doing nothing
+# (crates/rollgate-gateway/examples/bare_proxy.rs), and with the parts of
+# the request path that are not measurement (--like-gateway).
+if [ -n "${FLOOR:-}" ]; then
+  BARE=target/release/examples/bare_proxy
+  [ -x "$BARE" ] || cargo build --release -p rollgate-gateway --example bare_proxy
+  measure bare_proxy 18294 http "$BARE" 127.0.0.1:18294 127.0.0.1:18281
+  measure bare_proxy_like_gateway 18295 http "$BARE" 127.0.0.1:18295 127.0.0.1:18281 --like-gateway
+fi
 cp "$RESULTS" "bench/results/$NAME.tsv"
 # Where the instructions go (plain, inclusive of callees), for whoever looks
 # for the next saving:

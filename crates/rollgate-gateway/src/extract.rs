@@ -30,8 +30,36 @@ fn bad(msg: impl Into<String>) -> ExtractError {
     ExtractError(msg.into())
 }
 
+mod direct;
+
 /// Extracts the predictions of a response body.
 pub fn extract(
+    protocol: Protocol,
+    pointer: Option<&str>,
+    body: &[u8],
+) -> Result<Vec<Prediction>, ExtractError> {
+    let read = match (protocol, pointer) {
+        (Protocol::OipV2, None) => direct::v2_output(None, body),
+        (_, None) => direct::member("predictions", body),
+        (_, Some(p)) => top_member(p).and_then(|key| direct::member(key, body)),
+    };
+    match read {
+        Some(predictions) => Ok(predictions),
+        None => extract_general(protocol, pointer, body),
+    }
+}
+
+/// The member a JSON pointer names when it names one of the top-level
+/// object's (`/name`, nothing to unescape).
+fn top_member(pointer: &str) -> Option<&str> {
+    pointer
+        .strip_prefix('/')
+        .filter(|k| !k.contains(['/', '~']))
+}
+
+/// [`extract`] through a `Value` of the whole document: any document, and
+/// what is wrong with one that cannot be read.
+fn extract_general(
     protocol: Protocol,
     pointer: Option<&str>,
     body: &[u8],
@@ -53,6 +81,13 @@ pub fn extract(
 /// OIP V2: the output tensor named `name` (e.g. `predict_proba`), read
 /// with its shape, wherever it is among the outputs.
 pub fn extract_v2_output(name: &str, body: &[u8]) -> Result<Vec<Prediction>, ExtractError> {
+    match direct::v2_output(Some(name), body) {
+        Some(predictions) => Ok(predictions),
+        None => extract_v2_output_general(name, body),
+    }
+}
+
+fn extract_v2_output_general(name: &str, body: &[u8]) -> Result<Vec<Prediction>, ExtractError> {
     let doc: Value = serde_json::from_slice(body).map_err(|e| bad(format!("not JSON: {e}")))?;
     let out = doc
         .get("outputs")
@@ -216,7 +251,12 @@ fn read_rows(data: &[Value], shape: &[usize]) -> Result<Vec<Prediction>, Extract
 
 fn probabilities(row: &[Value]) -> Option<Prediction> {
     let scores: Option<Vec<f64>> = row.iter().map(Value::as_f64).collect();
-    let scores = scores?;
+    argmax(&scores?)
+}
+
+/// Class scores as a prediction: the class of the highest score (the last
+/// of equal ones), and that score as its confidence.
+fn argmax(scores: &[f64]) -> Option<Prediction> {
     let (i, &max) = scores
         .iter()
         .enumerate()

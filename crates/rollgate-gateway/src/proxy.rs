@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use rollgate_core::{FailureClass, Protocol};
@@ -82,6 +83,7 @@ impl hyper::body::Body for Body {
 
 /// The header naming the revision that answered.
 pub const REVISION_HEADER: &str = "x-rollgate-revision";
+const REVISION: HeaderName = HeaderName::from_static(REVISION_HEADER);
 
 /// What became of one upstream call.
 enum Upstreamed {
@@ -202,8 +204,10 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
     {
         return crate::grpc::handle(inner, req).await;
     }
-    let path = req.uri().path().to_string();
-    match classify(req.method(), &path) {
+    // (A clone of the URI shares its bytes: the path is not copied.)
+    let uri = req.uri().clone();
+    let path = uri.path();
+    match classify(req.method(), path) {
         Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
         Endpoint::Stats => json_ok(serde_json::to_string(&inner.snapshot()).unwrap_or_default()),
         Endpoint::Metrics => {
@@ -263,10 +267,10 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         }
         Endpoint::JsonRoute => {
             let table = inner.routes.load();
-            match table.json_path(&path).cloned() {
+            match table.json_path(path).cloned() {
                 Some(route) => predict(inner, route, req).await,
-                None => match table.unroutable_path(&path) {
-                    Some(reason) => unroutable(&path, reason),
+                None => match table.unroutable_path(path) {
+                    Some(reason) => unroutable(path, reason),
                     None => {
                         json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
                     }
@@ -305,13 +309,13 @@ pub(crate) async fn passthrough(
     body: Bytes,
     wire: Wire,
 ) -> Response<Body> {
-    let path_q = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let path_q = path_and_query(&parts.uri);
     let champion = &route.champion;
     let outcome = forward(
         inner,
         champion,
         parts.method.clone(),
-        path_q,
+        &path_q,
         &parts.headers,
         Sent::Whole(body),
         wire,
@@ -321,18 +325,25 @@ pub(crate) async fn passthrough(
     finish(outcome, champion, None, false, wire)
 }
 
+/// A request's path and query (`/` if it has none).
+fn path_and_query(uri: &Uri) -> PathAndQuery {
+    uri.path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"))
+}
+
 /// The sticky key: the configured header, else a JSON field of the body,
 /// else random (that request alone is then assigned at random).
 /// (A gRPC call's key is its metadata header: its body is not JSON.)
-fn sticky_key(
+fn sticky_key<'a>(
     inner: &Inner,
     route: &Route,
-    headers: &HeaderMap,
+    headers: &'a HeaderMap,
     body: &[u8],
     wire: Wire,
-) -> Vec<u8> {
+) -> std::borrow::Cow<'a, [u8]> {
     if let Some(v) = headers.get(&inner.key_header) {
-        return v.as_bytes().to_vec();
+        return v.as_bytes().into();
     }
     if wire == Wire::Rest
         && let Some(ptr) = &route.key_field
@@ -342,9 +353,10 @@ fn sticky_key(
         return match v {
             serde_json::Value::String(s) => s.as_bytes().to_vec(),
             other => other.to_string().into_bytes(),
-        };
+        }
+        .into();
     }
-    rand::random::<u64>().to_le_bytes().to_vec()
+    rand::random::<u64>().to_le_bytes().to_vec().into()
 }
 
 /// Counts a request in flight for as long as it lives: dropped (also when
@@ -490,15 +502,11 @@ pub(crate) async fn predict_admitted(
     // (One function with what follows: a call through another async fn
     // would move its large future once more per request.)
     let (inner, route) = (&inner, &route);
-    let path_q = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
+    let path_q = path_and_query(&parts.uri);
     // gRPC compresses by its own rules (`grpc-encoding`), not HTTP's.
     let gzip = wire == Wire::Rest && accepts_gzip(&parts.headers);
     let key = if route.per_request {
-        rand::random::<u64>().to_le_bytes().to_vec()
+        rand::random::<u64>().to_le_bytes().to_vec().into()
     } else {
         let whole = body.whole().map_or(&[][..], |b| &b[..]);
         sticky_key(inner, route, &parts.headers, whole, wire)
@@ -665,7 +673,7 @@ fn finish(
     gzip: bool,
     wire: Wire,
 ) -> Response<Body> {
-    let revision = target.revision.as_str();
+    let revision = target.revision_header.as_ref();
     match outcome {
         Upstreamed::Streamed(partial) => {
             let Partial {
@@ -682,7 +690,7 @@ fn finish(
             let body = Streamed::new(prefix, rest, status, times, tally);
             let mut r = Response::new(Body::Streamed(Box::new(body)));
             *r.status_mut() = status;
-            *r.headers_mut() = passed_on(&headers);
+            *r.headers_mut() = passed_on(headers);
             with_revision(r, revision)
         }
         Upstreamed::Answer {
@@ -693,7 +701,7 @@ fn finish(
             ..
         } => respond(
             status,
-            &headers,
+            headers,
             (body, trailers.map(|t| *t)),
             revision,
             gzip,
@@ -719,27 +727,29 @@ fn finish(
     }
 }
 
-fn with_revision(mut r: Response<Body>, revision: &str) -> Response<Body> {
-    if let Ok(v) = HeaderValue::from_str(revision) {
-        r.headers_mut()
-            .insert(HeaderName::from_static(REVISION_HEADER), v);
+fn with_revision(mut r: Response<Body>, revision: Option<&HeaderValue>) -> Response<Body> {
+    if let Some(v) = revision {
+        r.headers_mut().insert(REVISION, v.clone());
     }
     r
 }
 
+/// Headers of one hop, never passed on: the connection's own, and those
+/// the gateway sets itself (`host`, `content-length`).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::HOST,
+    header::CONTENT_LENGTH,
+];
+
 fn hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "host"
-            | "content-length"
-    )
+    HOP_BY_HOP.contains(name)
 }
 
 /// Answers at least this large are compressed for a client that accepts
@@ -756,13 +766,13 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
         .flat_map(|v| v.split(','))
         .any(|item| {
             let mut parts = item.split(';').map(str::trim);
-            let coding = parts.next().unwrap_or("").to_ascii_lowercase();
+            let coding = parts.next().unwrap_or("");
             let refused = parts.any(|p| {
                 p.strip_prefix("q=")
                     .and_then(|q| q.parse::<f32>().ok())
                     .is_some_and(|q| q == 0.0)
             });
-            (coding == "gzip" || coding == "*") && !refused
+            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
         })
 }
 
@@ -826,22 +836,29 @@ fn gzip(data: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// The upstream's headers a client is given (hop-by-hop ones dropped).
-fn passed_on(headers: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(headers.len() + 2);
-    for (k, v) in headers {
-        if !hop_by_hop(k) {
-            out.append(k, v.clone());
+/// The upstream's headers a client is given: hop-by-hop ones dropped (in
+/// place: an answer has one or two of them, and removing those costs less
+/// than copying all the others).
+fn passed_on(mut headers: HeaderMap) -> HeaderMap {
+    let mut present = 0u16;
+    for k in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
+            present |= 1 << i;
         }
     }
-    out
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
+    }
+    headers
 }
 
 fn respond(
     status: StatusCode,
-    headers: &HeaderMap,
+    headers: HeaderMap,
     (body, trailers): (Bytes, Option<HeaderMap>),
-    revision: &str,
+    revision: Option<&HeaderValue>,
     gzip: bool,
 ) -> Response<Body> {
     let mut out = passed_on(headers);
@@ -864,7 +881,7 @@ async fn forward(
     inner: &Inner,
     target: &Target,
     method: Method,
-    path_q: &str,
+    path_q: &PathAndQuery,
     headers: &HeaderMap,
     body: Sent,
     wire: Wire,
@@ -875,13 +892,22 @@ async fn forward(
     // `Host` over their own pool; the pooled clients (TLS, and HTTP/2 for
     // gRPC) take the absolute URL.
     let (target_uri, direct, body) = match wire {
-        Wire::Rest => {
-            let path = target.upstream_path(path_q);
-            match &target.direct {
-                Some(d) => (format!("{}{path}", d.prefix), Some(d), body),
-                None => (format!("{}{path}", target.base), None, body),
+        Wire::Rest => match &target.direct {
+            // The path as it came (no copy, no parsing again).
+            Some(d) if d.prefix.is_empty() && target.rename.is_none() => {
+                (Ok(Uri::from(path_q.clone())), Some(d), body)
             }
-        }
+            Some(d) => (
+                format!("{}{}", d.prefix, target.upstream_path(path_q.as_str())).parse(),
+                Some(d),
+                body,
+            ),
+            None => (
+                format!("{}{}", target.base, target.upstream_path(path_q.as_str())).parse(),
+                None,
+                body,
+            ),
+        },
         Wire::Grpc => {
             // A revision without a gRPC endpoint cannot be reached by gRPC.
             let Some(base) = &target.grpc else {
@@ -893,10 +919,10 @@ async fn forward(
                 }
                 (_, body) => body,
             };
-            (format!("{base}{path_q}"), None, body)
+            (format!("{base}{path_q}").parse(), None, body)
         }
     };
-    let Ok(uri) = target_uri.parse::<http::Uri>() else {
+    let Ok(uri) = target_uri else {
         return Upstreamed::Broken;
     };
     // Built on a header map directly (not `Request::builder`, which
@@ -1095,7 +1121,7 @@ fn mirror(
     route: &Arc<Route>,
     pairs: &Arc<crate::recorder::Sharded<rollgate_core::PairStats>>,
     method: Method,
-    path_q: String,
+    path_q: PathAndQuery,
     headers: HeaderMap,
     body: Bytes,
     (unit, champion, wire): (u16, Option<Vec<Prediction>>, Wire),

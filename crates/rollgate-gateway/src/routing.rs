@@ -15,6 +15,9 @@ use crate::recorder::{Recorders, Sharded};
 #[derive(Debug)]
 pub struct Target {
     pub revision: String,
+    /// `revision` as the header value answers carry (`None` if it cannot
+    /// be one), made once rather than per answer.
+    pub revision_header: Option<http::HeaderValue>,
     /// `http://host:port`, no trailing slash.
     pub base: String,
     pub timeout: Duration,
@@ -78,6 +81,7 @@ impl Target {
                 .as_ref()
                 .map(|g| g.trim_end_matches('/').to_string()),
             revision: u.revision.clone(),
+            revision_header: http::HeaderValue::from_str(&u.revision).ok(),
             base,
             timeout: u.timeout.unwrap_or(default_timeout),
             stats: rec.revision(model, epoch, &u.revision),
