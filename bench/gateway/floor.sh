@@ -9,7 +9,9 @@
 #     whole, the upstream call timed: the gateway minus measurement)
 #   rollgate plain (one model, champion only)
 #   [rollgate built from another commit, if ROLLGATE_BASE is set]
-# Each proxy has one worker and shares core 0 with the nginx backend; wrk
+# Each proxy has one thread (nginx one worker; rollgate `--threads 1` and
+# bare_proxy: tokio's current-thread runtime) and shares core 0 with the
+# nginx backend; wrk
 # (c=16) runs on core 1. The setups alternate, ROUNDS times, so a change
 # in the machine's load touches all of them.
 # Needs: nginx, wrk (Debian packages), a release build of rollgate and of

@@ -123,8 +123,8 @@ fn main() -> std::io::Result<()> {
         idle: Mutex::new(Vec::new()),
         like_gateway: args.iter().any(|a| a == "--like-gateway"),
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread, as the gateway runs with `--threads 1`.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     if upstream.like_gateway {

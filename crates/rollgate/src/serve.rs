@@ -449,6 +449,8 @@ pub struct Follow {
     pub advertise: Option<String>,
     pub every: Duration,
     pub log_format: LogFormat,
+    /// `rollgate gateway --threads` (see `gateway::runtime`).
+    pub threads: Option<u16>,
 }
 
 /// A gateway that follows the store (used by `rollgate gateway --data/--store`).
@@ -457,7 +459,7 @@ pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Resu
     let store = open_store(&f.data, f.store.as_deref())?;
     let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
     let advertise = f.advertise;
-    runtime()?.block_on(async move {
+    crate::gateway::runtime(f.threads)?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let listener = bind(config.listen, "the gateway").await?;
         let running = assemble::start(

@@ -145,6 +145,8 @@ pub fn start_gateway(dir: &Path) -> Proc {
     start_gateway_on(dir, "127.0.0.1:0")
 }
 
+/// (On one thread: the end-to-end tests run the gateway's current-thread
+/// runtime; `rollgate up` and the demo run the multi-thread one.)
 pub fn start_gateway_on(dir: &Path, listen: &str) -> Proc {
     let data = dir.join("data");
     spawn(
@@ -154,6 +156,8 @@ pub fn start_gateway_on(dir: &Path, listen: &str) -> Proc {
             &data.to_string_lossy(),
             "--listen",
             listen,
+            "--threads",
+            "1",
         ],
         &[],
     )
