@@ -58,6 +58,20 @@ fn demo_through_nginx_and_prometheus_decides_the_same_three_rollouts() {
     );
 }
 
+/// A gateway cannot run on no threads: refused before anything starts,
+/// naming the flag.
+#[test]
+fn a_gateway_on_zero_threads_is_refused() {
+    let out = rollgate(&["gateway", "--data", "unused", "--threads", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--threads"), "{stderr}");
+    assert!(
+        !std::path::Path::new("unused").exists(),
+        "nothing was created"
+    );
+}
+
 /// Without nginx or Prometheus the data-plane demo says what is missing
 /// and how to get it, and does nothing else.
 #[test]
