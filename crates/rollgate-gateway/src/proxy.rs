@@ -735,21 +735,23 @@ fn with_revision(mut r: Response<Body>, revision: Option<&HeaderValue>) -> Respo
 }
 
 /// Headers of one hop, never passed on: the connection's own, and those
-/// the gateway sets itself (`host`, `content-length`).
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::TRANSFER_ENCODING,
-    header::TE,
-    header::TRAILER,
-    header::UPGRADE,
-    header::HOST,
-    header::CONTENT_LENGTH,
+/// the gateway sets itself (`host`, `content-length`). (Names, not
+/// `HeaderName`s: a `const` array of those is built and dropped at every
+/// use.)
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "host",
+    "content-length",
 ];
 
 fn hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+    HOP_BY_HOP.contains(&name.as_str())
 }
 
 /// Answers at least this large are compressed for a client that accepts
@@ -842,13 +844,13 @@ fn gzip(data: &[u8]) -> Option<Vec<u8>> {
 fn passed_on(mut headers: HeaderMap) -> HeaderMap {
     let mut present = 0u16;
     for k in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == k) {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == k.as_str()) {
             present |= 1 << i;
         }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
-            headers.remove(name);
+            headers.remove(*name);
         }
     }
     headers
