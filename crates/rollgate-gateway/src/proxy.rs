@@ -1228,3 +1228,56 @@ mod gzip_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod header_tests {
+    use http::header::{HeaderMap, HeaderValue};
+
+    /// An answer's headers reach the client without the hop-by-hop ones
+    /// (every value of each), the others kept with all their values, in
+    /// order within each name (the order HTTP gives meaning to: the
+    /// relative order of different names carries none, and removing in
+    /// place may change it); a map without any is returned as it came.
+    #[test]
+    fn only_hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("content-type", "application/json"),
+            ("connection", "keep-alive"),
+            ("set-cookie", "a=1"),
+            ("keep-alive", "timeout=5"),
+            ("set-cookie", "b=2"),
+            ("content-length", "27"),
+            ("proxy-connection", "close"),
+            ("x-model", "m"),
+            ("trailer", "grpc-status"),
+            ("upgrade", "h2c"),
+            ("te", "trailers"),
+            ("host", "upstream:8080"),
+            ("transfer-encoding", "chunked"),
+            ("connection", "x-model"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        let out = super::passed_on(h);
+        let mut kept: Vec<(&str, Vec<&str>)> = out
+            .keys()
+            .map(|k| {
+                let values = out.get_all(k).iter().map(|v| v.to_str().unwrap_or("?"));
+                (k.as_str(), values.collect())
+            })
+            .collect();
+        kept.sort();
+        assert_eq!(
+            kept,
+            [
+                ("content-type", vec!["application/json"]),
+                ("set-cookie", vec!["a=1", "b=2"]),
+                ("x-model", vec!["m"]),
+            ]
+        );
+        let mut plain = HeaderMap::new();
+        plain.append("content-type", HeaderValue::from_static("text/plain"));
+        assert_eq!(super::passed_on(plain.clone()), plain);
+    }
+}
