@@ -144,6 +144,7 @@ async fn run(store: SqlStore, upstream_base: &str) -> Row {
         stats: Default::default(),
         notify: None,
         adapters: Default::default(),
+        host: Default::default(),
     };
     let versions = |store: Arc<dyn Store>| async move {
         tokio::task::spawn_blocking(move || {

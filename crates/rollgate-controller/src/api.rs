@@ -17,11 +17,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
@@ -35,6 +34,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::reconcile::{Context, Error as ReconcileError, blocking, commit};
 
+mod guard;
 mod timeline;
 
 /// An API error: status, stable code, message.
@@ -595,6 +595,7 @@ async fn create_model(
     JsonBody(b): JsonBody<CreateModel>,
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
+    within_host(&s, &b.spec)?;
     let m = blocking(&s.ctx.store, move |st| {
         st.create_model(&b.name, &b.spec, &who)
     })
@@ -616,6 +617,7 @@ async fn update_model(
     JsonBody(spec): JsonBody<ModelSpec>,
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
+    within_host(&s, &spec)?;
     let model = name.clone();
     let m = blocking(&s.ctx.store, move |st| st.update_model(&name, &spec, &who)).await?;
     resync(&s.ctx, &model).await;
@@ -767,6 +769,17 @@ async fn start_rollout(
 ) -> ApiResult<impl IntoResponse> {
     let who = actor(&me, &headers);
     let plan = b.plan.unwrap_or_default();
+    let name = b.model.clone();
+    if let Ok(model) = blocking(&s.ctx.store, move |st| st.model(&name)).await
+        && let Some(named) = &model.spec.data_plane
+        && let Err(e) = s.ctx.host.data_plane(&model.name, named)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "model_isolated",
+            e.to_string(),
+        ));
+    }
     let r = blocking(&s.ctx.store, move |st| {
         st.create_rollout(&b.model, &b.revision, &plan, &who)
     })
@@ -1008,53 +1021,20 @@ fn in_body(named: &'static [&'static str]) -> impl Fn(ReconcileError) -> ApiErro
     }
 }
 
+/// A spec written through the API holds no definition of what acts on the
+/// host (`ModelSpec::validate`) and names only what the host declared
+/// ([`crate::host::Host::check`]): 422 saying where to declare it.
+fn within_host(s: &ApiState, spec: &ModelSpec) -> ApiResult<()> {
+    spec.validate()?;
+    s.ctx
+        .host
+        .check(spec)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string()))
+}
+
 /// Pushes the store's routing to the in-process gateway right away.
 async fn resync(ctx: &Context, model: &str) {
     crate::reconcile::push_model(ctx, model).await;
-}
-
-/// Requests that change state come from rollgate's clients, never from a
-/// web page: a browser sends a cross-site form as `text/plain` with a
-/// foreign `Origin`, and a DNS-rebinding page with its own name in `Host`.
-/// So a write needs `Content-Type: application/json` (a page can send it
-/// cross-site only after a CORS preflight, which this API never grants), a
-/// `Host` that names the API, and no foreign `Origin` (the content type is
-/// checked where the body is read: [`JsonBody`], [`require_json`]).
-async fn guard_writes(State(s): State<ApiState>, req: Request<Body>, next: Next) -> Response {
-    let method = req.method().clone();
-    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
-        return next.run(req).await;
-    }
-    let forbidden = |code, message: String| ApiError::new(StatusCode::FORBIDDEN, code, message);
-    let allowed = |authority: &str| {
-        s.allowed_hosts
-            .iter()
-            .any(|h| h.eq_ignore_ascii_case(authority))
-    };
-    if !s.allowed_hosts.is_empty() {
-        if let Some(host) = req.headers().get(header::HOST) {
-            let host = host.to_str().unwrap_or("");
-            if !allowed(host) {
-                return forbidden(
-                    "forbidden_host",
-                    format!("Host {host:?} does not name this API (add it to [api] allowed_hosts)"),
-                )
-                .into_response();
-            }
-        }
-        if let Some(origin) = req.headers().get(header::ORIGIN) {
-            let origin = origin.to_str().unwrap_or("");
-            let authority = origin.split_once("://").map_or("", |(_, a)| a);
-            if !allowed(authority) {
-                return forbidden(
-                    "forbidden_origin",
-                    format!("requests from origin {origin:?} cannot change state"),
-                )
-                .into_response();
-            }
-        }
-    }
-    next.run(req).await
 }
 
 /// A write's body must be declared JSON ([`guard_writes`] says why). The
@@ -1079,89 +1059,6 @@ fn require_json(headers: &HeaderMap) -> ApiResult<()> {
             "requests that change state carry a JSON body (Content-Type: application/json)",
         ))
     }
-}
-
-/// Authenticates every request but the health checks, and refuses one
-/// whose identity's role is below what it needs (401, 403).
-async fn authorize(State(s): State<ApiState>, mut req: Request<Body>, next: Next) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/readyz")
-        || crate::dashboard::is_dashboard(req.uri().path())
-    {
-        return next.run(req).await;
-    }
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
-    let identity = match bearer {
-        Some(t)
-            if s.token
-                .as_ref()
-                .is_some_and(|shared| constant_time_eq(t.as_bytes(), shared.as_bytes())) =>
-        {
-            Some(Identity {
-                name: "token".into(),
-                role: Role::Admin,
-            })
-        }
-        Some(t) => {
-            let hash = secret_hash(&t);
-            let named = match blocking(&s.ctx.store, move |st| st.token_by_hash(&hash)).await {
-                Ok(found) => found.map(|t| Identity {
-                    name: t.name,
-                    role: t.role,
-                }),
-                Err(e) => return ApiError::from(e).into_response(),
-            };
-            match (named, &s.oidc) {
-                (Some(id), _) => Some(id),
-                // A JWT: three dot-separated parts.
-                (None, Some(oidc)) if t.split('.').count() == 3 => match oidc.identity(&t).await {
-                    Ok((name, role)) => Some(Identity { name, role }),
-                    Err(e) => {
-                        return ApiError::new(
-                            StatusCode::UNAUTHORIZED,
-                            "unauthorized",
-                            format!("OIDC token refused: {e}"),
-                        )
-                        .into_response();
-                    }
-                },
-                (None, _) => None,
-            }
-        }
-        None if !s.token_required() => Some(Identity {
-            name: "local".into(),
-            role: Role::Admin,
-        }),
-        None => None,
-    };
-    let Some(identity) = identity else {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        )
-        .into_response();
-    };
-    let need = required_role(req.method(), req.uri().path());
-    if identity.role < need {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_role",
-            format!(
-                "{} has role {}; this needs {}",
-                identity.name,
-                identity.role.as_str(),
-                need.as_str()
-            ),
-        )
-        .into_response();
-    }
-    req.extensions_mut().insert(identity);
-    next.run(req).await
 }
 
 /// Who the caller is, and which rollout actions its role allows.
@@ -1191,11 +1088,6 @@ async fn whoami(Extension(me): Extension<Identity>) -> Json<WhoAmI> {
     })
 }
 
-/// Compares without an early exit, so timing does not reveal the prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The API's router (tests drive it with `oneshot`, no socket). Its
 /// routes and its OpenAPI document come from the same handlers.
 pub fn router(state: ApiState) -> Router {
@@ -1209,8 +1101,15 @@ pub fn router(state: ApiState) -> Router {
         .merge(crate::dashboard::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), guard_writes))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::authorize,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard_host,
+        ))
+        .layer(middleware::from_fn(guard::read_body_in_time))
         // gzip for clients that ask (browsers, Prometheus): a long
         // rollout's timeline or an audit export shrinks several-fold.
         .layer(tower_http::compression::CompressionLayer::new())
@@ -1393,6 +1292,7 @@ pub async fn serve(
         header_timeout: std::time::Duration::from_secs(10),
         drain_timeout: std::time::Duration::from_secs(30),
         tls,
+        refusal_body: Some(guard::refusal_body),
     };
     let make = move || hyper_util::service::TowerToHyperService::new(router.clone());
     rollgate_net::serve(listener, serving, make, shutdown).await

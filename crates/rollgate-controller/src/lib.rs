@@ -12,6 +12,7 @@
 pub mod adapter;
 pub mod api;
 pub mod dashboard;
+pub mod host;
 pub mod http;
 pub mod lead;
 pub mod metrics;

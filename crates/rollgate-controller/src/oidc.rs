@@ -1,11 +1,17 @@
 //! OIDC bearer tokens: JWTs from a team's identity provider, verified
-//! against the provider's JWKS (signature, issuer, audience, expiry), the
-//! identity from one claim and the role from another.
+//! against the provider's JWKS (signature, issuer, audience, expiry, not
+//! before, and a lifetime no longer than configured), the identity from
+//! one claim and the role from another.
+//!
+//! An identity is recorded as `oidc:<alias-or-issuer>:<name>`, so no token
+//! can appear in the audit log as rollgate itself (`controller`, `local`)
+//! or as a named token.
 //!
 //! Keys are fetched when first needed and again when a token names a key
 //! the cached set lacks (the provider rotated), at most once per
 //! [`REFETCH_AFTER`], so a flood of tokens with made-up key ids cannot make
-//! the controller hammer the provider.
+//! the controller hammer the provider. A token whose key is known never
+//! waits for a fetch: the set is read without the fetch's lock.
 
 use std::time::Duration;
 
@@ -41,6 +47,26 @@ pub struct OidcConfig {
     /// The claim holding the role: `viewer`, `operator` or `admin`.
     #[serde(default = "default_role_claim")]
     pub role_claim: String,
+    /// Names the provider in audit actors (`oidc:<alias>:<name>`); the
+    /// issuer when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// A token whose `exp` lies further ahead than this is refused: a
+    /// stolen token must not work for years.
+    #[serde(default = "default_max_lifetime", with = "humantime_serde")]
+    pub max_lifetime: Duration,
+    /// How far the provider's clock and this host's may disagree, for
+    /// `exp` and `nbf`.
+    #[serde(default = "default_leeway", with = "humantime_serde")]
+    pub leeway: Duration,
+}
+
+fn default_max_lifetime() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+fn default_leeway() -> Duration {
+    Duration::from_secs(60)
 }
 
 fn default_name_claim() -> String {
@@ -66,16 +92,15 @@ pub enum OidcError {
     Claim { claim: String },
 }
 
-struct Keys {
-    set: Option<JwkSet>,
-    fetched_at: Option<Instant>,
-}
-
 /// A verifier for one provider.
 pub struct Oidc {
     config: OidcConfig,
     client: Client<rollgate_net::Connector, Empty<Bytes>>,
-    keys: Mutex<Keys>,
+    /// The provider's key set as last fetched: read without waiting.
+    keys: std::sync::RwLock<Option<JwkSet>>,
+    /// When the set was last fetched; held across a fetch, so one fetch
+    /// runs at a time (only tokens naming an unknown key wait for it).
+    fetched_at: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Oidc {
@@ -112,10 +137,8 @@ impl Oidc {
         Ok(Oidc {
             config,
             client: Client::builder(TokioExecutor::new()).build(https),
-            keys: Mutex::new(Keys {
-                set: None,
-                fetched_at: None,
-            }),
+            keys: std::sync::RwLock::new(None),
+            fetched_at: Mutex::new(None),
         })
     }
 
@@ -149,23 +172,29 @@ impl Oidc {
     /// The key `kid` names, fetching the set if it is unknown and the last
     /// fetch is old enough.
     async fn key(&self, kid: Option<&str>) -> Result<jsonwebtoken::jwk::Jwk, OidcError> {
-        let mut keys = self.keys.lock().await;
-        let find = |set: &Option<JwkSet>| {
-            set.as_ref().and_then(|s| match kid {
+        let find = || {
+            let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+            keys.as_ref().and_then(|s| match kid {
                 Some(k) => s.find(k).cloned(),
                 None if s.keys.len() == 1 => s.keys.first().cloned(),
                 None => None,
             })
         };
-        if let Some(k) = find(&keys.set) {
+        if let Some(k) = find() {
             return Ok(k);
         }
-        if keys.fetched_at.is_some_and(|t| t.elapsed() < REFETCH_AFTER) {
+        let mut fetched_at = self.fetched_at.lock().await;
+        // Another token's fetch may have brought the key meanwhile.
+        if let Some(k) = find() {
+            return Ok(k);
+        }
+        if fetched_at.is_some_and(|t| t.elapsed() < REFETCH_AFTER) {
             return Err(OidcError::UnknownKey);
         }
-        keys.fetched_at = Some(Instant::now());
-        keys.set = Some(self.fetch().await?);
-        find(&keys.set).ok_or(OidcError::UnknownKey)
+        *fetched_at = Some(Instant::now());
+        let set = self.fetch().await?;
+        *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Some(set);
+        find().ok_or(OidcError::UnknownKey)
     }
 
     /// The identity and role a token proves.
@@ -189,9 +218,24 @@ impl Oidc {
         v.set_issuer(&[&self.config.issuer]);
         v.set_audience(&[&self.config.audience]);
         v.set_required_spec_claims(&["exp", "iss", "aud"]);
+        v.validate_nbf = true;
+        v.leeway = self.config.leeway.as_secs();
         let claims = decode::<serde_json::Value>(token, &key, &v)
             .map_err(|e| OidcError::Invalid(e.to_string()))?
             .claims;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let latest = now + self.config.max_lifetime.as_secs() + self.config.leeway.as_secs();
+        match claims.get("exp").and_then(serde_json::Value::as_f64) {
+            Some(exp) if exp <= latest as f64 => {}
+            _ => {
+                return Err(OidcError::Invalid(format!(
+                    "the token expires more than {} ahead ([api.oidc] max_lifetime)",
+                    humantime::format_duration(self.config.max_lifetime)
+                )));
+            }
+        }
         let text = |claim: &str| {
             claims
                 .get(claim)
@@ -207,7 +251,11 @@ impl Oidc {
                     claim: claim.to_string(),
                 })
         };
-        let name = text(&self.config.name_claim)?;
+        let name = format!(
+            "oidc:{}:{}",
+            self.config.alias.as_deref().unwrap_or(&self.config.issuer),
+            text(&self.config.name_claim)?
+        );
         let role = text(&self.config.role_claim)?
             .parse::<Role>()
             .map_err(|_| OidcError::Claim {

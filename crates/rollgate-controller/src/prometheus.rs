@@ -36,6 +36,7 @@ pub enum PromError {
 /// read at `now`.
 pub async fn exposure(
     http: &HttpClient,
+    host: &crate::host::Host,
     cfg: &PrometheusEvidence,
     model: &Model,
     revisions: &[&Revision],
@@ -50,10 +51,9 @@ pub async fn exposure(
         // Still within the horizon: nothing that could be counted yet.
         return Ok(Exposure::default());
     }
-    let token = match &cfg.bearer_token_file {
-        Some(path) => Some(crate::http::bearer_token(path).map_err(PromError::Token)?),
-        None => None,
-    };
+    let token = host
+        .prometheus_token(&model.name, cfg)
+        .map_err(|e| PromError::Token(e.to_string()))?;
     // The range reaches back to the earliest window's start (and a scrape
     // before it, harmlessly: samples before a window are not counted).
     let range_s = now.since(earliest).as_millis().div_ceil(1000) as u64

@@ -81,6 +81,9 @@ pub struct Context {
     /// The routing each external data plane confirmed
     /// (`ModelSpec::data_plane`).
     pub adapters: Arc<crate::adapter::Applier>,
+    /// The data planes and credentials the operator's config declares: all
+    /// a model spec may name of the host.
+    pub host: Arc<crate::host::Host>,
 }
 
 /// The gateways' stats as fetched in one pass: `(stats URL, snapshot if it
@@ -208,10 +211,18 @@ pub async fn sync_data_planes(ctx: &Context) {
         return;
     };
     // Concurrently: one data plane slow to confirm holds up no other.
-    futures::future::join_all(routes.iter().filter_map(|r| {
-        let plane = r.model.spec.data_plane.as_ref()?;
-        Some(ctx.adapters.sync(&ctx.http, plane, r, false))
-    }))
+    let planes: Vec<_> = routes
+        .iter()
+        .filter_map(|r| {
+            let named = r.model.spec.data_plane.as_ref()?;
+            Some((ctx.host.data_plane_or_isolate(&r.model.name, named)?, r))
+        })
+        .collect();
+    futures::future::join_all(
+        planes
+            .iter()
+            .map(|(plane, r)| ctx.adapters.sync(&ctx.http, plane, r, false)),
+    )
     .await;
     ctx.adapters.synced(version);
 }
@@ -220,9 +231,10 @@ pub async fn sync_data_planes(ctx: &Context) {
 /// to the in-process gateway: read once, given to both.
 async fn route(ctx: &Context, model: &str, routes: Option<ModelRoutes>) {
     if let Some(routes) = &routes
-        && let Some(plane) = &routes.model.spec.data_plane
+        && let Some(named) = &routes.model.spec.data_plane
+        && let Some(plane) = ctx.host.data_plane_or_isolate(model, named)
     {
-        ctx.adapters.sync(&ctx.http, plane, routes, true).await;
+        ctx.adapters.sync(&ctx.http, &plane, routes, true).await;
     }
     if let Some(g) = ctx.local_gateway.clone() {
         let model = model.to_string();
@@ -401,15 +413,17 @@ async fn scraped_exposure(
     let revisions: Vec<&Revision> = std::iter::once(&candidate)
         .chain(champion.as_ref())
         .collect();
-    let scraped =
-        match crate::prometheus::exposure(&ctx.http, cfg, model, &revisions, &rec.state, now).await
-        {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(rollout = rec.id, model = %model.name, "no evidence this look: {e}");
-                return Ok(None);
-            }
-        };
+    let scraped = match crate::prometheus::exposure(
+        &ctx.http, &ctx.host, cfg, model, &revisions, &rec.state, now,
+    )
+    .await
+    {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(rollout = rec.id, model = %model.name, "no evidence this look: {e}");
+            return Ok(None);
+        }
+    };
     Ok(Some(match exposure(ctx, &model.name, rec.id).await? {
         Some(gateways) => scraped.with_pairs_of(&gateways),
         None => scraped,

@@ -1,7 +1,9 @@
 //! OIDC tokens against a JWKS served on loopback, with Ed25519 keys the test
-//! generates: a valid token acts with its claimed role and its `sub` as the
-//! actor; a wrong audience or issuer, an expired token and one signed by
-//! another key are refused; a rotated key is fetched when a token names it.
+//! generates: a valid token acts with its claimed role and its `sub`, under
+//! the provider's name, as the actor; a wrong audience or issuer, an expired
+//! token, one not yet valid, one that lives too long and one signed by
+//! another key are refused; a rotated key is fetched when a token names it;
+//! a hanging key endpoint delays no token whose key is known.
 
 use crate::common;
 use std::sync::Arc;
@@ -65,8 +67,16 @@ async fn jwks(keys: Arc<std::sync::Mutex<Vec<Value>>>, fetches: Arc<AtomicUsize>
     format!("http://{addr}/jwks")
 }
 
+/// The provider of these tests, as `[api.oidc]` would declare it.
+fn config(jwks_url: String) -> OidcConfig {
+    toml::from_str(&format!(
+        "issuer = \"https://idp.example\"\naudience = \"rollgate\"\njwks_url = \"{jwks_url}\"\n"
+    ))
+    .expect("config")
+}
+
 async fn call(app: &axum::Router, path: &str, bearer: &str) -> (u16, Value) {
-    let (method, body) = if path.ends_with("/pause") {
+    let (method, body) = if path.ends_with("/pause") || path.ends_with("/resume") {
         ("POST", Some(json!({})))
     } else {
         ("GET", None)
@@ -82,14 +92,7 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
     let keys = Arc::new(std::sync::Mutex::new(vec![jwk1]));
     let fetches = Arc::new(AtomicUsize::new(0));
     let url = jwks(Arc::clone(&keys), Arc::clone(&fetches)).await;
-    let oidc = Oidc::new(OidcConfig {
-        issuer: "https://idp.example".into(),
-        audience: "rollgate".into(),
-        jwks_url: url,
-        name_claim: "sub".into(),
-        role_claim: "rollgate_role".into(),
-    })
-    .expect("oidc");
+    let oidc = Oidc::new(config(url)).expect("oidc");
 
     let dir = tempfile::tempdir().expect("tempdir");
     let store = SqlStore::open_dir(dir.path()).expect("store");
@@ -121,7 +124,10 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
         .as_array()
         .and_then(|a| a.iter().find(|r| r["kind"] == "paused"))
         .expect("paused");
-    assert_eq!(paused["actor"], "alice@example.com");
+    assert_eq!(
+        paused["actor"],
+        "oidc:https://idp.example:alice@example.com"
+    );
     // A viewer reads but may not pause.
     let (s, v) = call(
         &app,
@@ -146,10 +152,17 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
         .as_object_mut()
         .expect("object")
         .remove("rollgate_role");
+    // Valid until the year 9999, or from tomorrow: refused.
+    let mut for_ever = claims("admin");
+    for_ever["exp"] = json!(253_402_300_799u64);
+    let mut not_yet = claims("admin");
+    not_yet["nbf"] = json!(now_s() + 24 * 3600);
     for (what, t) in [
         ("audience", token(&k1, "k1", wrong_aud)),
         ("issuer", token(&k1, "k1", wrong_iss)),
         ("expired", token(&k1, "k1", expired)),
+        ("exp in 9999", token(&k1, "k1", for_ever)),
+        ("nbf tomorrow", token(&k1, "k1", not_yet)),
         ("another key", token(&stranger, "k1", claims("admin"))),
         ("no role", token(&k1, "k1", no_role)),
         ("not a JWT", "a.b.c".to_string()),
@@ -178,4 +191,120 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
         assert_eq!(s, 401);
     }
     assert_eq!(fetches.load(Ordering::SeqCst), before + 1);
+
+    // A token whose subject is one of rollgate's own actors is recorded
+    // under the provider's name, never as that actor.
+    let mut controller = claims("operator");
+    controller["sub"] = json!("controller");
+    let (s, v) = call(
+        &app,
+        "/api/v1/rollouts/1/resume",
+        &token(&k1, "k1", controller),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, audit) = call(
+        &app,
+        "/api/v1/audit?rollout=1",
+        &token(&k1, "k1", claims("viewer")),
+    )
+    .await;
+    let resumed = audit
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["kind"] == "resumed"))
+        .expect("resumed");
+    assert_eq!(resumed["actor"], "oidc:https://idp.example:controller");
+
+    // An OIDC admin is not the host: a spec that names a command or a
+    // token file directly is refused, saying where to declare it.
+    let admin = token(&k1, "k1", claims("admin"));
+    for spec in [
+        json!({ "prometheus": { "url": "http://127.0.0.1:9" }, "data_plane": {
+            "kind": "nginx", "include_file": "/tmp/pwned.conf",
+            "reload_command": ["/bin/sh", "-c", "id"], "confirm_url": "http://127.0.0.1:9/v" } }),
+        json!({ "prometheus": { "url": "http://127.0.0.1:9",
+            "bearer_token_file": "/etc/shadow" } }),
+    ] {
+        let (s, v) = common::call(
+            &app,
+            ("POST", "/api/v1/models"),
+            Some(&admin),
+            None,
+            Some(json!({ "name": "evil", "spec": spec })),
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (422, Some("invalid")),
+            "{v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("controller's config"), "{message}");
+    }
+}
+
+/// While the provider's key endpoint hangs (a fetch for a token naming an
+/// unknown key holds it), a token whose key is known is verified without
+/// waiting for that fetch: it is answered while the fetch is still open.
+#[tokio::test]
+async fn a_hanging_key_endpoint_delays_no_token_with_a_known_key() {
+    let (k1, jwk1) = key("k1");
+    let hang = Arc::new(tokio::sync::Notify::new());
+    let asked = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let (hang, asked) = (Arc::clone(&hang), Arc::clone(&asked));
+        axum::Router::new().route(
+            "/jwks",
+            axum::routing::get(move || {
+                let (hang, asked, jwk1) = (Arc::clone(&hang), Arc::clone(&asked), jwk1.clone());
+                async move {
+                    // The first fetch answers; later ones hang until released.
+                    if asked.fetch_add(1, Ordering::SeqCst) > 0 {
+                        hang.notified().await;
+                    }
+                    axum::Json(json!({ "keys": [jwk1] }))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/jwks", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let oidc = Arc::new(Oidc::new(config(url)).expect("oidc"));
+    let claims = json!({ "iss": "https://idp.example", "aud": "rollgate", "sub": "bob",
+                         "rollgate_role": "viewer", "exp": now_s() + 3600 });
+    let known = token(&k1, "k1", claims.clone());
+    oidc.identity(&known).await.expect("first fetch");
+
+    // Past the refetch interval, a token naming an unknown key fetches
+    // again, and the endpoint hangs.
+    tokio::time::pause();
+    tokio::time::advance(rollgate_controller::oidc::REFETCH_AFTER + Duration::from_secs(1)).await;
+    tokio::time::resume();
+    let fetching = {
+        let (oidc, unknown) = (Arc::clone(&oidc), token(&k1, "k9", claims));
+        tokio::spawn(async move { oidc.identity(&unknown).await })
+    };
+    for _ in 0..500 {
+        if asked.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "the second fetch started");
+    let who = tokio::time::timeout(Duration::from_secs(30), oidc.identity(&known))
+        .await
+        .expect("bounded")
+        .expect("verified");
+    assert_eq!(who.0, "oidc:https://idp.example:bob");
+    assert!(
+        !fetching.is_finished(),
+        "the known key was used while the fetch was still open"
+    );
+    hang.notify_waiters();
+    let _ = fetching.await;
 }

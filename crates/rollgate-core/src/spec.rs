@@ -23,7 +23,10 @@ fn bad(field: &str, message: impl Into<String>) -> SpecError {
 /// A model name: 1–128 characters of `[A-Za-z0-9._-]` (it is a path
 /// segment of every protocol's URLs).
 pub fn check_model_name(name: &str) -> Result<(), SpecError> {
+    // `.` and `..` would name directories where a name fills a path.
     let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
         && name.len() <= 128
         && name
             .chars()
@@ -33,7 +36,7 @@ pub fn check_model_name(name: &str) -> Result<(), SpecError> {
     } else {
         Err(bad(
             "name",
-            format!("must be 1-128 characters of [A-Za-z0-9._-], got {name:?}"),
+            format!("must be 1-128 characters of [A-Za-z0-9._-], not . or .., got {name:?}"),
         ))
     }
 }
@@ -253,7 +256,7 @@ mod tests {
     #[test]
     fn names_are_path_segments() {
         assert!(check_model_name("fraud-v2.1_x").is_ok());
-        for bad in ["", "a/b", "a:b", "a b", &"x".repeat(129)] {
+        for bad in ["", ".", "..", "a/b", "a:b", "a b", &"x".repeat(129)] {
             assert!(check_model_name(bad).is_err(), "{bad}");
         }
     }

@@ -134,6 +134,7 @@ fn main() -> std::io::Result<()> {
                 header_timeout: std::time::Duration::from_secs(30),
                 drain_timeout: std::time::Duration::from_secs(1),
                 tls: None,
+                refusal_body: None,
             };
             rollgate_net::serve::serve(
                 listener,

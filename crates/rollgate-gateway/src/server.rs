@@ -22,6 +22,7 @@ pub async fn serve(
         header_timeout: limits.client_header_timeout,
         drain_timeout: limits.drain_timeout,
         tls: gateway.inner.tls.clone(),
+        refusal_body: None,
     };
     let inner = std::sync::Arc::clone(&gateway.inner);
     let make = move || {

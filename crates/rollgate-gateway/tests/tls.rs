@@ -66,6 +66,7 @@ async fn tls_model_server(
             header_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(5),
             tls: Some(tls.server().expect("tls")),
+            refusal_body: None,
         },
         make,
         async {

@@ -327,6 +327,7 @@ pub async fn serve(
         header_timeout: Duration::from_secs(30),
         drain_timeout: Duration::from_secs(5),
         tls: cfg.tls.clone(),
+        refusal_body: None,
     };
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(ServerMetrics::default());

@@ -5,6 +5,7 @@
 //! every outbound client uses ([`connector`]).
 
 mod body;
+pub mod refusal;
 pub mod serve;
 #[cfg(feature = "testing")]
 pub mod testing;

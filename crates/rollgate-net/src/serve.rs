@@ -25,6 +25,7 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::refusal::Enveloped;
 use crate::tls::ServerTls;
 
 /// HTTP/2's connection preface: what an h2c client with prior knowledge
@@ -73,6 +74,10 @@ pub struct Serving {
     pub drain_timeout: Duration,
     /// TLS on this listener, if any.
     pub tls: Option<ServerTls>,
+    /// A body for the bodiless refusals hyper writes itself (a request
+    /// head too large or malformed), for clients that expect every
+    /// refusal in one shape; `None`: hyper's as they are.
+    pub refusal_body: Option<crate::refusal::RefusalBody>,
 }
 
 /// A connection's bytes, with what was read to sniff its protocol put
@@ -227,17 +232,19 @@ async fn connection<S: ConnectionService>(
                     io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out")
                 })??;
             let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
-            http(TokioIo::new(tls_stream), h2, limit, service, graceful).await
+            let io = Enveloped::new(tls_stream, serving.refusal_body.filter(|_| !h2));
+            http(TokioIo::new(io), h2, limit, service, graceful).await
         }
         None => {
             let (h2, prefix) = tokio::time::timeout(limit, sniff(&mut stream))
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request in time"))??;
-            let io = TokioIo::new(Prefixed {
+            let io = Prefixed {
                 prefix,
                 inner: stream,
-            });
-            http(io, h2, limit, service, graceful).await
+            };
+            let io = Enveloped::new(io, serving.refusal_body.filter(|_| !h2));
+            http(TokioIo::new(io), h2, limit, service, graceful).await
         }
     }
 }

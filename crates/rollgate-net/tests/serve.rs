@@ -52,6 +52,7 @@ fn serving(tls: Option<&ListenerTls>) -> Serving {
         header_timeout: Duration::from_millis(500),
         drain_timeout: Duration::from_secs(5),
         tls: tls.map(|t| t.server().expect("server tls")),
+        refusal_body: None,
     }
 }
 

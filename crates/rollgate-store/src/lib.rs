@@ -34,11 +34,13 @@ pub use checkpoint::{
 };
 pub use postgres::scratch_database;
 pub use registry::{
-    DataPlane, Model, ModelSpec, PrometheusEvidence, Protocol, Revision, RevisionSpec,
-    RevisionState,
+    DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, Model, ModelSpec, PrometheusEvidence, Protocol,
+    Revision, RevisionSpec, RevisionState,
 };
 pub use sql::SqlStore;
-pub use tokens::{ApiToken, Role, secret_hash, valid_token_name};
+pub use tokens::{
+    ApiToken, RESERVED_ACTORS, Role, is_reserved_actor, secret_hash, valid_token_name,
+};
 
 use rollgate_core::{Effect, RolloutSpec, RolloutState, Routing, Timestamp};
 use serde::{Deserialize, Serialize};

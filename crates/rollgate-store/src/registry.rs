@@ -37,12 +37,34 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusEvidence>,
     /// The data plane that splits the model's traffic when it is not
-    /// rollgate's gateway: the controller sets its weights through an
-    /// adapter and waits for it to confirm each routing before the stage's
-    /// clock starts. Unset: rollgate's gateways route it.
+    /// rollgate's gateway, by the name the controller's config declares it
+    /// under (`[data_planes.NAME]`): the controller sets its weights
+    /// through an adapter and waits for it to confirm each routing before
+    /// the stage's clock starts. Unset: rollgate's gateways route it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_plane: Option<DataPlane>,
+    pub data_plane: Option<DataPlaneRef>,
 }
+
+/// A model's data plane as its spec names it. Adapters write files and
+/// run commands on the controller's host, so only the host's config
+/// defines one (`[data_planes.NAME]`); a spec refers to it by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum DataPlaneRef {
+    /// The name of a data plane the controller's config declares.
+    Named(String),
+    /// The definition itself, as specs stored before data planes had
+    /// names hold it: refused on every write, and honoured on reading only
+    /// while the config declares an identical data plane (else the model
+    /// is isolated: its adapter never runs).
+    Inline(DataPlane),
+}
+
+/// Where an operator declares what an API caller may only name.
+pub const DECLARE_DATA_PLANES: &str = "declare it in the controller's config as \
+     [data_planes.NAME] and name it here (\"data_plane\": \"NAME\"; docs/config.md, \
+     \"Another data plane\")";
 
 /// An external data plane and how the controller sets its weights. Each
 /// adapter confirms the routing version it applied, and is sent
@@ -114,8 +136,19 @@ fn default_key_header() -> String {
 }
 
 impl DataPlane {
-    fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(StoreError::Invalid(format!("model.data_plane.{m}")));
+    /// The adapter's name, as `kind` spells it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DataPlane::Webhook { .. } => "webhook",
+            DataPlane::Nginx { .. } => "nginx",
+            DataPlane::Envoy { .. } => "envoy",
+        }
+    }
+
+    /// The checks a data plane's definition must pass, with `at` naming
+    /// where it is written (e.g. `data_planes.edge`).
+    pub fn validate(&self, at: &str) -> Result<()> {
+        let bad = |m: String| Err(StoreError::Invalid(format!("{at}.{m}")));
         match self {
             DataPlane::Webhook { url, .. } => {
                 if let Err(e) = rollgate_core::spec::check_upstream_url("url", url) {
@@ -212,8 +245,15 @@ impl DataPlane {
 pub struct PrometheusEvidence {
     /// The Prometheus server's base URL, `http://` or `https://`.
     pub url: String,
-    /// A file holding a bearer token for Prometheus (read at every look,
-    /// so a rotated token is used without a restart; never stored here).
+    /// A credential the controller's config declares for this URL
+    /// (`[credentials.NAME]`): its file is read at every look (a rotated
+    /// token is used without a restart) and sent as a bearer token to
+    /// this URL only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// Specs stored before credentials had names named the file itself:
+    /// refused on every write, honoured on reading only while the config
+    /// declares a credential for that file and this URL.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bearer_token_file: Option<String>,
     /// Requests that succeeded.
@@ -239,6 +279,7 @@ impl Default for PrometheusEvidence {
     fn default() -> Self {
         PrometheusEvidence {
             url: String::new(),
+            credential: None,
             bearer_token_file: None,
             successes:
                 r#"model_infer_request_success_total{model="$served_name",instance="$instance"}"#
@@ -259,6 +300,22 @@ impl PrometheusEvidence {
         let bad = |m: String| Err(StoreError::Invalid(format!("model.prometheus.{m}")));
         if let Err(e) = rollgate_core::spec::check_upstream_url("url", &self.url) {
             return bad(e.to_string());
+        }
+        if self.bearer_token_file.is_some() {
+            return bad(
+                "bearer_token_file: a spec cannot name a file on the controller's host; \
+                 declare the token in the controller's config as [credentials.NAME] (its file \
+                 and the URL it may be sent to) and name it in \"credential\" (docs/config.md, \
+                 \"Evidence from Prometheus\")"
+                    .into(),
+            );
+        }
+        if self
+            .credential
+            .as_ref()
+            .is_some_and(|c| c.trim().is_empty())
+        {
+            return bad("credential: a name declared as [credentials.NAME], or absent".into());
         }
         let selectors = [
             ("successes", Some(&self.successes)),
@@ -338,7 +395,18 @@ impl ModelSpec {
                     .into(),
             ));
         }
-        self.data_plane.as_ref().map_or(Ok(()), DataPlane::validate)
+        match &self.data_plane {
+            None => Ok(()),
+            Some(DataPlaneRef::Named(name)) if name.trim().is_empty() => Err(StoreError::Invalid(
+                format!("model.data_plane: a name, or absent; {DECLARE_DATA_PLANES}"),
+            )),
+            Some(DataPlaneRef::Named(_)) => Ok(()),
+            Some(DataPlaneRef::Inline(plane)) => Err(StoreError::Invalid(format!(
+                "model.data_plane: a spec cannot hold a {} data plane's files, commands or \
+                 credentials (they act on the controller's host); {DECLARE_DATA_PLANES}",
+                plane.kind()
+            ))),
+        }
     }
 }
 
@@ -613,12 +681,12 @@ mod tests {
             "reload_command": ["nginx", "-s", "reload"], "confirm_url": "http://127.0.0.1/v"});
         let webhook = serde_json::json!({"kind": "webhook", "url": "https://router.internal/r"});
         for good in [&envoy, &nginx, &webhook] {
-            assert!(plane(good.clone()).validate().is_ok(), "{good}");
+            assert!(plane(good.clone()).validate("p").is_ok(), "{good}");
         }
         let with = |base: &serde_json::Value, field: &str, value: serde_json::Value| {
             let mut v = base.clone();
             v[field] = value;
-            match plane(v).validate() {
+            match plane(v).validate("data_planes.p") {
                 Err(StoreError::Invalid(m)) => m,
                 other => panic!("{field}: {other:?}"),
             }
@@ -635,15 +703,75 @@ mod tests {
         assert!(with(&nginx, "reload_command", serde_json::json!([])).contains("reload_command"));
         assert!(with(&nginx, "key", "http_x".into()).contains("key"));
         assert!(with(&webhook, "url", "router".into()).contains("url"));
+        assert!(
+            with(&envoy, "routes_file", "m.json".into()).starts_with("data_planes.p.routes_file")
+        );
         // Another data plane's evidence is Prometheus's.
         let spec = ModelSpec {
-            data_plane: Some(plane(webhook.clone())),
+            data_plane: Some(DataPlaneRef::Named("edge".into())),
             ..ModelSpec::default()
         };
         assert!(
             matches!(spec.validate(), Err(StoreError::Invalid(m)) if m.contains("prometheus")),
             "a data plane without prometheus"
         );
+    }
+
+    /// The API names, the host decides: a spec that holds a data plane's
+    /// files and commands, or a token's file, is refused on write, saying
+    /// where to declare it; a name is what a spec holds.
+    #[test]
+    fn a_spec_names_host_resources_and_never_holds_them() {
+        let prometheus = PrometheusEvidence {
+            url: "http://127.0.0.1:9090".into(),
+            ..PrometheusEvidence::default()
+        };
+        let planes = [
+            serde_json::json!({"kind": "nginx", "include_file": "/etc/nginx/m.conf",
+                "reload_command": ["/bin/sh", "-c", "id"], "confirm_url": "http://127.0.0.1/v"}),
+            serde_json::json!({"kind": "envoy", "routes_file": "/var/lib/rollgate/rollgate.db",
+                "clusters_file": "/etc/envoy/cds.json", "admin_url": "http://127.0.0.1:9901"}),
+            serde_json::json!({"kind": "webhook", "url": "http://127.0.0.1:1/r",
+                "bearer_token_file": "/var/lib/rollgate/audit.key"}),
+            serde_json::json!({"kind": "webhook", "url": "http://127.0.0.1:1/r"}),
+        ];
+        for plane in planes {
+            let spec: ModelSpec = serde_json::from_value(serde_json::json!({
+                "prometheus": {"url": "http://127.0.0.1:9090"}, "data_plane": plane,
+            }))
+            .expect("an inline definition still parses (specs stored before names)");
+            assert!(matches!(spec.data_plane, Some(DataPlaneRef::Inline(_))));
+            let e = spec.validate().expect_err("refused").to_string();
+            assert!(
+                e.contains("model.data_plane") && e.contains("[data_planes.NAME]"),
+                "{e}"
+            );
+        }
+        let named: ModelSpec = serde_json::from_value(serde_json::json!({
+            "prometheus": {"url": "http://127.0.0.1:9090", "credential": "prom"},
+            "data_plane": "edge",
+        }))
+        .expect("parses");
+        assert_eq!(named.data_plane, Some(DataPlaneRef::Named("edge".into())));
+        assert!(named.validate().is_ok());
+        let with_file = ModelSpec {
+            prometheus: Some(PrometheusEvidence {
+                bearer_token_file: Some("/var/lib/rollgate/audit.key".into()),
+                ..prometheus
+            }),
+            ..ModelSpec::default()
+        };
+        let e = with_file.validate().expect_err("refused").to_string();
+        assert!(
+            e.contains("bearer_token_file") && e.contains("[credentials.NAME]"),
+            "{e}"
+        );
+        let blank = ModelSpec {
+            prometheus: named.prometheus.clone(),
+            data_plane: Some(DataPlaneRef::Named(" ".into())),
+            ..ModelSpec::default()
+        };
+        assert!(blank.validate().is_err());
     }
 
     fn spec(upstream: &str) -> RevisionSpec {

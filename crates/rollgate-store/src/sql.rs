@@ -1429,7 +1429,9 @@ impl Store for SqlStore {
     ) -> Result<ApiToken> {
         if !valid_token_name(name) {
             return Err(StoreError::Invalid(format!(
-                "token name {name:?}: use 1-64 of A-Z a-z 0-9 . _ @ -"
+                "token name {name:?}: use 1-64 of A-Z a-z 0-9 . _ @ -, and none of \
+                 rollgate's own actor names ({})",
+                crate::tokens::RESERVED_ACTORS.join(", ")
             )));
         }
         self.write(|db, now| {

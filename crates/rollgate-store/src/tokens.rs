@@ -62,10 +62,40 @@ pub fn secret_hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-/// Token names are identities in the audit log: 1–64 of `A–Z a–z 0–9 . _ @ -`.
+/// Actor names rollgate itself writes into the audit log: no token, named
+/// or from an identity provider, may appear under one (compared without
+/// regard to case).
+pub const RESERVED_ACTORS: [&str; 5] = ["controller", "local", "token", "demo", "rollgate"];
+
+/// Whether `name` is one of [`RESERVED_ACTORS`].
+pub fn is_reserved_actor(name: &str) -> bool {
+    RESERVED_ACTORS.iter().any(|r| r.eq_ignore_ascii_case(name))
+}
+
+/// Token names are identities in the audit log: 1–64 of `A–Z a–z 0–9 . _ @ -`,
+/// and none of the [`RESERVED_ACTORS`].
 pub fn valid_token_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
+    !is_reserved_actor(name)
+        && (1..=64).contains(&name.len())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No token may be named as rollgate itself writes into the audit log.
+    #[test]
+    fn rollgates_own_actor_names_are_no_token_names() {
+        for reserved in RESERVED_ACTORS {
+            assert!(!valid_token_name(reserved), "{reserved}");
+            assert!(
+                !valid_token_name(&reserved.to_ascii_uppercase()),
+                "{reserved}"
+            );
+        }
+        assert!(valid_token_name("ci-deployer@team"));
+    }
 }

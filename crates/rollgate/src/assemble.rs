@@ -38,6 +38,8 @@ pub struct ControlPart {
     pub controller: ControllerConfig,
     pub audit: AuditConfig,
     pub notify: crate::serve::NotifyConfig,
+    /// The data planes and credentials model specs may name.
+    pub host: Arc<rollgate_controller::host::Host>,
     /// What readiness probes and gateway stats calls trust and present
     /// (the gateways' `upstream_tls`).
     pub upstream_tls: rollgate_net::ClientTls,
@@ -178,6 +180,7 @@ where
                 ))
             },
             adapters: Default::default(),
+            host: Arc::clone(&c.host),
         };
         let state = ApiState {
             ctx: ctx.clone(),

@@ -150,11 +150,11 @@ pub struct SpecArgs {
     /// spec's `prometheus` object (docs/config.md).
     #[arg(long, value_name = "FILE")]
     prometheus: Option<PathBuf>,
-    /// Route the model through another data plane: a JSON file holding the
-    /// spec's `data_plane` object (`{"kind": "webhook", ...}` or
-    /// `{"kind": "nginx", ...}`; docs/config.md).
-    #[arg(long, value_name = "FILE")]
-    data_plane: Option<PathBuf>,
+    /// Route the model through another data plane: the name the
+    /// controller's config declares it under (`[data_planes.NAME]`;
+    /// docs/config.md, "Another data plane").
+    #[arg(long, value_name = "NAME")]
+    data_plane: Option<String>,
 }
 
 /// A JSON file given on the command line (a user's mistake is exit 2).
@@ -177,7 +177,7 @@ impl SpecArgs {
             "key_field": self.key_field,
             "confidence_threshold": self.confidence_threshold,
             "prometheus": json_file(&self.prometheus)?,
-            "data_plane": json_file(&self.data_plane)?,
+            "data_plane": self.data_plane,
         });
         Ok(Value::Object(
             spec.as_object()

@@ -20,7 +20,7 @@ use rollgate_gateway::GatewayConfig;
 use rollgate_modelkit::model::{LinearModel, train_zoo};
 use rollgate_modelkit::server::{Faults, ServerConfig};
 use rollgate_modelkit::traffic::{TrafficConfig, run as run_traffic};
-use rollgate_store::{ModelSpec, RevisionSpec, SqlStore, Store};
+use rollgate_store::{DataPlaneRef, ModelSpec, RevisionSpec, SqlStore, Store};
 use tokio::sync::watch;
 
 use rollgate_core::words;
@@ -271,6 +271,19 @@ async fn demo(
     broken: LinearModel,
 ) -> anyhow::Result<Vec<Outcome>> {
     let (stop, rx) = watch::channel(false);
+    // nginx is declared to the controller before either starts.
+    let layout = match tools {
+        Some(t) => Some(crate::demo_plane::layout(t, dir)?),
+        None => None,
+    };
+    let host = rollgate_controller::host::Host::new(
+        layout
+            .iter()
+            .map(|l| (crate::demo_plane::PLANE.to_string(), l.data_plane.clone()))
+            .collect(),
+        Default::default(),
+    )
+    .map_err(anyhow::Error::msg)?;
     println!("\n-- starting model servers, gateway, controller and admin API on 127.0.0.1");
     let urls = [
         model_server(champion.clone(), Faults::default(), rx.clone()).await?,
@@ -311,6 +324,7 @@ async fn demo(
                     ..Default::default()
                 },
                 notify: Default::default(),
+                host: Arc::new(host),
                 upstream_tls: Default::default(),
                 clock: Arc::new(now),
             }),
@@ -329,15 +343,15 @@ async fn demo(
     // Prometheus and its weights go to nginx; the gateway only measures
     // SHADOW on the copies nginx mirrors to it.
     let authority = |u: &String| u.trim_start_matches("http://").to_string();
-    let plane = match tools {
-        Some(tools) => Some(crate::demo_plane::start(
+    let plane = match (tools, &layout) {
+        (Some(tools), Some(layout)) => Some(crate::demo_plane::start(
             tools,
-            dir,
+            layout,
             &authority(&urls[0]),
             &urls.iter().map(authority).collect::<Vec<_>>(),
             &gw_addr.to_string(),
         )?),
-        None => None,
+        _ => None,
     };
     let model_spec = match &plane {
         Some(p) => {
@@ -347,7 +361,7 @@ async fn demo(
             );
             ModelSpec {
                 prometheus: Some(p.evidence()),
-                data_plane: Some(p.data_plane.clone()),
+                data_plane: Some(DataPlaneRef::Named(crate::demo_plane::PLANE.into())),
                 ..ModelSpec::default()
             }
         }

@@ -66,7 +66,49 @@ pub struct ExternalPlane {
     /// Where users send their requests: nginx.
     pub users: String,
     pub prometheus_url: String,
+}
+
+/// The demo's nginx as the controller's config declares it, chosen before
+/// anything starts: the controller starts with its `[data_planes]`.
+pub struct Layout {
+    dir: String,
+    users: String,
+    include: String,
+    conf: String,
+    /// Declared as `[data_planes.nginx]`; the model names it.
     pub data_plane: DataPlane,
+}
+
+/// The name the demo's model gives its data plane.
+pub const PLANE: &str = "nginx";
+
+/// Where the demo's nginx keeps its files and serves the users.
+pub fn layout(tools: &Tools, dir: &Path) -> anyhow::Result<Layout> {
+    let d = dir.join("external");
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    let d = d.to_string_lossy().into_owned();
+    let users = free_addr()?;
+    let include = format!("{d}/rollgate-fraud.conf");
+    let conf = format!("{d}/nginx.conf");
+    let nginx_bin = tools.nginx.to_string_lossy().into_owned();
+    Ok(Layout {
+        data_plane: DataPlane::Nginx {
+            include_file: include.clone(),
+            reload_command: vec![
+                nginx_bin,
+                "-c".into(),
+                conf.clone(),
+                "-s".into(),
+                "reload".into(),
+            ],
+            confirm_url: format!("http://{users}/rollgate/routing/fraud"),
+            key: "$http_x_rollgate_key".into(),
+        },
+        dir: d,
+        users,
+        include,
+        conf,
+    })
 }
 
 impl Drop for ExternalPlane {
@@ -109,14 +151,12 @@ fn free_addr() -> anyhow::Result<String> {
 /// adapter writes its routing, mirroring every request to `gateway`.
 pub fn start(
     tools: &Tools,
-    dir: &Path,
+    layout: &Layout,
     champion: &str,
     servers: &[String],
     gateway: &str,
 ) -> anyhow::Result<ExternalPlane> {
-    let d = dir.join("external");
-    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    let d = d.to_string_lossy().into_owned();
+    let d = layout.dir.clone();
 
     let prometheus_addr = free_addr()?;
     let targets: Vec<String> = servers.iter().map(|s| format!("'{s}'")).collect();
@@ -137,8 +177,11 @@ pub fn start(
         .spawn()
         .with_context(|| format!("starting {}", tools.prometheus.display()))?;
 
-    let users = free_addr()?;
-    let include = format!("{d}/rollgate-fraud.conf");
+    let (users, include, conf) = (
+        layout.users.clone(),
+        layout.include.clone(),
+        layout.conf.clone(),
+    );
     // nginx needs the variables the include defines before the adapter
     // first writes it: seeded with the champion.
     std::fs::write(
@@ -149,7 +192,6 @@ pub fn start(
              map $host $rollgate_fraud_version {{ default \"seed\"; }}\n"
         ),
     )?;
-    let conf = format!("{d}/nginx.conf");
     std::fs::write(
         &conf,
         format!(
@@ -184,21 +226,9 @@ pub fn start(
     let nginx_bin = tools.nginx.to_string_lossy().into_owned();
     let plane = ExternalPlane {
         nginx,
-        nginx_stop: vec![
-            nginx_bin.clone(),
-            "-c".into(),
-            conf.clone(),
-            "-s".into(),
-            "stop".into(),
-        ],
+        nginx_stop: vec![nginx_bin, "-c".into(), conf, "-s".into(), "stop".into()],
         prometheus,
         prometheus_url: format!("http://{prometheus_addr}"),
-        data_plane: DataPlane::Nginx {
-            include_file: include,
-            reload_command: vec![nginx_bin, "-c".into(), conf, "-s".into(), "reload".into()],
-            confirm_url: format!("http://{users}/rollgate/routing/fraud"),
-            key: "$http_x_rollgate_key".into(),
-        },
         users,
     };
     let started = Instant::now();

@@ -31,6 +31,21 @@ pub struct UpConfig {
     pub gateway: GatewayConfig,
     pub audit: AuditConfig,
     pub notify: NotifyConfig,
+    /// The data planes model specs may name (`[data_planes.NAME]`): their
+    /// adapters write these files and run these commands on this host.
+    pub data_planes: std::collections::BTreeMap<String, rollgate_store::DataPlane>,
+    /// Secret files model specs may name (`[credentials.NAME]`), each sent
+    /// only to the URL declared with it.
+    pub credentials: std::collections::BTreeMap<String, rollgate_controller::host::Credential>,
+}
+
+impl UpConfig {
+    /// What the host lets the API name (`[data_planes]`, `[credentials]`).
+    pub fn host(&self) -> anyhow::Result<Arc<rollgate_controller::host::Host>> {
+        rollgate_controller::host::Host::new(self.data_planes.clone(), self.credentials.clone())
+            .map(Arc::new)
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 /// Where every decision is sent (docs/config.md, "Notifications").
@@ -293,6 +308,8 @@ fn read_up_config(path: &Path) -> anyhow::Result<UpConfig> {
     let c: UpConfig = read_toml(path)?;
     rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    c.host()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     c.gateway
         .check_tls_files()
         .map_err(|e| anyhow::anyhow!("{}: [gateway] {e}", path.display()))?;
@@ -334,7 +351,7 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                     advertise: None,
                     follow_every: cfg.controller.follow_interval,
                 }),
-                control: Some(control_part(&cfg, api)),
+                control: Some(control_part(&cfg, api)?),
             },
             wait,
         )
@@ -355,16 +372,17 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The controller and API of `cfg`, on the wall clock.
-fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> ControlPart {
-    ControlPart {
+fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> anyhow::Result<ControlPart> {
+    Ok(ControlPart {
         listener,
+        host: cfg.host()?,
         api: cfg.api.clone(),
         controller: cfg.controller.clone(),
         audit: cfg.audit.clone(),
         notify: cfg.notify.clone(),
         upstream_tls: cfg.gateway.upstream_tls.clone(),
         clock: Arc::new(system_clock),
-    }
+    })
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
@@ -420,7 +438,7 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
                 store,
                 data: &args.data,
                 gateway: None,
-                control: Some(control_part(&cfg, api)),
+                control: Some(control_part(&cfg, api)?),
             },
             wait,
         )

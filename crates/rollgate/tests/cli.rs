@@ -53,7 +53,7 @@ fn demo_through_nginx_and_prometheus_decides_the_same_three_rollouts() {
     let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).expect("audit export");
     let created = audit.lines().next().unwrap_or_default();
     assert!(
-        created.contains(r#""kind":"nginx""#) && created.contains(r#""prometheus":{"#),
+        created.contains(r#""data_plane":"nginx""#) && created.contains(r#""prometheus":{"#),
         "{created}"
     );
 }

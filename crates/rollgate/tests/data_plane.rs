@@ -104,13 +104,13 @@ impl Servers {
         })
     }
 
-    /// Registers model `m` routed by `data_plane` with one revision per
-    /// server, the champion's made champion; waits until Prometheus
-    /// scrapes them all.
-    async fn register(&self, c: &HttpClient, ctl: &Proc, data_plane: Value) -> Revisions {
+    /// Registers model `m` routed by the data plane the controller's
+    /// config declares as `edge` with one revision per server, the
+    /// champion's made champion; waits until Prometheus scrapes them all.
+    async fn register(&self, c: &HttpClient, ctl: &Proc) -> Revisions {
         let spec = json!({
             "prometheus": evidence(&self.prometheus.url),
-            "data_plane": data_plane,
+            "data_plane": "edge",
         });
         let (s, r) = api(
             c,
@@ -288,13 +288,15 @@ async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back()
     let Some(servers) = Servers::start(dir.path()) else {
         return;
     };
-    let ctl = start_controller(dir.path(), &[]);
     let c = client();
     let state = Arc::new(Mutex::new(Receiver::default()));
     let url = receiver(Arc::clone(&state)).await;
-    let revs = servers
-        .register(&c, &ctl, json!({ "kind": "webhook", "url": url }))
-        .await;
+    let ctl = start_controller_declaring(
+        dir.path(),
+        "edge",
+        &json!({ "kind": "webhook", "url": url }),
+    );
+    let revs = servers.register(&c, &ctl).await;
     let (champ, same, bad) = (revs.champion, revs.identical, revs.broken);
     let stop = Arc::new(AtomicBool::new(false));
     let load = routed_traffic(Arc::clone(&state), Arc::clone(&stop));
@@ -710,7 +712,6 @@ async fn an_nginx_data_plane_with_prometheus_evidence() {
         return;
     };
     // The gateway only measures the shadow, on the copies nginx mirrors.
-    let ctl = start_controller(dir.path(), &[]);
     let gw = start_gateway(dir.path());
     let Some(nginx) = Nginx::start(servers.champion.addr(), Some(gw.addr())) else {
         return;
@@ -720,9 +721,10 @@ async fn an_nginx_data_plane_with_prometheus_evidence() {
         "kind": "nginx",
         "include_file": nginx.include,
         "reload_command": ["nginx", "-c", nginx.conf, "-s", "reload"],
-        "confirm_url": format!("http://{}/rollgate/routing/m", nginx.addr),
+        "confirm_url": format!("http://{}/rollgate/routing/$model", nginx.addr),
     });
-    let revs = servers.register(&c, &ctl, plane).await;
+    let ctl = start_controller_declaring(dir.path(), "edge", &plane);
+    let revs = servers.register(&c, &ctl).await;
     let include = nginx.include.clone();
     the_rollouts_through(
         &mut servers,
@@ -843,7 +845,6 @@ async fn an_envoy_data_plane_with_prometheus_evidence() {
     let Some(mut servers) = Servers::start(dir.path()) else {
         return;
     };
-    let ctl = start_controller(dir.path(), &[]);
     let gw = start_gateway(dir.path());
     let Some(envoy) = Envoy::start(gw.addr()) else {
         return;
@@ -856,7 +857,8 @@ async fn an_envoy_data_plane_with_prometheus_evidence() {
         "admin_url": envoy.admin,
         "mirror_cluster": "rollgate_gateway",
     });
-    let revs = servers.register(&c, &ctl, plane).await;
+    let ctl = start_controller_declaring(dir.path(), "edge", &plane);
+    let revs = servers.register(&c, &ctl).await;
     let routes = envoy.routes.clone();
     let champion_only = |champion: &str| {
         let Ok(text) = std::fs::read_to_string(&routes) else {

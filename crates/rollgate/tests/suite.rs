@@ -9,6 +9,7 @@ mod dashboard;
 mod data_plane;
 mod e2e;
 mod ha;
+mod host;
 mod notify;
 mod openapi;
 mod prometheus;

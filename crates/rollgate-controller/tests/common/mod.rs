@@ -42,6 +42,7 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
         stats: Default::default(),
         notify: None,
         adapters: Default::default(),
+        host: Default::default(),
     }
 }
 

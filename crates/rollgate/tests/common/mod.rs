@@ -126,6 +126,30 @@ pub fn start_controller(dir: &Path, env: &[(&str, &str)]) -> Proc {
     start_controller_with(dir, &cfg, env)
 }
 
+/// A controller whose config declares `data_plane` (the JSON a spec held
+/// before data planes had names) as `[data_planes.NAME]`.
+pub fn start_controller_declaring(dir: &Path, name: &str, data_plane: &serde_json::Value) -> Proc {
+    let cfg = write(
+        dir,
+        "controller.toml",
+        &format!(
+            "{CONTROLLER_TOML}{}",
+            toml_table(&format!("data_planes.{name}"), data_plane)
+        ),
+    );
+    start_controller_with(dir, &cfg, &[])
+}
+
+/// A flat JSON object as a TOML table: JSON's strings, numbers and arrays
+/// of them are TOML values as written.
+pub fn toml_table(name: &str, object: &serde_json::Value) -> String {
+    let mut out = format!("[{name}]\n");
+    for (k, v) in object.as_object().into_iter().flatten() {
+        out.push_str(&format!("{k} = {v}\n"));
+    }
+    out
+}
+
 /// A controller on `dir`'s data directory with the config file `cfg`.
 pub fn start_controller_with(dir: &Path, cfg: &str, env: &[(&str, &str)]) -> Proc {
     let data = dir.join("data");

@@ -1,0 +1,468 @@
+//! What the controller's host lets an API caller name, and nothing more.
+//!
+//! The admin API is not the host: an adapter writes files and runs
+//! commands, a credential is a file whose contents leave the host as a
+//! bearer token. So only the operator's config defines them
+//! (`[data_planes.NAME]`, `[credentials.NAME]`), and a model spec may only
+//! refer to one by name. A credential goes only to the URL it was declared
+//! for, checked where it is sent, not only where it is named.
+//!
+//! Specs stored before names held the definitions themselves
+//! ([`DataPlaneRef::Inline`], `bearer_token_file`). They are honoured only
+//! while the config declares an identical entry; otherwise the model is
+//! isolated (its adapter never runs, its token is never read) with a reason
+//! that says what to declare.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use rollgate_store::{DataPlane, DataPlaneRef, ModelSpec, PrometheusEvidence};
+use serde::{Deserialize, Serialize};
+
+/// `[credentials.NAME]`: a secret file, and the one URL it may be sent to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// The file holding the token (read at every use, so a rotated token
+    /// is used without a restart).
+    pub file: PathBuf,
+    /// Where the token may go: a request carries it only to this scheme,
+    /// host and port, and under this path.
+    pub url: String,
+}
+
+/// Why a model's spec cannot have what it names (all the spec's or the
+/// config's to fix: the API answers 422, the controller isolates).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "model.data_plane: no data plane {name:?} is declared in the controller's config \
+         (declared: {declared}); add [data_planes.{name}] there (docs/config.md, \
+         \"Another data plane\")"
+    )]
+    UnknownDataPlane { name: String, declared: String },
+    #[error(
+        "model.prometheus.credential: no credential {name:?} is declared in the controller's \
+         config; add [credentials.{name}] there with its file and the URL it may be sent to"
+    )]
+    UnknownCredential { name: String },
+    #[error(
+        "model.prometheus.credential: {name:?} is declared for {declared}, not for {url}: \
+         a credential goes only where the controller's config sends it"
+    )]
+    CredentialElsewhere {
+        name: String,
+        declared: String,
+        url: String,
+    },
+    #[error(
+        "model {model:?} was stored with its {what} written in its spec, and the controller's \
+         config declares no identical entry: isolated (never run); declare it in the config \
+         and update the model to name it"
+    )]
+    Undeclared { model: String, what: String },
+    #[error("credential {name:?}: {why}")]
+    Unreadable { name: String, why: String },
+}
+
+/// The data planes and credentials the operator declared.
+#[derive(Debug, Default)]
+pub struct Host {
+    data_planes: BTreeMap<String, DataPlane>,
+    credentials: BTreeMap<String, Credential>,
+    /// Models whose isolation was logged (once each).
+    told: Mutex<BTreeSet<String>>,
+}
+
+/// `$model` in a declared data plane's values becomes the model's name, so
+/// one declaration serves every model (`/etc/nginx/rollgate/$model.conf`).
+const MODEL_MARK: &str = "$model";
+
+fn for_model(plane: &DataPlane, model: &str) -> DataPlane {
+    fn fill(v: &mut serde_json::Value, model: &str) {
+        match v {
+            serde_json::Value::String(s) if s.contains(MODEL_MARK) => {
+                *s = s.replace(MODEL_MARK, model)
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|v| fill(v, model)),
+            serde_json::Value::Object(o) => o.values_mut().for_each(|v| fill(v, model)),
+            _ => {}
+        }
+    }
+    let Ok(mut v) = serde_json::to_value(plane) else {
+        return plane.clone();
+    };
+    fill(&mut v, model);
+    serde_json::from_value(v).unwrap_or_else(|_| plane.clone())
+}
+
+/// Whether a request to `url` may carry a credential declared for
+/// `declared`: the same scheme, host and port (defaults filled in), no
+/// user-info to confuse a reader, and a path at or under the declared one.
+pub fn sends_to(declared: &str, url: &str) -> bool {
+    let parts = |u: &str| {
+        let uri: http::Uri = u.trim().parse().ok()?;
+        let authority = uri.authority()?;
+        if authority.as_str().contains('@') {
+            return None;
+        }
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let port = uri.port_u16().or(match scheme.as_str() {
+            "http" => Some(80),
+            "https" => Some(443),
+            _ => None,
+        })?;
+        let path = uri.path().trim_end_matches('/').to_string();
+        Some((scheme, authority.host().to_ascii_lowercase(), port, path))
+    };
+    match (parts(declared), parts(url)) {
+        (Some((s1, h1, p1, path1)), Some((s2, h2, p2, path2))) => {
+            s1 == s2
+                && h1 == h2
+                && p1 == p2
+                && (path2 == path1 || path2.starts_with(&format!("{path1}/")))
+        }
+        _ => false,
+    }
+}
+
+impl Host {
+    /// Checks every declaration (a data plane as its adapter needs it, a
+    /// credential's URL); errors name the entry.
+    pub fn new(
+        data_planes: BTreeMap<String, DataPlane>,
+        credentials: BTreeMap<String, Credential>,
+    ) -> Result<Host, String> {
+        for (name, plane) in &data_planes {
+            rollgate_core::spec::check_model_name(name)
+                .map_err(|e| format!("[data_planes.{name}]: the {}", e.message))?;
+            for_model(plane, "model")
+                .validate(&format!("data_planes.{name}"))
+                .map_err(|e| e.to_string())?;
+        }
+        for (name, c) in &credentials {
+            if !sends_to(&c.url, &c.url) {
+                return Err(format!(
+                    "credentials.{name}.url: an http:// or https:// URL without user-info, got {:?}",
+                    c.url
+                ));
+            }
+        }
+        Ok(Host {
+            data_planes,
+            credentials,
+            told: Mutex::new(BTreeSet::new()),
+        })
+    }
+
+    /// What a spec written through the API may name: declared data planes
+    /// and credentials bound to its Prometheus URL. (A spec holding a
+    /// definition itself is refused by `ModelSpec::validate`.)
+    pub fn check(&self, spec: &ModelSpec) -> Result<(), HostError> {
+        if let Some(DataPlaneRef::Named(name)) = &spec.data_plane
+            && !self.data_planes.contains_key(name)
+        {
+            return Err(HostError::UnknownDataPlane {
+                name: name.clone(),
+                declared: self.declared_planes(),
+            });
+        }
+        if let Some(p) = &spec.prometheus
+            && let Some(name) = &p.credential
+        {
+            self.credential_for(name, &p.url)?;
+        }
+        Ok(())
+    }
+
+    fn declared_planes(&self) -> String {
+        if self.data_planes.is_empty() {
+            "none".into()
+        } else {
+            self.data_planes
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+
+    /// The data plane `model`'s spec names, as its adapter drives it.
+    pub fn data_plane(&self, model: &str, named: &DataPlaneRef) -> Result<DataPlane, HostError> {
+        match named {
+            DataPlaneRef::Named(name) => self
+                .data_planes
+                .get(name)
+                .map(|p| for_model(p, model))
+                .ok_or_else(|| HostError::UnknownDataPlane {
+                    name: name.clone(),
+                    declared: self.declared_planes(),
+                }),
+            DataPlaneRef::Inline(stored) => self
+                .data_planes
+                .values()
+                .map(|p| for_model(p, model))
+                .find(|p| p == stored)
+                .ok_or_else(|| HostError::Undeclared {
+                    model: model.to_string(),
+                    what: format!("{} data plane", stored.kind()),
+                }),
+        }
+    }
+
+    /// Like [`Host::data_plane`], logging a model's isolation once.
+    pub fn data_plane_or_isolate(&self, model: &str, named: &DataPlaneRef) -> Option<DataPlane> {
+        match self.data_plane(model, named) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+                if told.insert(model.to_string()) {
+                    tracing::error!(model, "data plane not run: {e}");
+                }
+                None
+            }
+        }
+    }
+
+    fn credential_for(&self, name: &str, url: &str) -> Result<&Credential, HostError> {
+        let c = self
+            .credentials
+            .get(name)
+            .ok_or_else(|| HostError::UnknownCredential {
+                name: name.to_string(),
+            })?;
+        if !sends_to(&c.url, url) {
+            return Err(HostError::CredentialElsewhere {
+                name: name.to_string(),
+                declared: c.url.clone(),
+                url: url.to_string(),
+            });
+        }
+        Ok(c)
+    }
+
+    /// The bearer token to send to `cfg.url`, read now from its declared
+    /// file; `None` when the spec names none.
+    pub fn prometheus_token(
+        &self,
+        model: &str,
+        cfg: &PrometheusEvidence,
+    ) -> Result<Option<String>, HostError> {
+        let (name, credential) = match (&cfg.credential, &cfg.bearer_token_file) {
+            (Some(name), _) => (name.clone(), self.credential_for(name, &cfg.url)?),
+            (None, Some(file)) => self
+                .credentials
+                .iter()
+                .find(|(_, c)| c.file == std::path::Path::new(file) && sends_to(&c.url, &cfg.url))
+                .map(|(n, c)| (n.clone(), c))
+                .ok_or_else(|| HostError::Undeclared {
+                    model: model.to_string(),
+                    what: "Prometheus token file".into(),
+                })?,
+            (None, None) => return Ok(None),
+        };
+        crate::http::bearer_token(&credential.file.to_string_lossy())
+            .map(Some)
+            .map_err(|why| HostError::Unreadable { name, why })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nginx(include: &str, command: &[&str]) -> DataPlane {
+        DataPlane::Nginx {
+            include_file: include.into(),
+            reload_command: command.iter().map(|s| s.to_string()).collect(),
+            confirm_url: "http://127.0.0.1:8081/rollgate/routing/$model".into(),
+            key: "$http_x_rollgate_key".into(),
+        }
+    }
+
+    fn host() -> Host {
+        Host::new(
+            BTreeMap::from([(
+                "edge".to_string(),
+                nginx(
+                    "/etc/nginx/rollgate/$model.conf",
+                    &["nginx", "-s", "reload"],
+                ),
+            )]),
+            BTreeMap::from([(
+                "prom".to_string(),
+                Credential {
+                    file: "/etc/rollgate/prom.token".into(),
+                    url: "https://prom.internal:9090/".into(),
+                },
+            )]),
+        )
+        .expect("valid")
+    }
+
+    #[test]
+    fn a_credential_goes_only_where_it_was_declared() {
+        let declared = "https://prom.internal:9090/api";
+        for ok in [
+            "https://prom.internal:9090/api",
+            "https://PROM.internal:9090/api/",
+            "https://prom.internal:9090/api/v1",
+        ] {
+            assert!(sends_to(declared, ok), "{ok}");
+        }
+        for elsewhere in [
+            "http://prom.internal:9090/api",
+            "https://prom.internal:9091/api",
+            "https://prom.internal.evil.example:9090/api",
+            "https://prom.internal:9090@evil.example/api",
+            "https://evil.example/?https://prom.internal:9090/api",
+            "https://prom.internal:9090/apiary",
+            "https://prom.internal:9090/",
+            "prom.internal:9090/api",
+            "",
+        ] {
+            assert!(!sends_to(declared, elsewhere), "{elsewhere}");
+        }
+        assert!(sends_to("https://h", "https://h:443/x"), "default ports");
+    }
+
+    #[test]
+    fn a_named_data_plane_is_the_declared_one_for_its_model() {
+        let h = host();
+        let p = h
+            .data_plane("fraud", &DataPlaneRef::Named("edge".into()))
+            .expect("declared");
+        let DataPlane::Nginx {
+            include_file,
+            confirm_url,
+            key,
+            ..
+        } = p
+        else {
+            panic!("nginx");
+        };
+        assert_eq!(include_file, "/etc/nginx/rollgate/fraud.conf");
+        assert_eq!(confirm_url, "http://127.0.0.1:8081/rollgate/routing/fraud");
+        assert_eq!(key, "$http_x_rollgate_key", "other variables untouched");
+        let e = h
+            .data_plane("fraud", &DataPlaneRef::Named("other".into()))
+            .expect_err("undeclared");
+        assert!(e.to_string().contains("[data_planes.other]"), "{e}");
+    }
+
+    /// A spec stored with the definition inline keeps working only if the
+    /// config declares the identical data plane; else it is isolated.
+    #[test]
+    fn a_stored_inline_data_plane_needs_an_identical_declaration() {
+        let h = host();
+        let same = nginx("/etc/nginx/rollgate/fraud.conf", &["nginx", "-s", "reload"]);
+        let DataPlane::Nginx {
+            include_file,
+            reload_command,
+            key,
+            ..
+        } = same.clone()
+        else {
+            panic!("nginx");
+        };
+        let same = DataPlane::Nginx {
+            include_file,
+            reload_command,
+            confirm_url: "http://127.0.0.1:8081/rollgate/routing/fraud".into(),
+            key,
+        };
+        assert_eq!(
+            h.data_plane("fraud", &DataPlaneRef::Inline(same.clone())),
+            Ok(same.clone())
+        );
+        let shell = nginx("/etc/nginx/rollgate/fraud.conf", &["/bin/sh", "-c", "id"]);
+        let e = h
+            .data_plane("fraud", &DataPlaneRef::Inline(shell))
+            .expect_err("isolated");
+        assert!(matches!(e, HostError::Undeclared { .. }), "{e}");
+        assert!(
+            h.data_plane("other", &DataPlaneRef::Inline(same)).is_err(),
+            "declared for another model's file"
+        );
+    }
+
+    #[test]
+    fn a_spec_may_name_only_what_is_declared_for_where_it_goes() {
+        let h = host();
+        let spec = |credential: Option<&str>, url: &str, plane: Option<&str>| ModelSpec {
+            prometheus: Some(PrometheusEvidence {
+                url: url.into(),
+                credential: credential.map(String::from),
+                ..PrometheusEvidence::default()
+            }),
+            data_plane: plane.map(|p| DataPlaneRef::Named(p.into())),
+            ..ModelSpec::default()
+        };
+        let home = "https://prom.internal:9090";
+        assert_eq!(h.check(&spec(Some("prom"), home, Some("edge"))), Ok(()));
+        assert!(matches!(
+            h.check(&spec(Some("prom"), "http://127.0.0.1:1", None)),
+            Err(HostError::CredentialElsewhere { .. })
+        ));
+        assert!(matches!(
+            h.check(&spec(Some("vault"), home, None)),
+            Err(HostError::UnknownCredential { .. })
+        ));
+        assert!(matches!(
+            h.check(&spec(None, home, Some("mesh"))),
+            Err(HostError::UnknownDataPlane { .. })
+        ));
+        // A stored token file is honoured only as a declared credential
+        // for the same URL; it is never read otherwise.
+        let legacy = |file: &str, url: &str| PrometheusEvidence {
+            url: url.into(),
+            bearer_token_file: Some(file.into()),
+            ..PrometheusEvidence::default()
+        };
+        for (file, url) in [
+            ("/var/lib/rollgate/audit.key", home),
+            ("/etc/rollgate/prom.token", "http://127.0.0.1:1"),
+        ] {
+            assert!(matches!(
+                h.prometheus_token("m", &legacy(file, url)),
+                Err(HostError::Undeclared { .. })
+            ));
+        }
+        assert!(
+            matches!(
+                h.prometheus_token("m", &legacy("/etc/rollgate/prom.token", home)),
+                Err(HostError::Unreadable { .. })
+            ),
+            "declared: read (the file is absent here)"
+        );
+    }
+
+    #[test]
+    fn declarations_are_checked_when_the_config_is_read() {
+        let bad_plane = Host::new(
+            BTreeMap::from([("edge".to_string(), nginx("relative.conf", &["nginx"]))]),
+            BTreeMap::new(),
+        );
+        assert!(
+            bad_plane
+                .expect_err("relative")
+                .contains("data_planes.edge.include_file")
+        );
+        let bad_url = Host::new(
+            BTreeMap::new(),
+            BTreeMap::from([(
+                "t".to_string(),
+                Credential {
+                    file: "/t".into(),
+                    url: "https://user@prom".into(),
+                },
+            )]),
+        );
+        assert!(
+            bad_url
+                .expect_err("user-info")
+                .contains("credentials.t.url")
+        );
+    }
+}
