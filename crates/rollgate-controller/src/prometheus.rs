@@ -100,7 +100,12 @@ pub async fn exposure(
         }
         scrape.insert(rev.id.clone(), targets);
     }
-    Ok(scraped::exposure(&scrape, &windows))
+    // Every series must reach within two scrape intervals of the look.
+    let look = scraped::Look {
+        now,
+        fresh: Duration::from_millis(2 * cfg.scrape_interval_ms),
+    };
+    Ok(scraped::exposure(&scrape, &windows, look))
 }
 
 /// A scrape target's name: its identifying labels, in the configured order.

@@ -50,6 +50,23 @@ pub enum SeriesReport {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Exposure {
     pub series: BTreeMap<String, SeriesReport>,
+    /// A series the look compares stopped before the look's time (a scrape
+    /// target gone, a scrape paused): the counts do not cover the look, so
+    /// they are no evidence for it ([`crate::scraped`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<StaleSeries>,
+}
+
+/// A series that stopped: which revision, which series, and its newest
+/// sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StaleSeries {
+    pub revision: String,
+    /// The series, e.g. `failures of job="models",instance="10.0.0.7:8082"`.
+    pub series: String,
+    /// When its newest sample was taken.
+    pub newest: Timestamp,
 }
 
 impl Exposure {
@@ -57,6 +74,7 @@ impl Exposure {
     pub fn pooled(total: Snapshot) -> Exposure {
         Exposure {
             series: BTreeMap::from([("pooled".to_string(), SeriesReport::Pooled { total })]),
+            stale: None,
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exposure::{Epoch, Exposure, Ledger};
+use crate::exposure::{Epoch, Exposure, Ledger, StaleSeries};
 use crate::gate::{GateKind, Outcome};
 use crate::plan::{ApprovalPoint, Assignment, Mode, OnDeadline, Plan, Policy, RejectOn};
 use crate::policy::PolicyTests;
@@ -902,6 +902,17 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     {
         return;
     }
+    // Counts that stopped before the look (a series gone stale) are no
+    // evidence for it: the look runs as if no stats came (it waits, and
+    // fails safe at the deadline), saying which series stopped.
+    let stale = obs.exposure.as_ref().and_then(|e| e.stale.clone());
+    let obs = match stale {
+        Some(_) => Observation {
+            exposure: None,
+            ..obs
+        },
+        None => obs,
+    };
     // Every series' new counts, per epoch of arrival; the champion's recent
     // counts for outage detection.
     let increments = obs.exposure.as_ref().map(|e| {
@@ -919,7 +930,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         new
     });
     if plan.policy == Policy::Sequential {
-        return observe_sequential(spec, t, increments, now, kind);
+        return observe_sequential(spec, t, increments, stale.as_ref(), now, kind);
     }
     // The windowed policy judges the stage's own epoch: counts of requests
     // that arrived under this stage's routing, over every series, which
@@ -950,6 +961,7 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
         now.since(started),
     );
     state.tests = Some(PolicyTests::Windowed(tests));
+    let verdict = named_stale(verdict, stale.as_ref());
     let (phase, verdict) = record_evaluation(t, verdict, note, now);
 
     let gates_of = |r: &StageReason| match r {
@@ -1001,6 +1013,7 @@ fn observe_sequential(
     spec: &RolloutSpec,
     t: &mut Transition,
     increments: Option<BTreeMap<Epoch, Snapshot>>,
+    stale: Option<&StaleSeries>,
     now: Timestamp,
     kind: StageKind,
 ) {
@@ -1032,6 +1045,7 @@ fn observe_sequential(
     );
     let new_epoch = std::mem::take(&mut seq.new_epoch_due);
     state.tests = Some(PolicyTests::Sequential(seq));
+    let verdict = named_stale(verdict, stale);
     let (phase, verdict) = record_evaluation(t, verdict, None, now);
     match (verdict.outcome, &verdict.reason) {
         (Outcome::Fail, StageReason::Breach { gates }) => {
@@ -1067,6 +1081,19 @@ fn observe_sequential(
     if new_epoch {
         restart_epoch(plan, t, now);
     }
+}
+
+/// A look without stats because a series stopped says which one.
+fn named_stale(mut verdict: StageVerdict, stale: Option<&StaleSeries>) -> StageVerdict {
+    if let Some(s) = stale
+        && verdict.reason == StageReason::StatsUnavailable
+    {
+        verdict.reason = StageReason::EvidenceStale {
+            revision: s.revision.clone(),
+            series: s.series.clone(),
+        };
+    }
+    verdict
 }
 
 /// Whether the external data plane applies the current epoch's routing,

@@ -20,17 +20,30 @@
 //!   at its first sample at or after `began + horizon` and ends at its last
 //!   sample at or before the next epoch began. What finishes in between is
 //!   lost, never counted under the wrong split.
+//! - **Evidence covers the look, or it is not evidence.** Every series a
+//!   look reads (each revision's successes, failures and latency buckets,
+//!   per target) must have a sample within `fresh` (two scrape intervals)
+//!   of the look's time. One that stopped — its target removed, its scrapes
+//!   failing, Prometheus not scraping — makes the whole look stale
+//!   ([`Exposure::stale`], naming the revision and the series): no counts
+//!   at all, so the stage waits and fails safe at its deadline if the
+//!   series never returns. Before that, what it counted up to its last
+//!   sample would stand for the whole stage on its side alone, while the
+//!   other arm went on counting.
+//! - **Both arms over the same window.** A fresh look cuts every window at
+//!   the newest instant every series it reads has reached (the oldest of
+//!   their newest samples): the champion's and the candidate's counts end
+//!   at the same time, never one a scrape ahead of the other.
 //! - **Nothing is evidence of health.** A series without two samples in a
-//!   window adds nothing; a target that went away (stale) adds nothing; so
-//!   a stage without evidence starves and fails safe at its deadline, as it
-//!   does through the gateway.
+//!   window adds nothing; so a stage without evidence starves and fails
+//!   safe at its deadline, as it does through the gateway.
 //!
 //! The controller reads the samples; this module is pure.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::exposure::{Epoch, Exposure};
+use crate::exposure::{Epoch, Exposure, StaleSeries};
 use crate::histogram::LatencyHistogram;
 use crate::rollout::Timestamp;
 use crate::snapshot::{FailureCounts, RevisionStats, Snapshot};
@@ -104,14 +117,81 @@ pub fn counted(samples: &[(Timestamp, f64)], from: Timestamp, until: Option<Time
     total.round() as u64
 }
 
+/// When a look reads, and how old its newest samples may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    /// The look's time (every query's `time=`).
+    pub now: Timestamp,
+    /// Every series read must have a sample at most this old (two scrape
+    /// intervals: one may be under way at the look).
+    pub fresh: Duration,
+}
+
+/// The newest usable sample of each series of `scrape`:
+/// `(revision, series named with its target, when)`.
+fn newest_samples(scrape: &Scrape) -> Vec<(&str, String, Timestamp)> {
+    let newest = |samples: &Samples| {
+        samples
+            .iter()
+            .rev()
+            .find(|(_, v)| v.is_finite() && *v >= 0.0)
+            .map(|(at, _)| *at)
+    };
+    let mut out = Vec::new();
+    for (revision, targets) in scrape {
+        for (target, s) in targets {
+            let kinds = s
+                .successes
+                .iter()
+                .map(|x| ("successes", x))
+                .chain(s.failures.iter().map(|x| ("failures", x)))
+                .chain(
+                    s.latency_buckets
+                        .iter()
+                        .map(|(_, x)| ("latency_buckets", x)),
+                );
+            for (kind, samples) in kinds {
+                if let Some(at) = newest(samples) {
+                    out.push((revision.as_str(), format!("{kind} of {target}"), at));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// One look's scrape as per-epoch counts: each `(revision, target)` is a
 /// series of its own (`prometheus/<target>/<revision>`), reporting its
-/// counts in every window. Latency samples beyond the successes (a
+/// counts in every window, cut where every series has reached. A series
+/// whose newest sample is older than `look.fresh` makes the look stale (no
+/// counts). Latency samples beyond the successes (a
 /// histogram that also times failures) are scaled down to them, bucket by
 /// bucket; each bucket's samples are counted at its upper bound (`+Inf` at
 /// twice the largest finite bound), so latency is never understated.
-pub fn exposure(scrape: &Scrape, windows: &[EpochWindow]) -> Exposure {
+pub fn exposure(scrape: &Scrape, windows: &[EpochWindow], look: Look) -> Exposure {
     let mut out = Exposure::default();
+    let mut cut: Option<Timestamp> = None;
+    for (revision, series, newest) in newest_samples(scrape) {
+        if look.now.since(newest) > look.fresh {
+            out.stale = Some(StaleSeries {
+                revision: revision.to_string(),
+                series,
+                newest,
+            });
+            return out;
+        }
+        cut = Some(cut.map_or(newest, |c| c.min(newest)));
+    }
+    let windows: Vec<EpochWindow> = windows
+        .iter()
+        .map(|w| EpochWindow {
+            until: match (w.until, cut) {
+                (Some(u), Some(c)) => Some(u.min(c)),
+                (u, c) => u.or(c),
+            },
+            ..*w
+        })
+        .collect();
     for (revision, targets) in scrape {
         for (target, samples) in targets {
             let epochs: BTreeMap<Epoch, Snapshot> = windows
@@ -263,7 +343,11 @@ mod tests {
             BTreeMap::from([("instance=\"a\"".to_string(), target)]),
         )]);
         let began = BTreeMap::from([(1, t(0)), (2, t(30))]);
-        let e = exposure(&scrape, &windows(&began, Duration::from_secs(2)));
+        let look = Look {
+            now: t(60),
+            fresh: Duration::from_secs(2),
+        };
+        let e = exposure(&scrape, &windows(&began, Duration::from_secs(2)), look);
         let crate::exposure::SeriesReport::Epochs { epochs } =
             &e.series["prometheus/instance=\"a\"/rev-b"]
         else {
@@ -276,6 +360,99 @@ mod tests {
             assert_eq!(r.failure_count(), 28);
             // 280 timed, 252 successes: scaled down, never above them.
             assert!(r.latency().len() <= 252 && r.latency().len() >= 249);
+        }
+    }
+
+    /// Two targets scraped every second: the champion's up to `champion`,
+    /// the candidate's up to `candidate` (its target removed after).
+    fn two_arms(champion: u64, candidate: u64) -> Scrape {
+        let ramp = |until: u64| TargetSamples {
+            successes: vec![(0..=until).map(|s| (t(s), 10.0 * s as f64)).collect()],
+            failures: vec![(0..=until).map(|s| (t(s), 0.0)).collect()],
+            latency_buckets: vec![],
+        };
+        Scrape::from([
+            (
+                "champ".to_string(),
+                BTreeMap::from([("i=\"a\"".to_string(), ramp(champion))]),
+            ),
+            (
+                "cand".to_string(),
+                BTreeMap::from([("i=\"b\"".to_string(), ramp(candidate))]),
+            ),
+        ])
+    }
+
+    fn requests(e: &Exposure, revision: &str, target: &str) -> u64 {
+        match &e.series[&format!("prometheus/{target}/{revision}")] {
+            crate::exposure::SeriesReport::Epochs { epochs } => {
+                epochs[&1].revision(revision).requests()
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A target removed mid-stage: while its newest sample is within two
+    /// scrape intervals the look counts both arms up to it (the same
+    /// window for both); past that, the look is stale, names the series,
+    /// and counts nothing.
+    #[test]
+    fn a_series_that_stopped_is_no_evidence_and_both_arms_end_together() {
+        let began = BTreeMap::from([(1, t(0))]);
+        let w = windows(&began, Duration::from_secs(1));
+        let look = |now| Look {
+            now: t(now),
+            fresh: Duration::from_secs(2),
+        };
+        let fresh = exposure(&two_arms(40, 38), &w, look(40));
+        assert_eq!(fresh.stale, None);
+        assert_eq!(requests(&fresh, "cand", "i=\"b\""), 370, "1..=38 s");
+        assert_eq!(
+            requests(&fresh, "champ", "i=\"a\""),
+            370,
+            "cut where the candidate's series ends, not 390"
+        );
+        let stale = exposure(&two_arms(45, 38), &w, look(45));
+        assert_eq!(
+            stale.stale,
+            Some(StaleSeries {
+                revision: "cand".into(),
+                series: "successes of i=\"b\"".into(),
+                newest: t(38),
+            })
+        );
+        assert!(stale.series.is_empty(), "no counts from a stale look");
+        // The champion's series stopping is the same.
+        let stale = exposure(&two_arms(38, 45), &w, look(45));
+        assert_eq!(stale.stale.map(|s| s.revision), Some("champ".into()));
+    }
+
+    proptest! {
+        /// Whatever each arm's series last reached, a look either is stale
+        /// (one of them is older than `fresh`) and counts nothing, or
+        /// counts both arms over the same window: equal counts for equal
+        /// traffic, never past the older of the two newest samples.
+        #[test]
+        fn a_look_never_counts_past_what_every_series_covers(
+            champion in 1u64..60, candidate in 1u64..60, fresh in 1u64..10,
+        ) {
+            let now = champion.max(candidate);
+            let began = BTreeMap::from([(1, t(0))]);
+            let e = exposure(
+                &two_arms(champion, candidate),
+                &windows(&began, Duration::ZERO),
+                Look { now: t(now), fresh: Duration::from_secs(fresh) },
+            );
+            let oldest = champion.min(candidate);
+            if now - oldest > fresh {
+                prop_assert!(e.stale.is_some());
+                prop_assert!(e.series.is_empty());
+            } else {
+                prop_assert!(e.stale.is_none());
+                let (h, c) = (requests(&e, "champ", "i=\"a\""), requests(&e, "cand", "i=\"b\""));
+                prop_assert_eq!(h, c);
+                prop_assert_eq!(c, 10 * oldest);
+            }
         }
     }
 

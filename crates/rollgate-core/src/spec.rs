@@ -64,9 +64,38 @@ fn check_pointer(field: &str, p: Option<&str>) -> Result<(), SpecError> {
     }
 }
 
+/// The gateway's own endpoints, which no model's path may take.
+pub const RESERVED_PATHS: [&str; 6] = [
+    "/healthz",
+    "/metrics",
+    "/rollgate/stats",
+    "/v2",
+    "/v2/health/live",
+    "/v2/health/ready",
+];
+
+/// Whether a `json` model's path would take a gateway endpoint or the
+/// paths of the KServe V1 and Open Inference Protocol models.
+pub fn reserved_path(path: &str) -> bool {
+    RESERVED_PATHS.contains(&path)
+        || ["/v1/models/", "/v2/models/", "/rollgate/"]
+            .iter()
+            .any(|prefix| path.starts_with(prefix))
+}
+
 /// The fields of a model's spec, each on its own.
 pub fn check_model(m: &ModelShape) -> Result<(), SpecError> {
     match (m.protocol, m.json_path) {
+        (Protocol::Json, Some(p)) if reserved_path(p) => {
+            return Err(bad(
+                "json_path",
+                format!(
+                    "{p:?} is the gateway's own or another protocol's path ({}, /v1/models/..., \
+                     /v2/models/..., /rollgate/...)",
+                    RESERVED_PATHS.join(", ")
+                ),
+            ));
+        }
         (Protocol::Json, Some(p)) if p.starts_with('/') && !p.contains(char::is_whitespace) => {}
         (Protocol::Json, p) => {
             return Err(bad(
@@ -251,6 +280,30 @@ mod tests {
                 .message
                 .contains("https://")
         );
+    }
+
+    #[test]
+    fn a_json_path_never_takes_another_endpoint() {
+        let shape = |p| ModelShape {
+            protocol: Protocol::Json,
+            json_path: Some(p),
+            key_field: None,
+            output_pointer: None,
+            confidence_threshold: None,
+            output: None,
+        };
+        for taken in [
+            "/healthz",
+            "/metrics",
+            "/rollgate/stats",
+            "/v2/health/ready",
+            "/v1/models/fraud:predict",
+            "/v2/models/fraud/infer",
+        ] {
+            let e = check_model(&shape(taken)).expect_err(taken);
+            assert!(e.to_string().contains("json_path"), "{e}");
+        }
+        assert!(check_model(&shape("/score/fraud")).is_ok());
     }
 
     #[test]

@@ -25,6 +25,13 @@ pub enum StageKind {
 #[serde(tag = "code", rename_all = "snake_case")]
 pub enum StageReason {
     StatsUnavailable,
+    /// A series the look compares stopped before the look (a scrape target
+    /// gone, a scrape paused): what it counted does not cover the look, so
+    /// the stage waits, and fails safe at its deadline if it never returns.
+    EvidenceStale {
+        revision: String,
+        series: String,
+    },
     SharedOutage,
     Breach {
         gates: Vec<GateKind>,
@@ -56,6 +63,7 @@ impl StageReason {
     pub fn code(&self) -> &'static str {
         match self {
             StageReason::StatsUnavailable => "stats_unavailable",
+            StageReason::EvidenceStale { .. } => "evidence_stale",
             StageReason::SharedOutage => "shared_outage",
             StageReason::Breach { .. } => "breach",
             StageReason::MinDuration { .. } => "min_duration",

@@ -8,13 +8,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, StatusCode, Uri};
-use http_body_util::Full;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use rollgate_core::{FailureClass, Protocol};
 
@@ -207,7 +208,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
     // (A clone of the URI shares its bytes: the path is not copied.)
     let uri = req.uri().clone();
     let path = uri.path();
-    match classify(req.method(), path) {
+    let refusal = match classify(req.method(), path) {
         Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
         Endpoint::Stats => json_ok(serde_json::to_string(&inner.snapshot()).unwrap_or_default()),
         Endpoint::Metrics => {
@@ -226,7 +227,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
             match route {
                 Some(route) => {
                     let (parts, _) = req.into_parts();
-                    passthrough(&inner, &route, &parts, Bytes::new(), Wire::Rest).await
+                    return passthrough(&inner, &route, &parts, Bytes::new(), Wire::Rest).await;
                 }
                 None => json_error(
                     StatusCode::NOT_FOUND,
@@ -254,7 +255,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
                         ),
                     )
                 }
-                Some(route) => predict(inner, route, req).await,
+                Some(route) => return predict(inner, route, req).await,
                 None => match table.unroutable(model) {
                     Some(reason) => unroutable(model, reason),
                     None => json_error(
@@ -268,7 +269,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Endpoint::JsonRoute => {
             let table = inner.routes.load();
             match table.json_path(path).cloned() {
-                Some(route) => predict(inner, route, req).await,
+                Some(route) => return predict(inner, route, req).await,
                 None => match table.unroutable_path(path) {
                     Some(reason) => unroutable(path, reason),
                     None => {
@@ -280,7 +281,53 @@ pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Respons
         Endpoint::NotFound => {
             json_error(StatusCode::NOT_FOUND, "not_found", "no route for this path")
         }
+    };
+    answered_unread(req, refusal).await
+}
+
+/// The most of an unread body the gateway reads (and drops) after an answer
+/// that did not need it, so that the connection can carry the next request.
+pub(crate) const DRAIN_LIMIT: usize = 64 << 10;
+
+/// How long it waits for that body.
+pub(crate) const DRAIN_WITHIN: Duration = Duration::from_secs(2);
+
+/// `answer`, given to a request whose body the gateway did not read (a
+/// refusal, or an endpoint without a body). HTTP/1.1 reuses a connection
+/// only once the request's body has been read; an unread body makes the
+/// server close it, and a pooling client writes its next request on the
+/// dead socket. So the body is drained (at most [`DRAIN_LIMIT`] bytes,
+/// within [`DRAIN_WITHIN`], however late it arrives in that time); one
+/// larger or slower gets `Connection: close`, which tells the client not
+/// to reuse the connection. (HTTP/2 resets the stream of an unread body
+/// itself; the connection stays.)
+pub(crate) async fn answered_unread(
+    req: Request<Incoming>,
+    mut answer: Response<Body>,
+) -> Response<Body> {
+    if req.version() >= http::Version::HTTP_2 {
+        return answer;
     }
+    let body = req.into_body();
+    if body.is_end_stream() {
+        return answer;
+    }
+    let drained = tokio::time::timeout(
+        DRAIN_WITHIN,
+        http_body_util::Limited::new(body, DRAIN_LIMIT).collect(),
+    )
+    .await;
+    if !matches!(drained, Ok(Ok(_))) {
+        closing(&mut answer);
+    }
+    answer
+}
+
+/// Marks `answer` as the connection's last.
+pub(crate) fn closing(answer: &mut Response<Body>) {
+    answer
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
 }
 
 fn protocol_name(p: Protocol) -> &'static str {
@@ -435,7 +482,14 @@ async fn predict(inner: Arc<Inner>, route: Arc<Route>, req: Request<Incoming>) -
                 prefix, rest,
             )))))
         }
-        Err(refused) => return refused,
+        Err(mut refused) => {
+            // The body was cut off: the connection cannot carry another
+            // request.
+            if parts.version < http::Version::HTTP_2 {
+                closing(&mut refused);
+            }
+            return refused;
+        }
     };
     predict_admitted(inner, route, parts, body, Wire::Rest).await
 }
@@ -754,6 +808,19 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
+/// The headers a `Connection` header names: of this hop too (RFC 9110,
+/// 7.6.1), never passed on. Empty without one (the common case costs a
+/// lookup).
+fn named_by_connection(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
 /// Answers at least this large are compressed for a client that accepts
 /// gzip (smaller ones gain less than the header costs).
 const COMPRESS_FROM: usize = 1024;
@@ -778,6 +845,20 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
         })
 }
 
+/// Whether the answer's `Vary` already names `Accept-Encoding` (or `*`):
+/// an upstream that compresses says so too, and saying it twice is noise.
+fn varies_by_encoding(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|name| {
+            let name = name.trim();
+            name == "*" || name.eq_ignore_ascii_case("accept-encoding")
+        })
+}
+
 /// The answer, gzip-compressed (fast level) when the client accepts it,
 /// it is large enough and not already encoded. Answers are measured
 /// unencoded (the gateway asks upstreams for identity); compressing for the
@@ -789,7 +870,9 @@ fn compressed(headers: &mut HeaderMap, body: Bytes) -> Bytes {
     match gzip(&body) {
         Some(out) => {
             headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            headers.append(header::VARY, HeaderValue::from_static("accept-encoding"));
+            if !varies_by_encoding(headers) {
+                headers.append(header::VARY, HeaderValue::from_static("accept-encoding"));
+            }
             Bytes::from(out)
         }
         None => body,
@@ -842,6 +925,9 @@ fn gzip(data: &[u8]) -> Option<Vec<u8>> {
 /// place: an answer has one or two of them, and removing those costs less
 /// than copying all the others).
 fn passed_on(mut headers: HeaderMap) -> HeaderMap {
+    for name in named_by_connection(&headers) {
+        headers.remove(name);
+    }
     let mut present = 0u16;
     for k in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == k.as_str()) {
@@ -934,9 +1020,10 @@ async fn forward(
         // A streamed body is sent once: no second request can be built.
         let body = body.outgoing()?;
         let mut out = HeaderMap::with_capacity(headers.len() + target.headers.len() + 2);
+        let named = named_by_connection(headers);
         for (k, v) in headers {
             let overridden = target.headers.iter().any(|(name, _)| name == k);
-            if !hop_by_hop(k) && k != header::ACCEPT_ENCODING && !overridden {
+            if !hop_by_hop(k) && k != header::ACCEPT_ENCODING && !overridden && !named.contains(k) {
                 out.append(k.clone(), v.clone());
             }
         }
@@ -1039,16 +1126,25 @@ async fn forward(
             rest,
             times: (started, started + target.timeout),
         })),
-        Ok(Ok((mut parts, Read::Whole(body, trailers)))) => Upstreamed::Answer {
-            status: parts.status,
-            body: match wire {
-                Wire::Rest => decoded(&mut parts.headers, body, limit),
+        Ok(Ok((mut parts, Read::Whole(body, trailers)))) => {
+            let body = match wire {
+                Wire::Rest => match decoded(&mut parts.headers, body, limit) {
+                    Some(body) => body,
+                    // Beyond the response limit once decoded (a gzip
+                    // bomb): the upstream's failure, as an answer beyond
+                    // the limit is.
+                    None => return Upstreamed::Broken,
+                },
                 Wire::Grpc => body,
-            },
-            headers: parts.headers,
-            trailers,
-            latency_us: started.elapsed().as_micros() as u64,
-        },
+            };
+            Upstreamed::Answer {
+                status: parts.status,
+                body,
+                headers: parts.headers,
+                trailers,
+                latency_us: started.elapsed().as_micros() as u64,
+            }
+        }
     }
 }
 
@@ -1081,15 +1177,17 @@ fn closed_before_answer(e: &(dyn std::error::Error + 'static)) -> bool {
 /// The answer unencoded: an upstream that compresses despite being asked
 /// for identity (gzip or deflate) is decoded, within `limit` bytes, and the
 /// `Content-Encoding` dropped, so the answer is measured and passed on as
-/// what it is. Anything else is passed on as it came.
-fn decoded(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Bytes {
+/// what it is; `None` when it decodes to more than `limit`. Anything else
+/// (another encoding, a body that does not decode) is passed on as it
+/// came.
+fn decoded(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Option<Bytes> {
     use std::io::Read;
     let Some(encoding) = headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().to_ascii_lowercase())
     else {
-        return body;
+        return Some(body);
     };
     let mut out = Vec::new();
     let cap = limit as u64 + 1;
@@ -1102,16 +1200,17 @@ fn decoded(headers: &mut HeaderMap, body: Bytes, limit: usize) -> Bytes {
             .read_to_end(&mut out),
         "identity" => {
             headers.remove(header::CONTENT_ENCODING);
-            return body;
+            return Some(body);
         }
-        _ => return body,
+        _ => return Some(body),
     };
     match read {
         Ok(n) if n <= limit => {
             headers.remove(header::CONTENT_ENCODING);
-            Bytes::from(out)
+            Some(Bytes::from(out))
         }
-        _ => body,
+        Ok(_) => None,
+        Err(_) => Some(body),
     }
 }
 
@@ -1233,6 +1332,32 @@ mod gzip_tests {
 mod header_tests {
     use http::header::{HeaderMap, HeaderValue};
 
+    /// An upstream that names `Accept-Encoding` in `Vary` is not echoed a
+    /// second time when the gateway compresses.
+    #[test]
+    fn accept_encoding_is_named_in_vary_once() {
+        let big = bytes::Bytes::from(vec![b'a'; super::COMPRESS_FROM * 2]);
+        for upstream_vary in [
+            None,
+            Some("Accept-Encoding"),
+            Some("origin, accept-encoding"),
+        ] {
+            let mut h = HeaderMap::new();
+            if let Some(v) = upstream_vary {
+                h.insert(http::header::VARY, HeaderValue::from_static(v));
+            }
+            let _ = super::compressed(&mut h, big.clone());
+            let named = h
+                .get_all(http::header::VARY)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter(|n| n.trim().eq_ignore_ascii_case("accept-encoding"))
+                .count();
+            assert_eq!(named, 1, "{upstream_vary:?}: {h:?}");
+        }
+    }
+
     /// An answer's headers reach the client without the hop-by-hop ones
     /// (every value of each), the others kept with all their values, in
     /// order within each name (the order HTTP gives meaning to: the
@@ -1240,6 +1365,17 @@ mod header_tests {
     /// place may change it); a map without any is returned as it came.
     #[test]
     fn only_hop_by_hop_headers_are_dropped() {
+        // A header the `Connection` header names is of this hop too.
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("X-Secret-Hop, close"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("2"));
+        let out = super::passed_on(h);
+        assert!(out.get("x-secret-hop").is_none() && out.get("connection").is_none());
+        assert_eq!(out.get("x-kept").map(|v| v.as_bytes()), Some(&b"2"[..]));
         let mut h = HeaderMap::new();
         for (k, v) in [
             ("content-type", "application/json"),
@@ -1273,7 +1409,7 @@ mod header_tests {
             [
                 ("content-type", vec!["application/json"]),
                 ("set-cookie", vec!["a=1", "b=2"]),
-                ("x-model", vec!["m"]),
+                // x-model is named by `Connection: x-model`: of this hop.
             ]
         );
         let mut plain = HeaderMap::new();

@@ -936,6 +936,120 @@ async fn an_upstream_that_compresses_anyway_is_measured_decoded() {
     assert_eq!(champ.predictions().values().sum::<u64>(), 1);
 }
 
+/// An answer that decodes to 64 KiB from a few hundred bytes.
+static BOMB: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!(r#"{{"predictions":[{}0]}}"#, "0,".repeat(32 << 10)));
+
+/// An upstream whose gzip answer decodes beyond the response limit (a gzip
+/// bomb) fails: 502, counted as the upstream's, never its compressed bytes
+/// passed on as a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_decodes_beyond_the_limit_is_the_upstreams_failure() {
+    let (url, _) = raw_upstream(|_| (200, BOMB.as_str(), true, false)).await;
+    let mut cfg = config(vec![route(&url)]);
+    cfg.limits.max_response_bytes = 16 << 10;
+    let g = start(cfg).await;
+    let r = call(
+        &client(),
+        g.addr,
+        "POST",
+        "/v1/models/m:predict",
+        None,
+        "{}",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.body);
+    let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == 1).await;
+    assert_eq!(
+        rev(&s, "champ").failure_count(),
+        1,
+        "the upstream's failure"
+    );
+}
+
+/// The gateway's own refusals (an unknown model, the wrong protocol, a
+/// path with no route) answered without reading the request's body keep
+/// the connection for the next request: the body is drained, however late
+/// it arrives; a body too large to drain gets `Connection: close`. Raw
+/// sockets, so nothing retries behind the test's back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_keeps_the_connection_for_the_next_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let g = start(config(vec![route(&champ.url)])).await;
+    let mut stream = tokio::net::TcpStream::connect(g.addr)
+        .await
+        .expect("connect");
+    let mut buf = Vec::new();
+    // Reads one answer; its status and head.
+    async fn answer(stream: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> (u16, String) {
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    buf.drain(..end + 4 + len);
+                    let status = head[9..12].parse().expect("status");
+                    return (status, head);
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+                .await
+                .expect("an answer within 10 s")
+                .expect("read");
+            assert!(n > 0, "the connection was closed");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    let body = r#"{"instances":[[1,2]]}"#;
+    let head = |path: &str, len: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+        )
+    };
+    for (path, refused) in [
+        ("/v1/models/nope:predict", 404),
+        ("/v2/models/m/infer", 400),
+        ("/no/route/here", 404),
+    ] {
+        for late in [false, true] {
+            // The refused request, its body early or 300 ms late.
+            stream
+                .write_all(head(path, body.len()).as_bytes())
+                .await
+                .expect("write");
+            if late {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            stream.write_all(body.as_bytes()).await.expect("write");
+            let (status, h) = answer(&mut stream, &mut buf).await;
+            assert_eq!(status, refused, "{path}: {h}");
+            assert!(!h.contains("connection: close"), "{path}: {h}");
+            // The next, valid request on the same connection.
+            stream
+                .write_all(format!("{}{body}", head("/v1/models/m:predict", body.len())).as_bytes())
+                .await
+                .expect("write");
+            let (status, h) = answer(&mut stream, &mut buf).await;
+            assert_eq!(status, 200, "after {path} (late body: {late}): {h}");
+        }
+    }
+    // A body beyond what is drained: told the connection ends.
+    let big = "x".repeat(200 << 10);
+    stream
+        .write_all(format!("{}{big}", head("/v1/models/nope:predict", big.len())).as_bytes())
+        .await
+        .expect("write");
+    let (status, h) = answer(&mut stream, &mut buf).await;
+    assert_eq!(status, 404, "{h}");
+    assert!(h.contains("connection: close"), "{h}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_after_a_500_never_fails_the_next_good_request() {
     // After each 500 the upstream drops the next request on that

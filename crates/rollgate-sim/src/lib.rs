@@ -843,7 +843,7 @@ pub fn simulate_with(decider: &mut dyn Decider, traffic: &Traffic, seed: u64) ->
         }
         if let Some(s) = scraper.as_mut() {
             s.tick(gws.iter().flat_map(|g| g.epochs.values()), now);
-            exposure = s.exposure(&exposure);
+            exposure = s.exposure(&exposure, now);
         }
 
         let (r, p, events) = decider.observe(&exposure, now);

@@ -30,8 +30,11 @@ pub struct ScrapeModel {
     /// counters start again from zero.
     pub target_restarts: Vec<u64>,
     /// Seconds `[from, to)` during which the candidate's target is not
-    /// scraped (it went stale).
+    /// scraped (it went stale; `to` past the run's end: it disappeared).
     pub stale: Option<(u64, u64)>,
+    /// Seconds `[from, to)` during which nothing is scraped (Prometheus
+    /// paused).
+    pub paused: Option<(u64, u64)>,
 }
 
 impl Default for ScrapeModel {
@@ -41,6 +44,7 @@ impl Default for ScrapeModel {
             horizon: Duration::from_secs(35),
             target_restarts: Vec::new(),
             stale: None,
+            paused: None,
         }
     }
 }
@@ -114,6 +118,13 @@ impl<'a> Scraper<'a> {
             return;
         }
         self.last_scrape = Some(now);
+        if self
+            .model
+            .paused
+            .is_some_and(|(from, to)| (from..to).contains(&second))
+        {
+            return;
+        }
         let stale = self
             .model
             .stale
@@ -152,9 +163,10 @@ impl<'a> Scraper<'a> {
         }
     }
 
-    /// What the decider reads at this look: the scraped counts per epoch,
-    /// and the gateways' shadow pairs.
-    pub(crate) fn exposure(&mut self, gateways: &Exposure) -> Exposure {
+    /// What the decider reads at the look at `now`: the scraped counts per
+    /// epoch (none if a series stopped more than two scrape intervals
+    /// before it), and the gateways' shadow pairs.
+    pub(crate) fn exposure(&mut self, gateways: &Exposure, now: Duration) -> Exposure {
         let windows = scraped::windows(&self.began, self.model.horizon);
         // Samples before every window's start are never read again.
         if let Some(from) = windows.iter().map(|w| w.from).min() {
@@ -172,6 +184,10 @@ impl<'a> Scraper<'a> {
                 }
             }
         }
-        scraped::exposure(&self.scrape, &windows).with_pairs_of(gateways)
+        let look = scraped::Look {
+            now: ts(now),
+            fresh: 2 * self.model.interval,
+        };
+        scraped::exposure(&self.scrape, &windows, look).with_pairs_of(gateways)
     }
 }

@@ -67,6 +67,60 @@ fn identical_arms_are_never_rolled_back_whatever_the_exposure_does() {
     assert_eq!(r.rolled_back_breach, 0, "windowed: {r:?}");
 }
 
+/// A scrape target removed for good, or Prometheus paused: no stage passes
+/// once the newest sample of a series the look reads is more than two
+/// scrape intervals old, the looks say `evidence_stale`, and the rollout
+/// fails safe at its deadline — never promoted.
+#[test]
+fn no_stage_passes_on_a_series_that_stopped() {
+    let m = matrix();
+    for name in [
+        "scraped-candidate-target-vanishes",
+        "scraped-prometheus-paused",
+    ] {
+        let s = scenario(&m, name);
+        let scrape = s.scrape.as_ref().expect("scraped");
+        let (stopped, _) = scrape.stale.or(scrape.paused).expect("a series stops");
+        // The last scrape is at most one interval before `stopped`; a look
+        // a tick after two intervals past it sees the series stale.
+        let stale_by = stopped as f64 + 2.0 * scrape.interval.as_secs_f64() + 1.0;
+        for seed in 0..6 {
+            let r = simulate(&m.plan, s, seed);
+            assert!(
+                matches!(
+                    r.phase,
+                    Phase::RolledBack {
+                        reason: RollbackReason::EvidenceTimeout { .. }
+                    }
+                ),
+                "{name} seed {seed}: {:?}",
+                r.phase
+            );
+            for e in &r.audit {
+                let passed = matches!(
+                    e.event.kind,
+                    rollgate_core::AuditKind::Advanced | rollgate_core::AuditKind::Promoted
+                );
+                assert!(
+                    !(passed && e.at_s > stale_by),
+                    "{name} seed {seed}: {:?} at {} s, the series stopped at {stopped} s",
+                    e.event.kind,
+                    e.at_s
+                );
+            }
+            assert!(
+                r.audit
+                    .iter()
+                    .any(|e| e.event.verdict.as_ref().is_some_and(|v| matches!(
+                        v.reason,
+                        rollgate_core::StageReason::EvidenceStale { .. }
+                    ))),
+                "{name} seed {seed}: no look said evidence_stale"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_outage_late_in_a_stage_holds_and_then_promotes() {
     let m = matrix();

@@ -8,6 +8,7 @@ mod demo_plane;
 mod follow;
 mod gateway;
 mod kit;
+mod seed;
 mod serve;
 mod sim;
 mod sim_demo;
@@ -52,6 +53,10 @@ enum Command {
     Audit(cli::AuditArgs),
     /// API tokens: create (with a role), list, revoke.
     Token(cli::Admin<cli::TokenCmd>),
+    /// Data planes the controller's config declares: `seed` prints the
+    /// files one needs before it first starts.
+    #[command(subcommand, name = "data-plane")]
+    DataPlane(seed::DataPlaneCmd),
     /// Train the demo model zoo: champion, retrained, broken-feature.
     Train(kit::TrainArgs),
     /// Serve a trained model (KServe V1 and OIP V2), with fault injection.
@@ -118,6 +123,7 @@ fn main() -> ExitCode {
         Command::Rollout(a) => cli::rollout(&a.global, &a.cmd),
         Command::Audit(a) => cli::audit(&a.global, a),
         Command::Token(a) => cli::token(&a.global, &a.cmd),
+        Command::DataPlane(cmd) => seed::run(cmd),
         Command::Train(a) => kit::train(a),
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),

@@ -778,46 +778,25 @@ impl Envoy {
             r#"{"version_info":"seed","resources":[{"@type":"type.googleapis.com/envoy.config.route.v3.RouteConfiguration","name":"rollgate_m"}]}"#,
         )
         .expect("rds");
-        let socket = |a: &str| {
+        // docs/examples/envoy/envoy.yaml, its addresses, directory and
+        // model moved to this test's.
+        let port = |a: &str| {
             let (host, port) = a.rsplit_once(':').expect("host:port");
-            format!("{{socket_address: {{address: {host}, port_value: {port}}}}}")
+            format!("{{address: {host}, port_value: {port}}}")
         };
         let conf = format!("{d}/envoy.yaml");
-        let hcm = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-        let router = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
-        let yaml = [
-            "node: {id: rollgate-test, cluster: rollgate}".to_string(),
-            format!("admin: {{address: {}}}", socket(&admin)),
-            "dynamic_resources:".into(),
-            format!(
-                "  cds_config: {{resource_api_version: V3, path_config_source: {{path: {clusters}}}}}"
-            ),
-            "static_resources:".into(),
-            "  clusters:".into(),
-            "  - name: rollgate_gateway".into(),
-            "    type: STATIC".into(),
-            "    connect_timeout: 1s".into(),
-            format!(
-                "    load_assignment: {{cluster_name: rollgate_gateway, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}}}}}]}}]}}",
-                socket(gateway)
-            ),
-            "  listeners:".into(),
-            "  - name: models".into(),
-            format!("    address: {}", socket(&addr)),
-            "    filter_chains:".into(),
-            "    - filters:".into(),
-            "      - name: envoy.filters.network.http_connection_manager".into(),
-            "        typed_config:".into(),
-            format!("          '@type': {hcm}"),
-            "          stat_prefix: models".into(),
-            format!(
-                "          rds: {{route_config_name: rollgate_m, config_source: {{resource_api_version: V3, path_config_source: {{path: {routes}}}}}}}"
-            ),
-            "          http_filters:".into(),
-            "          - name: envoy.filters.http.router".into(),
-            format!("            typed_config: {{'@type': {router}}}"),
-        ];
-        std::fs::write(&conf, yaml.join("\n") + "\n").expect("envoy.yaml");
+        let example = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/examples/envoy/envoy.yaml"
+        ))
+        .expect("docs/examples/envoy/envoy.yaml");
+        let yaml = example
+            .replace("/etc/envoy/rollgate", &d)
+            .replace("fraud", "m")
+            .replace("{address: 127.0.0.1, port_value: 9901}", &port(&admin))
+            .replace("{address: 127.0.0.1, port_value: 8090}", &port(gateway))
+            .replace("{address: 127.0.0.1, port_value: 8080}", &port(&addr));
+        std::fs::write(&conf, yaml).expect("envoy.yaml");
         let child = listening(
             Command::new(&binary)
                 .args(["-c", &conf, "--disable-hot-restart", "--concurrency", "1"])
@@ -850,14 +829,26 @@ async fn an_envoy_data_plane_with_prometheus_evidence() {
         return;
     };
     let c = client();
-    let plane = json!({
-        "kind": "envoy",
-        "routes_file": envoy.routes,
-        "clusters_file": envoy.clusters,
-        "admin_url": envoy.admin,
-        "mirror_cluster": "rollgate_gateway",
-    });
-    let ctl = start_controller_declaring(dir.path(), "edge", &plane);
+    // docs/examples/envoy/controller.toml's declaration, aimed at this Envoy.
+    let envoy_dir = std::path::Path::new(&envoy.clusters)
+        .parent()
+        .expect("dir")
+        .to_string_lossy()
+        .into_owned();
+    let declared = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/examples/envoy/controller.toml"
+    ))
+    .expect("docs/examples/envoy/controller.toml")
+    .replace("[data_planes.mesh]", "[data_planes.edge]")
+    .replace("/etc/envoy/rollgate", &envoy_dir)
+    .replace("http://127.0.0.1:9901", &envoy.admin);
+    let cfg = write(
+        dir.path(),
+        "controller.toml",
+        &format!("{CONTROLLER_TOML}{declared}"),
+    );
+    let ctl = start_controller_with(dir.path(), &cfg, &[]);
     let revs = servers.register(&c, &ctl).await;
     let routes = envoy.routes.clone();
     let champion_only = |champion: &str| {
@@ -881,4 +872,194 @@ async fn an_envoy_data_plane_with_prometheus_evidence() {
         champion_only,
     )
     .await;
+}
+
+/// A documented example: `docs/examples/nginx/<name>`.
+fn example(name: &str) -> String {
+    let path = format!(
+        "{}/../../docs/examples/nginx/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The nginx example of docs/config.md as written (docs/examples/nginx:
+/// the controller's declaration, nginx's configuration, Prometheus's, the
+/// model with its latency buckets), only its addresses and directories
+/// moved to this test's: seeded with `rollgate data-plane seed`, nginx
+/// serves the seeded champion while the model has none (the adapter writes
+/// nothing), the champion set takes over, and an identical candidate on
+/// the Open Inference Protocol's path is promoted — with no user request
+/// answered other than 2xx throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_nginx_example_runs_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let model = trained_model(d);
+    let serve_fraud = || {
+        spawn(
+            &[
+                "serve",
+                "--model",
+                &model,
+                "--name",
+                "fraud",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            &[],
+        )
+    };
+    let (champion, candidate) = (serve_fraud(), serve_fraud());
+    let Some(prom) = Prometheus::with_config(&example("prometheus.yml").replace(
+        "'127.0.0.1:9001', '127.0.0.1:9002'",
+        &format!("'{}', '{}'", champion.addr(), candidate.addr()),
+    )) else {
+        return;
+    };
+    let gw = start_gateway(d);
+    let users = free_addr();
+    let files = d.join("nginx-rollgate");
+    std::fs::create_dir_all(&files).expect("dir");
+    let conf = d.join("nginx.conf").to_string_lossy().into_owned();
+    let here = |text: String| {
+        text.replace("/etc/nginx/rollgate", &files.to_string_lossy())
+            .replace("127.0.0.1:8080", &users)
+            .replace("127.0.0.1:8090", gw.addr())
+            .replace("http://127.0.0.1:9090", &prom.url)
+    };
+    // The controller's example, on this test's API address and tick, its
+    // reload aimed at this nginx.
+    let cfg = here(example("controller.toml"))
+        .replace("[api]\nlisten = \"127.0.0.1:7070\"\n", CONTROLLER_TOML)
+        .replace(
+            r#"["nginx", "-s", "reload"]"#,
+            &format!(r#"["nginx", "-c", "{conf}", "-s", "reload"]"#),
+        );
+    let cfg = write(d, "controller.toml", &cfg);
+    let seeded = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args([
+            "data-plane",
+            "seed",
+            "--config",
+            &cfg,
+            "edge",
+            "--model",
+            "fraud",
+        ])
+        .args([
+            "--upstream",
+            &format!("http://{}", champion.addr()),
+            "--write",
+        ])
+        .output()
+        .expect("seed");
+    assert!(seeded.status.success(), "{seeded:?}");
+    let include = files.join("fraud.conf");
+    let seed = std::fs::read_to_string(&include).expect("seeded");
+    // nginx's example, with what a test's nginx needs beside it (its own
+    // pid, logs and temporary files, in the foreground).
+    let t = d.to_string_lossy();
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\npid {t}/nginx.pid;\nerror_log {t}/error.log warn;\n{}",
+            here(example("nginx.conf")).replace(
+                "http {\n",
+                &format!(
+                    "http {{\n    access_log off;\n    client_body_temp_path {t}/body;\n    \
+                     proxy_temp_path {t}/proxy;\n    fastcgi_temp_path {t}/fastcgi;\n    \
+                     uwsgi_temp_path {t}/uwsgi;\n    scgi_temp_path {t}/scgi;\n"
+                ),
+            )
+        ),
+    )
+    .expect("nginx.conf");
+    let Some(mut nginx) = listening(
+        Command::new("nginx").args(["-c", &conf, "-e", &format!("{t}/error.log")]),
+        "nginx (apt-get install nginx)",
+        &users,
+        &format!("{t}/error.log"),
+    ) else {
+        return;
+    };
+    let ctl = start_controller_with(d, &cfg, &[]);
+    let c = client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let body = |n: u64| {
+        let data: Vec<f64> = (0..12).map(|i| ((n * 7 + i) % 13) as f64 / 10.0).collect();
+        Bytes::from(
+            json!({"inputs": [{"name": "x", "shape": [1, 12], "datatype": "FP64", "data": data}]})
+                .to_string(),
+        )
+    };
+    let load = traffic_to(
+        format!("http://{users}/v2/models/fraud/infer"),
+        body,
+        ":status",
+        Arc::clone(&stop),
+    );
+
+    // The model, as documented: no champion yet, so nginx keeps the seed.
+    let mut spec: Value = serde_json::from_str(&here(example("model.json"))).expect("model.json");
+    let (s, r) = api(&c, &ctl, "POST", "/api/v1/models", Some(spec.take())).await;
+    assert_eq!(s, 201, "{r}");
+    prom.wait_for(&c, r#"count(up == 1)"#, |v| v == 2.0).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        std::fs::read_to_string(&include).expect("include"),
+        seed,
+        "the adapter wrote a routing for a model without a champion"
+    );
+    let revision = |p: &Proc| {
+        let (c, ctl, url) = (&c, &ctl, format!("http://{}", p.addr()));
+        async move {
+            let (s, r) = api(
+                c,
+                ctl,
+                "POST",
+                "/api/v1/models/fraud/revisions",
+                Some(json!({ "upstream": url })),
+            )
+            .await;
+            assert_eq!(s, 201, "{r}");
+            r["id"].as_str().expect("id").to_string()
+        }
+    };
+    let champ = revision(&champion).await;
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "PUT",
+        "/api/v1/models/fraud/champion",
+        Some(json!({ "revision": champ, "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let started = Instant::now();
+    while !std::fs::read_to_string(&include).is_ok_and(|t| t.contains(&format!("champion:{champ}")))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the champion's routing never came"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cand = revision(&candidate).await;
+    let mut plan = plan();
+    plan["steps"] = json!([50]);
+    plan["shadow"] = json!({ "enabled": false });
+    plan["evidence_timeout"] = json!("30s");
+    let id = start_rollout_with_on(&c, &ctl, "fraud", &cand, plan).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    let by = load.await.expect("traffic");
+    let total: u64 = by.values().sum();
+    assert!(total > 100, "{by:?}");
+    assert!(by.keys().all(|status| status.starts_with('2')), "{by:?}");
+    let _ = std::process::Command::new("nginx")
+        .args(["-c", &conf, "-s", "stop"])
+        .status();
+    let _ = nginx.wait();
 }

@@ -26,25 +26,40 @@ impl Drop for Prometheus {
     }
 }
 
+/// Prometheus's configuration scraping `targets` (host:port) every second.
+fn scrape_config(dir: &std::path::Path, targets: &[&str]) {
+    let targets = targets
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: rollgate\n    static_configs:\n      - targets: [{targets}]\n"
+        ),
+    )
+    .expect("config");
+}
+
 impl Prometheus {
     /// Scrapes `targets` (host:port) every second, or `None` (locally, with
     /// a note) where Prometheus is not installed; in CI that is a failure.
     pub(crate) fn scraping(targets: &[&str]) -> Option<Prometheus> {
-        let targets = targets
-            .iter()
-            .map(|t| format!("'{t}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: rollgate\n    static_configs:\n      - targets: [{targets}]\n"
-            ),
-        )
-        .expect("config");
+        scrape_config(dir.path(), targets);
+        Self::start(dir)
+    }
+
+    /// Runs with the configuration `yml` (e.g. a documented example).
+    pub(crate) fn with_config(yml: &str) -> Option<Prometheus> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("prometheus.yml"), yml).expect("config");
+        Self::start(dir)
+    }
+
+    fn start(dir: tempfile::TempDir) -> Option<Prometheus> {
         let listen = free_addr();
         match Self::spawn(dir.path(), &listen) {
             Ok(child) => Some(Prometheus {
@@ -83,6 +98,24 @@ impl Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
         self.child = Self::spawn(self.dir.path(), &self.listen).expect("prometheus again");
+    }
+
+    /// Scrapes `targets` from now on (the configuration reloaded on
+    /// SIGHUP, as an operator or a service discovery would change it): a
+    /// target left out goes stale.
+    pub(crate) fn set_targets(&self, targets: &[&str]) {
+        scrape_config(self.dir.path(), targets);
+        self.signal("HUP");
+    }
+
+    /// Sends Prometheus `signal` (`STOP`: it neither scrapes nor answers;
+    /// `CONT`: it goes on).
+    pub(crate) fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill -{signal}");
     }
 
     /// The value of the instant query `promql` (`None`: no sample yet).
@@ -431,4 +464,176 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     stop.store(true, Ordering::SeqCst);
     let by = load.await.expect("traffic");
     assert!(by.get(&same).copied().unwrap_or(0) > 0, "{by:?}");
+}
+
+/// The reason code of the rollout's latest look, and its weight.
+fn look(r: &Value) -> (String, String) {
+    (
+        r["state"]["last_verdict"]["reason"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        r["state"]["phase"].to_string(),
+    )
+}
+
+/// Evidence covers the look, or it is not evidence: a scrape target
+/// removed mid-stage (the candidate's in the first stage, the champion's
+/// in the last) makes the looks wait with `evidence_stale` naming that
+/// revision, and the stage does not pass however long it runs meanwhile;
+/// the target back, the rollout goes on and promotes. Prometheus stopped
+/// (SIGSTOP) mid-stage: the same, then it promotes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_that_stops_never_passes_a_stage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let model = trained_model(d);
+    let champion = serve(&model, &[]);
+    let identical = serve(&model, &[]);
+    let again = serve(&model, &[]);
+    let all = [champion.addr(), identical.addr(), again.addr()];
+    let Some(prom) = Prometheus::scraping(&all) else {
+        return;
+    };
+    let ctl = start_controller(d, &[]);
+    let gw = start_gateway(d);
+    let c = client();
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": { "prometheus": evidence(&prom.url) } })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let url = |p: &Proc| format!("http://{}", p.addr());
+    let champ = register(&c, &ctl, &url(&champion)).await;
+    let (s, _) = api(
+        &c,
+        &ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": champ, "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200);
+    prom.wait_for(&c, r#"count(up == 1)"#, |v| v == 3.0).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic_of(gw.addr(), ROW, Arc::clone(&stop));
+    let mut plan = plan();
+    plan["steps"] = json!([20, 50]);
+    plan["shadow"] = json!({ "enabled": false });
+    // Longer than Prometheus takes to apply a target change (its discovery
+    // sends updates at most every 5 s) plus two scrape intervals: no stage
+    // can pass on the last fresh counts before the looks see them stop.
+    let min_stage = Duration::from_secs(15);
+    plan["min_stage_duration"] = json!("15s");
+    plan["evidence_timeout"] = json!("120s");
+    let same = register(&c, &ctl, &url(&identical)).await;
+    let id = start_rollout_with(&c, &ctl, &same, plan.clone()).await;
+    let at_percent = |r: &Value, percent: u64| r["state"]["phase"]["weight_percent"] == percent;
+    // Waits for the stage at `percent` to begin: when it began.
+    let stage_began = |percent: u64| {
+        let (c, ctl) = (&c, &ctl);
+        async move {
+            let r = wait_for(c, ctl, id, Duration::from_secs(60), |r| {
+                at_percent(r, percent) || finished(r)
+            })
+            .await;
+            assert!(!finished(&r), "{r}");
+            (Instant::now(), look(&r).1)
+        }
+    };
+
+    // Holds while `target` is out (for good, as far as the stage can
+    // tell), then goes on once it is back.
+    let cut_off = |target: String, revision: String, percent: u64| {
+        let (c, ctl, prom) = (&c, &ctl, &prom);
+        async move {
+            let (began, stage) = stage_began(percent).await;
+            let kept: Vec<&str> = all.iter().copied().filter(|t| *t != target).collect();
+            prom.set_targets(&kept);
+            // Gone from Prometheus: its `up` went stale.
+            let started = Instant::now();
+            while prom
+                .query(c, &format!(r#"up{{instance="{target}"}}"#))
+                .await
+                .is_some()
+            {
+                assert!(started.elapsed() < Duration::from_secs(30), "never removed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let removed = Instant::now();
+            let r = wait_for(c, ctl, id, Duration::from_secs(30), |r| {
+                look(r).0 == "evidence_stale" || finished(r)
+            })
+            .await;
+            assert_eq!(look(&r).0, "evidence_stale", "{r}");
+            assert_eq!(
+                r["state"]["last_verdict"]["reason"]["revision"], revision,
+                "{r}"
+            );
+            eprintln!(
+                "{percent}%: evidence_stale {:.1} s after Prometheus dropped the target, {:.1} s into the stage ({})",
+                removed.elapsed().as_secs_f64(),
+                began.elapsed().as_secs_f64(),
+                r["state"]["last_verdict"]["reason"]["series"]
+            );
+            assert_eq!(
+                look(&r).1,
+                stage,
+                "the stage passed before its series was seen stale: {r}"
+            );
+            // Past the minimum stage duration: still in that stage, still stale.
+            tokio::time::sleep(
+                (min_stage + Duration::from_secs(3)).saturating_sub(began.elapsed()),
+            )
+            .await;
+            let r = wait_for(c, ctl, id, Duration::from_secs(5), |_| true).await;
+            assert_eq!(
+                look(&r).1,
+                stage,
+                "the stage passed on a stopped series: {r}"
+            );
+            assert_eq!(look(&r).0, "evidence_stale", "{r}");
+            prom.set_targets(&all);
+        }
+    };
+    cut_off(identical.addr().to_string(), same.clone(), 20).await;
+    cut_off(champion.addr().to_string(), champ.clone(), 50).await;
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+
+    // Prometheus stopped from the stage's start to past its minimum
+    // duration: no look passes while it is; then on.
+    let next = register(&c, &ctl, &url(&again)).await;
+    let id2 = start_rollout_with(&c, &ctl, &next, plan).await;
+    let r = wait_for(&c, &ctl, id2, Duration::from_secs(60), |r| {
+        at_percent(r, 20) || finished(r)
+    })
+    .await;
+    assert!(!finished(&r), "{r}");
+    let began = Instant::now();
+    prom.signal("STOP");
+    tokio::time::sleep(min_stage + Duration::from_secs(3)).await;
+    let r = wait_for(&c, &ctl, id2, Duration::from_secs(5), |_| true).await;
+    prom.signal("CONT");
+    assert!(
+        at_percent(&r, 20),
+        "passed while Prometheus was stopped: {r}"
+    );
+    assert!(
+        ["stats_unavailable", "evidence_stale"].contains(&look(&r).0.as_str()),
+        "{r}"
+    );
+    eprintln!(
+        "Prometheus stopped {:.1} s: {}",
+        began.elapsed().as_secs_f64(),
+        look(&r).0
+    );
+    let r = wait_for(&c, &ctl, id2, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
 }

@@ -130,6 +130,23 @@ pub fn render_routes(
     })
 }
 
+/// The files a data plane needs before it first starts, routing `desired`
+/// (the champion, before rollgate writes them): the routes file, then the
+/// clusters file.
+pub fn seed(
+    desired: &Desired,
+    route_config_name: Option<&str>,
+    key_header: &str,
+) -> Result<(Value, Value), AdapterError> {
+    let name = route_config_name.map_or_else(
+        || format!("rollgate_{}", ident(&desired.model)),
+        String::from,
+    );
+    let routes = render_routes(desired, &name, key_header, None);
+    let clusters = merge_clusters(None, desired, &BTreeSet::new())?;
+    Ok((routes, clusters))
+}
+
 /// The cluster names a routes file routes to.
 fn routed_clusters(routes: &Value) -> BTreeSet<String> {
     routes["resources"]

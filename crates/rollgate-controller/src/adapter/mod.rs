@@ -23,6 +23,51 @@ use crate::http::HttpClient;
 
 pub use nginx::render as render_nginx;
 
+/// What a data plane must hold before it first starts (nginx and Envoy
+/// read rollgate's files at start-up): the files the adapter itself would
+/// write for a champion-only routing of `model` to `upstream`, under the
+/// version `"seed"`, as `(what, contents)`. The adapter rewrites them at
+/// the first routing it applies (when the model has a champion).
+pub fn seed(
+    plane: &DataPlane,
+    model: &str,
+    upstream: &str,
+) -> Result<Vec<(String, String)>, AdapterError> {
+    let desired = Desired {
+        model: model.to_string(),
+        version: "seed".into(),
+        rollout: None,
+        epoch: 0,
+        arms: vec![Arm {
+            role: "champion",
+            revision: "seed".into(),
+            upstream: upstream.to_string(),
+            weight_bp: 10_000,
+        }],
+    };
+    servable(&desired)?;
+    match plane {
+        DataPlane::Nginx {
+            include_file, key, ..
+        } => Ok(vec![(include_file.clone(), render_nginx(&desired, key)?)]),
+        DataPlane::Envoy {
+            routes_file,
+            clusters_file,
+            key_header,
+            route_config_name,
+            ..
+        } => {
+            let (routes, clusters) =
+                envoy::seed(&desired, route_config_name.as_deref(), key_header)?;
+            Ok(vec![
+                (routes_file.clone(), format!("{routes:#}\n")),
+                (clusters_file.clone(), format!("{clusters:#}\n")),
+            ])
+        }
+        DataPlane::Webhook { .. } => Ok(vec![]),
+    }
+}
+
 /// `name` as part of an identifier in a data plane's configuration.
 fn ident(name: &str) -> String {
     name.chars()
@@ -146,6 +191,8 @@ pub struct Applier {
     /// The store's `routes_version` at the last pass that synced every
     /// model.
     synced: Mutex<Option<u64>>,
+    /// Models left unrouted for want of a champion (each said once).
+    no_champion: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// How long an apply may take (a reload and its confirmation included).
@@ -190,7 +237,8 @@ impl Applier {
     /// Brings the model's data plane to `routes` unless it already
     /// confirmed them, or a failed attempt's back-off has not passed
     /// (unless `now_or_never`: a rollback's champion-only routing goes at
-    /// once).
+    /// once). A model without a champion has nothing to route: its data
+    /// plane is left as it is (as seeded) until a champion is set.
     pub async fn sync(
         &self,
         http: &HttpClient,
@@ -199,6 +247,17 @@ impl Applier {
         now_or_never: bool,
     ) {
         let desired = Desired::of(routes);
+        if desired.arms.is_empty() {
+            let mut waiting = self.no_champion.lock().unwrap_or_else(|p| p.into_inner());
+            if waiting.insert(desired.model.clone()) {
+                tracing::info!(model = %desired.model, "no champion yet: its data plane is left as it is until one is set");
+            }
+            return;
+        }
+        self.no_champion
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&desired.model);
         if self.is_confirmed(&desired) {
             return;
         }
@@ -247,13 +306,51 @@ impl Applier {
     }
 }
 
+/// Whether `desired` can serve: at least one arm, weights adding up to
+/// the whole, every live arm's upstream an `http(s)://` URL with a host.
+/// Checked before any adapter writes anything: no adapter ever puts a
+/// routing in force that would answer users with errors.
+pub fn servable(desired: &Desired) -> Result<(), AdapterError> {
+    let unroutable = |upstream: &str, why: &str| AdapterError::Unroutable {
+        upstream: upstream.to_string(),
+        why: why.to_string(),
+    };
+    if desired.arms.is_empty() {
+        return Err(unroutable("", "no revision to route to (no champion)"));
+    }
+    let total: u32 = desired.arms.iter().map(|a| a.weight_bp).sum();
+    if total != 10_000 {
+        return Err(unroutable(
+            "",
+            &format!("the weights add up to {total} basis points, not 10000"),
+        ));
+    }
+    for arm in desired.arms.iter().filter(|a| a.weight_bp > 0) {
+        let host = arm
+            .upstream
+            .parse::<http::Uri>()
+            .ok()
+            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
+            .and_then(|u| u.host().map(|h| !h.is_empty()));
+        if host != Some(true) {
+            return Err(unroutable(
+                &arm.upstream,
+                "not an http(s):// URL with a host",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Applies `desired` through the model's adapter and waits for its
-/// confirmation.
+/// confirmation; a routing that cannot serve is refused before anything is
+/// written.
 async fn apply(
     http: &HttpClient,
     plane: &DataPlane,
     desired: &Desired,
 ) -> Result<(), AdapterError> {
+    servable(desired)?;
     match plane {
         DataPlane::Webhook {
             url,
@@ -299,6 +396,88 @@ async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn arm(role: &'static str, upstream: &str, weight_bp: u32) -> Arm {
+        Arm {
+            role,
+            revision: format!("r-{role}"),
+            upstream: upstream.into(),
+            weight_bp,
+        }
+    }
+
+    /// Every adapter kind refuses a routing that cannot serve before it
+    /// writes a file, runs a command or calls anyone.
+    #[tokio::test]
+    async fn no_adapter_writes_a_routing_that_cannot_serve() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+        let planes = [
+            DataPlane::Nginx {
+                include_file: at("m.conf"),
+                reload_command: vec!["touch".into(), at("reloaded")],
+                confirm_url: "http://127.0.0.1:9/v".into(),
+                key: "$http_x_rollgate_key".into(),
+            },
+            DataPlane::Envoy {
+                routes_file: at("m.rds.json"),
+                clusters_file: at("cds.json"),
+                admin_url: "http://127.0.0.1:9".into(),
+                route_config_name: None,
+                key_header: "x-rollgate-key".into(),
+                mirror_cluster: None,
+            },
+            DataPlane::Webhook {
+                url: "http://127.0.0.1:9/r".into(),
+                bearer_token_file: None,
+            },
+        ];
+        let unservable = [
+            vec![],
+            vec![arm("champion", "http://10.0.0.5:8080", 9_000)],
+            vec![
+                arm("champion", "http://10.0.0.5:8080", 5_000),
+                arm("candidate", "http://", 5_000),
+            ],
+            vec![arm("champion", "unix:/run/model.sock", 10_000)],
+        ];
+        let http = HttpClient::new(Duration::from_secs(1));
+        for plane in &planes {
+            for arms in &unservable {
+                let desired = Desired {
+                    model: "m".into(),
+                    version: "1.1".into(),
+                    rollout: Some(1),
+                    epoch: 1,
+                    arms: arms.clone(),
+                };
+                let e = apply(&http, plane, &desired).await.expect_err("refused");
+                assert!(
+                    matches!(e, AdapterError::Unroutable { .. }),
+                    "{}: {e}",
+                    plane.kind()
+                );
+            }
+        }
+        let written: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert!(written.is_empty(), "nothing written or run: {written:?}");
+        // A champion-only routing and a split are servable.
+        let ok = |arms| Desired {
+            model: "m".into(),
+            version: "champion:r".into(),
+            rollout: None,
+            epoch: 0,
+            arms,
+        };
+        assert!(servable(&ok(vec![arm("champion", "http://10.0.0.5:8080", 10_000)])).is_ok());
+        assert!(
+            servable(&ok(vec![
+                arm("champion", "http://10.0.0.5:8080", 9_500),
+                arm("candidate", "https://m.internal", 500),
+            ]))
+            .is_ok()
+        );
+    }
 
     #[test]
     fn a_pass_reads_the_routes_only_when_they_moved_or_a_routing_waits() {

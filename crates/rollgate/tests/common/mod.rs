@@ -448,12 +448,23 @@ pub async fn start_rollout(c: &HttpClient, ctl: &Proc, cand: &str) -> i64 {
 
 /// Starts a rollout of `cand` on model `m` under `plan`; returns its id.
 pub async fn start_rollout_with(c: &HttpClient, ctl: &Proc, cand: &str, plan: Value) -> i64 {
+    start_rollout_with_on(c, ctl, "m", cand, plan).await
+}
+
+/// A rollout of `cand` on `model` with `plan`; its id.
+pub async fn start_rollout_with_on(
+    c: &HttpClient,
+    ctl: &Proc,
+    model: &str,
+    cand: &str,
+    plan: Value,
+) -> i64 {
     let (s, r) = api(
         c,
         ctl,
         "POST",
         "/api/v1/rollouts",
-        Some(json!({ "model": "m", "revision": cand, "plan": plan })),
+        Some(json!({ "model": model, "revision": cand, "plan": plan })),
     )
     .await;
     assert_eq!(s, 201, "{r}");
@@ -506,7 +517,21 @@ pub fn traffic_with(
     by_header: &'static str,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
-    let url = format!("http://{addr}/v1/models/m:predict");
+    traffic_to(
+        format!("http://{addr}/v1/models/m:predict"),
+        body,
+        by_header,
+        stop,
+    )
+}
+
+/// [`traffic_with`] to `url` (`by_header` `":status"`: by status code).
+pub fn traffic_to(
+    url: String,
+    body: impl Fn(u64) -> Bytes + Send + 'static,
+    by_header: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
     tokio::spawn(async move {
         let c = client();
         let started = Instant::now();
@@ -522,6 +547,11 @@ pub fn traffic_with(
                 .expect("request");
             let answer = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;
             let rev = match answer {
+                Ok(Ok(r)) if by_header == ":status" => {
+                    let status = r.status().as_u16().to_string();
+                    let _ = r.into_body().collect().await;
+                    status
+                }
                 Ok(Ok(r)) => {
                     let rev = r
                         .headers()
