@@ -1101,6 +1101,9 @@ pub fn router(state: ApiState) -> Router {
         .merge(crate::dashboard::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Innermost first: a body is read (within its timeout) only for a
+        // request that named the API and authenticated.
+        .layer(middleware::from_fn(guard::read_body_in_time))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             guard::authorize,
@@ -1109,7 +1112,6 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             guard::guard_host,
         ))
-        .layer(middleware::from_fn(guard::read_body_in_time))
         // gzip for clients that ask (browsers, Prometheus): a long
         // rollout's timeline or an audit export shrinks several-fold.
         .layer(tower_http::compression::CompressionLayer::new())

@@ -64,6 +64,8 @@ pub enum HostError {
     Undeclared { model: String, what: String },
     #[error("credential {name:?}: {why}")]
     Unreadable { name: String, why: String },
+    #[error("model {model:?} cannot use its declared data plane: {why}")]
+    Unfit { model: String, why: String },
 }
 
 /// The data planes and credentials the operator declared.
@@ -97,6 +99,49 @@ fn for_model(plane: &DataPlane, model: &str) -> DataPlane {
     serde_json::from_value(v).unwrap_or_else(|_| plane.clone())
 }
 
+/// Checks that `$model` fills only what a model's name may choose: a file
+/// name in its declared directory, or a URL's path on its declared host.
+/// Else a model's name (which an API caller picks) would choose a
+/// directory or the host a token goes to. The field at fault otherwise.
+fn model_mark_placed(plane: &DataPlane) -> Result<(), String> {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(plane) else {
+        return Ok(());
+    };
+    for (field, value) in fields {
+        let Some(v) = value.as_str().filter(|v| v.contains(MODEL_MARK)) else {
+            continue;
+        };
+        let placed = if field.ends_with("_file") {
+            !v.rsplit_once('/')
+                .map_or(v, |(dir, _)| dir)
+                .contains(MODEL_MARK)
+        } else if field.ends_with("url") {
+            let authority = v.split_once("://").map_or(v, |(_, rest)| rest);
+            !authority
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .contains(MODEL_MARK)
+        } else {
+            true
+        };
+        if !placed {
+            return Err(field);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a URL path steps out of where it seems to be (`..`, `.`, or
+/// their percent-encodings, or an encoded `/`).
+fn escapes(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || path.split('/').any(|seg| seg == "." || seg == "..")
+}
+
 /// Whether a request to `url` may carry a credential declared for
 /// `declared`: the same scheme, host and port (defaults filled in), no
 /// user-info to confuse a reader, and a path at or under the declared one.
@@ -113,6 +158,9 @@ pub fn sends_to(declared: &str, url: &str) -> bool {
             "https" => Some(443),
             _ => None,
         })?;
+        if escapes(uri.path()) {
+            return None;
+        }
         let path = uri.path().trim_end_matches('/').to_string();
         Some((scheme, authority.host().to_ascii_lowercase(), port, path))
     };
@@ -137,6 +185,12 @@ impl Host {
         for (name, plane) in &data_planes {
             rollgate_core::spec::check_model_name(name)
                 .map_err(|e| format!("[data_planes.{name}]: the {}", e.message))?;
+            model_mark_placed(plane).map_err(|field| {
+                format!(
+                    "data_planes.{name}.{field}: $model may fill only a file's name (the last \
+                     segment of a path) or a URL's path, never a directory or a host"
+                )
+            })?;
             for_model(plane, "model")
                 .validate(&format!("data_planes.{name}"))
                 .map_err(|e| e.to_string())?;
@@ -188,17 +242,33 @@ impl Host {
         }
     }
 
-    /// The data plane `model`'s spec names, as its adapter drives it.
+    /// The data plane `model`'s spec names, as its adapter drives it: the
+    /// declaration with `$model` filled in, checked again once filled (a
+    /// model's name must not make two files one).
     pub fn data_plane(&self, model: &str, named: &DataPlaneRef) -> Result<DataPlane, HostError> {
         match named {
-            DataPlaneRef::Named(name) => self
-                .data_planes
-                .get(name)
-                .map(|p| for_model(p, model))
-                .ok_or_else(|| HostError::UnknownDataPlane {
-                    name: name.clone(),
-                    declared: self.declared_planes(),
-                }),
+            DataPlaneRef::Named(name) => {
+                let plane =
+                    self.data_planes
+                        .get(name)
+                        .ok_or_else(|| HostError::UnknownDataPlane {
+                            name: name.clone(),
+                            declared: self.declared_planes(),
+                        })?;
+                let filled = for_model(plane, model);
+                rollgate_core::spec::check_model_name(model)
+                    .map_err(|e| e.message)
+                    .and_then(|()| {
+                        filled
+                            .validate(&format!("data_planes.{name}"))
+                            .map_err(|e| e.to_string())
+                    })
+                    .map_err(|why| HostError::Unfit {
+                        model: model.to_string(),
+                        why,
+                    })?;
+                Ok(filled)
+            }
             DataPlaneRef::Inline(stored) => self
                 .data_planes
                 .values()
@@ -271,6 +341,7 @@ impl Host {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn nginx(include: &str, command: &[&str]) -> DataPlane {
         DataPlane::Nginx {
@@ -436,6 +507,54 @@ mod tests {
             ),
             "declared: read (the file is absent here)"
         );
+    }
+
+    /// A model's name (an API caller's choice) fills only a file name or a
+    /// URL's path: never a directory, never a host a token goes to, never
+    /// two files into one; a path that steps out is no credential's.
+    #[test]
+    fn a_model_name_chooses_no_directory_host_or_second_file() {
+        let plane = |v: serde_json::Value| serde_json::from_value::<DataPlane>(v).expect("plane");
+        let declared = |p| Host::new(BTreeMap::from([("p".to_string(), p)]), BTreeMap::new());
+        for (what, bad) in [
+            (
+                "a directory",
+                json!({"kind": "nginx", "include_file": "/etc/$model/x.conf",
+                "reload_command": ["nginx"], "confirm_url": "http://127.0.0.1/v"}),
+            ),
+            (
+                "a host",
+                json!({"kind": "webhook", "url": "http://$model:8080/r",
+                "bearer_token_file": "/run/token"}),
+            ),
+            (
+                "a host",
+                json!({"kind": "webhook", "url": "https://$model.example/r"}),
+            ),
+        ] {
+            let e = declared(plane(bad)).expect_err(what);
+            assert!(e.contains("$model may fill only"), "{what}: {e}");
+        }
+        let envoy = declared(plane(json!({"kind": "envoy",
+            "routes_file": "/etc/envoy/rollgate/$model.json",
+            "clusters_file": "/etc/envoy/rollgate/cds.json", "admin_url": "http://127.0.0.1:9901"})))
+        .expect("declared");
+        let e = envoy
+            .data_plane("cds", &DataPlaneRef::Named("p".into()))
+            .expect_err("routes over the shared clusters");
+        assert!(matches!(e, HostError::Unfit { .. }), "{e}");
+        assert!(
+            envoy
+                .data_plane("fraud", &DataPlaneRef::Named("p".into()))
+                .is_ok()
+        );
+        for out in [
+            "https://h/api/../admin",
+            "https://h/api/%2E%2E/admin",
+            "https://h/api/a%2fb",
+        ] {
+            assert!(!sends_to("https://h/api", out), "{out}");
+        }
     }
 
     #[test]

@@ -28,6 +28,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
+/// The most clock skew `[api.oidc] leeway` may allow: more would quietly
+/// stop `exp` from meaning anything.
+pub const MAX_LEEWAY: Duration = Duration::from_secs(300);
+
 /// A refetch of the key set happens at most this often.
 pub const REFETCH_AFTER: Duration = Duration::from_secs(30);
 
@@ -132,6 +136,12 @@ impl Oidc {
                     config.jwks_url
                 ));
             }
+        }
+        if config.leeway > MAX_LEEWAY {
+            return Err(format!(
+                "api.oidc.leeway: at most {} (clock skew, not a token's life)",
+                humantime::format_duration(MAX_LEEWAY)
+            ));
         }
         let https = rollgate_net::public_connector(HttpConnector::new());
         Ok(Oidc {

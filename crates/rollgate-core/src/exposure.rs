@@ -186,6 +186,13 @@ impl Ledger {
         new
     }
 
+    /// Each series and when the last look that read it was: a gateway can
+    /// tell from the committed state whether the controller has judged
+    /// the rollout on its counts since a given time.
+    pub fn seen(&self) -> impl Iterator<Item = (&str, Timestamp)> {
+        self.series.iter().map(|(id, s)| (id.as_str(), s.last_seen))
+    }
+
     /// Takes the counts a rollout starts from: what pooled series counted
     /// before the first stage is not the rollout's evidence. (Epoch series
     /// need nothing: the rollout's epochs start at zero.)

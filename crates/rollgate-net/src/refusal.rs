@@ -44,8 +44,12 @@ impl<S> Enveloped<S> {
 pub fn with_body(buf: &[u8], body: RefusalBody) -> Option<Vec<u8>> {
     const EMPTY: &str = "\r\ncontent-length: 0\r\n";
     let head = std::str::from_utf8(buf).ok()?;
+    // One whole head and nothing else (not the end of one answer and the
+    // start of the next).
     if !(head.starts_with("HTTP/1.1 4")
         && head.ends_with("\r\n\r\n")
+        && head.matches("\r\n\r\n").count() == 1
+        && head.matches("HTTP/1.1 ").count() == 1
         && head.contains("\r\nconnection: close\r\n")
         && head.contains(EMPTY))
     {
@@ -174,5 +178,7 @@ mod tests {
         assert!(with_body(ok, |_| Some("{}".into())).is_none());
         let partial = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\n";
         assert!(with_body(partial, json).is_none());
+        let two = [&service_answer[..], &hyper[..]].concat();
+        assert!(with_body(&two, json).is_none(), "two answers in one write");
     }
 }

@@ -118,6 +118,11 @@ pub struct ModelRoutes {
     pub champion: Option<Revision>,
     /// `(candidate, routing, rollout id)` while a rollout is active.
     pub rollout: Option<(Revision, Routing, i64)>,
+    /// The active rollout's evidence series (a gateway process each) and
+    /// when the last committed look that read each was: a gateway can tell
+    /// whether the controller has judged the rollout on its counts since
+    /// a time it could not reach the store.
+    pub rollout_seen: std::collections::BTreeMap<String, Timestamp>,
 }
 
 /// One rollout transition to commit: the new state and the effects the

@@ -864,17 +864,25 @@ fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
         Some(id) => Some(get_revision(db, id)?),
         None => None,
     };
-    let rollout = match active_rollout(db, &model.name)? {
+    let (rollout, rollout_seen) = match active_rollout(db, &model.name)? {
         Some(id) => {
             let r = get_rollout(db, id)?;
-            Some((get_revision(db, &r.spec.candidate)?, r.routing, r.id))
+            let candidate = get_revision(db, &r.spec.candidate)?;
+            let seen = r
+                .state
+                .evidence
+                .seen()
+                .map(|(s, at)| (s.to_string(), at))
+                .collect();
+            (Some((candidate, r.routing, r.id)), seen)
         }
-        None => None,
+        None => (None, Default::default()),
     };
     Ok(ModelRoutes {
         model,
         champion,
         rollout,
+        rollout_seen,
     })
 }
 

@@ -93,6 +93,9 @@ where
 {
     let mut tasks = Vec::new();
     let mut gateway = None;
+    // The follower's withheld candidates, honoured by the controller's
+    // pushes to the in-process gateway too.
+    let withheld = crate::follow::Withheld::default();
     if let Some(g) = a.gateway {
         let addr = g.listener.local_addr()?;
         let id = g.id.unwrap_or_else(|| format!("gateway-{addr}"));
@@ -127,6 +130,7 @@ where
             id,
             format!("{base}/rollgate/stats"),
             g.follow_every,
+            crate::follow::Withheld::clone(&withheld),
             wait(),
         )));
         tasks.push(tokio::spawn(logged(
@@ -157,9 +161,12 @@ where
             gateway_ttl: c.controller.gateway_ttl,
             tick: c.controller.tick,
             clock: c.clock,
-            local_gateway: gateway
-                .as_ref()
-                .map(|(_, g)| Arc::new(PushToGateway(g.clone())) as _),
+            local_gateway: gateway.as_ref().map(|(_, g)| {
+                Arc::new(PushToGateway(
+                    g.clone(),
+                    crate::follow::Withheld::clone(&withheld),
+                )) as _
+            }),
             metrics: Arc::new(ControllerMetrics::default()),
             retention: c
                 .audit

@@ -187,7 +187,8 @@ pub fn start(
     std::fs::write(
         &include,
         format!(
-            "upstream seed {{ server {champion}; }}\n\
+            "# Written by rollgate (a seed)\n\
+             upstream seed {{ server {champion}; }}\n\
              split_clients \"$http_x_rollgate_key\" $rollgate_fraud_upstream {{ * seed; }}\n\
              map $host $rollgate_fraud_version {{ default \"seed\"; }}\n"
         ),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollgate_controller::RoutePush;
+use rollgate_core::Timestamp;
 use rollgate_core::epoch_label;
 use rollgate_gateway::{Gateway, MirroredUpstream, ModelRoute, Upstream, WeightedUpstream};
 use rollgate_store::{ModelRoutes, Revision, Store};
@@ -26,11 +27,22 @@ fn upstream(r: &Revision) -> Upstream {
 /// The in-process gateway, as the controller's route push: routing reaches
 /// it at once, before or after a commit, instead of at its next poll.
 #[derive(Clone)]
-pub struct PushToGateway(pub Gateway);
+pub struct PushToGateway(pub Gateway, pub Withheld);
+
+/// Models whose candidate the follower keeps out of live traffic (the
+/// store unconfirmed, or the controller not yet back on this gateway's
+/// counts): a push from the in-process controller honours it too.
+pub type Withheld = Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
 
 impl RoutePush for PushToGateway {
     fn push_model(&self, model: &str, routes: Option<&ModelRoutes>) {
-        let route = routes.and_then(|r| gateway_routes(std::slice::from_ref(r)).pop());
+        let mut route = routes.and_then(|r| gateway_routes(std::slice::from_ref(r)).pop());
+        let withheld = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = route.as_mut()
+            && withheld.contains(model)
+        {
+            r.candidate = None;
+        }
         self.0.set_model_route(model, route.as_ref());
     }
 }
@@ -109,9 +121,12 @@ pub const UNCONFIRMED_AFTER: Duration = Duration::from_secs(5);
 /// that did not confirm.
 pub const STALLED_AFTER: Duration = Duration::from_secs(1);
 
-/// Consecutive confirmed cycles before held candidates get their share
-/// back: time for the controller, whose commits failed too, to record a
-/// rollback it decided meanwhile before the candidate is exposed again.
+/// Consecutive confirmed cycles before the store counts as back. A held
+/// candidate gets its share back only after that *and* once the controller
+/// has committed a look at its rollout that read this gateway's counts
+/// after the store came back: a rollback those counts call for is in force
+/// before the candidate could be exposed again, never after a burst of
+/// stale routing.
 pub const RESUME_AFTER: u32 = 3;
 
 /// What one cycle read of the routes.
@@ -136,16 +151,37 @@ pub struct FollowState {
     streak: u32,
     /// Candidates are out of live traffic until the store confirms again.
     pub held: bool,
+    /// Models whose candidate stays out after the store confirms again,
+    /// until the controller commits a look at their rollout that read this
+    /// gateway's counts after the store came back: each with the last such
+    /// look as the first read after the hold found it (`None` until that
+    /// read: the routes known at the hold may be older than the looks).
+    waiting: std::collections::BTreeMap<String, Option<Option<Timestamp>>>,
+    /// This gateway's series in a rollout's evidence (`<id>/<boot>`).
+    series: String,
+    /// Shared with the in-process controller's pushes.
+    pub withheld: Withheld,
 }
 
 impl FollowState {
-    pub fn new(now: tokio::time::Instant) -> Self {
+    /// A follower of the gateway whose counts are the series `series`.
+    pub fn new(now: tokio::time::Instant, series: String) -> Self {
         FollowState {
             last: None,
             confirmed_at: now,
             streak: 0,
             held: false,
+            waiting: std::collections::BTreeMap::new(),
+            series,
+            withheld: Withheld::default(),
         }
+    }
+
+    /// Whether routes must be read at every cycle, whatever their version:
+    /// models wait for their rollout's version to move, which does not
+    /// move the routes' version.
+    pub fn watching_rollouts(&self) -> bool {
+        self.held || !self.waiting.is_empty()
     }
 
     /// Takes one cycle's outcome (what was read; whether the heartbeat was
@@ -160,6 +196,13 @@ impl FollowState {
     ) -> Option<Vec<ModelRoute>> {
         let (confirmed, mut changed) = match read {
             Read::Routes(r) => {
+                for (model, base) in self.waiting.iter_mut().filter(|(_, b)| b.is_none()) {
+                    *base = Some(
+                        r.iter()
+                            .find(|m| m.model.name == *model)
+                            .and_then(|m| m.rollout_seen.get(&self.series).copied()),
+                    );
+                }
                 self.last = Some(r);
                 (heartbeat, true)
             }
@@ -175,16 +218,54 @@ impl FollowState {
         if !self.held && now.duration_since(self.confirmed_at) >= UNCONFIRMED_AFTER {
             self.held = true;
             changed = true;
+            self.waiting = self
+                .last
+                .iter()
+                .flatten()
+                .filter(|r| r.rollout.is_some())
+                .map(|r| (r.model.name.clone(), None))
+                .collect();
         } else if self.held && self.streak >= RESUME_AFTER {
             self.held = false;
             changed = true;
+        }
+        if !self.held && !self.waiting.is_empty() {
+            // Released model by model: once the controller has committed a
+            // look at its rollout that read this gateway's counts since the
+            // hold (what it decided on them is then in force), or the
+            // rollout ended.
+            let last = self.last.as_deref().unwrap_or_default();
+            let before = self.waiting.len();
+            let series = &self.series;
+            self.waiting.retain(|model, base| match base {
+                None => true,
+                Some(base) => last
+                    .iter()
+                    .find(|r| r.model.name == *model)
+                    .is_some_and(|r| {
+                        r.rollout.is_some() && r.rollout_seen.get(series).copied() <= *base
+                    }),
+            });
+            changed |= self.waiting.len() != before;
+        }
+        {
+            let mut withheld = self.withheld.lock().unwrap_or_else(|p| p.into_inner());
+            *withheld = if self.held {
+                self.last
+                    .iter()
+                    .flatten()
+                    .map(|r| r.model.name.clone())
+                    .collect()
+            } else {
+                self.waiting.keys().cloned().collect()
+            };
         }
         if !changed {
             return None;
         }
         let mut out = gateway_routes(self.last.as_deref()?);
-        if self.held {
-            for r in &mut out {
+        for r in &mut out {
+            if self.held || self.waiting.contains_key(&r.name) {
                 r.candidate = None;
             }
         }
@@ -235,10 +316,16 @@ pub async fn follow(
     id: String,
     stats_url: String,
     every: Duration,
+    withheld: Withheld,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut state = FollowState::new(tokio::time::Instant::now());
+    let snap = gateway.snapshot();
+    let mut state = FollowState::new(
+        tokio::time::Instant::now(),
+        format!("{}/{}", snap.gateway, snap.boot),
+    );
+    state.withheld = withheld;
     let mut known: Option<u64> = None;
     let mut read_at = tokio::time::Instant::now();
     let mut applied = None;
@@ -249,7 +336,8 @@ pub async fn follow(
     loop {
         let call = pending.get_or_insert_with(|| {
             let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
-            let current = known.filter(|_| read_at.elapsed() < RESYNC_EVERY);
+            let current =
+                known.filter(|_| read_at.elapsed() < RESYNC_EVERY && !state.watching_rollouts());
             resync = current.is_none();
             tokio::task::spawn_blocking(move || {
                 let beat = s.heartbeat(&i, &u);
@@ -305,7 +393,9 @@ pub async fn follow(
                     "the store has not confirmed for {UNCONFIRMED_AFTER:?}: candidates are out of live traffic"
                 );
             } else {
-                tracing::info!("the store confirms again: candidates get their share back");
+                tracing::info!(
+                    "the store confirms again: each candidate gets its share back once the controller has judged its rollout on this gateway's counts"
+                );
             }
         }
         tokio::select! {
@@ -377,6 +467,7 @@ mod tests {
                 },
             )),
             rollout: Some((revision("r2", cand), routing, 7)),
+            rollout_seen: Default::default(),
         }];
         let r = &gateway_routes(&routes)[0];
         assert!(r.fallback_to_champion);
@@ -389,8 +480,14 @@ mod tests {
         assert_eq!(c.upstream.headers["host"], "fraud.models");
     }
 
-    /// A model in a 25% canary with a mirror.
+    /// A model in a 25% canary with a mirror, its rollout last judged on
+    /// this gateway's counts (`gw/b`) at 1 ms.
     fn canary() -> Vec<ModelRoutes> {
+        canary_at(1)
+    }
+
+    /// The same, last judged on them at `seen` ms.
+    fn canary_at(seen: u64) -> Vec<ModelRoutes> {
         let plan = Plan::default();
         let phase = rollgate_core::Phase::Canary {
             step: 1,
@@ -416,6 +513,7 @@ mod tests {
                 },
                 7,
             )),
+            rollout_seen: std::collections::BTreeMap::from([("gw/b".to_string(), Timestamp(seen))]),
         }]
     }
 
@@ -433,7 +531,7 @@ mod tests {
                 r.shadow.is_some(),
             )
         };
-        let mut f = FollowState::new(t0);
+        let mut f = FollowState::new(t0, "gw/b".into());
         assert_eq!(
             f.step(Read::Failed, false, at(0)),
             None,
@@ -456,17 +554,73 @@ mod tests {
         // Unreachable altogether: the last routes stay, still held.
         assert_eq!(f.step(Read::Failed, false, at(9000)), None);
         assert!(f.held);
-        // Back: held for two confirmed cycles, released at the third.
+        // Back: held for two confirmed cycles; at the third the store is
+        // back, but the candidate waits for the controller's first
+        // committed look on this gateway's counts since the hold: what it
+        // decides on them comes first, never a burst of the stale routing.
+        // (A look without them, e.g. "no stats", does not count.)
+        assert!(f.watching_rollouts(), "routes read at every cycle");
         assert_eq!(
             share(&f.step(Read::Routes(canary()), true, at(9500))),
             (None, true)
         );
-        assert_eq!(f.step(Read::Unchanged, true, at(10_000)), None);
+        for ms in [10_000, 10_500, 11_000] {
+            assert_eq!(
+                share(&f.step(Read::Routes(canary()), true, at(ms))),
+                (None, true),
+                "at {ms} ms: no look at the rollout since the hold"
+            );
+        }
+        assert!(!f.held, "the store is back");
+        assert!(f.withheld.lock().expect("withheld").contains("m"));
+        let mut other_gateway = canary();
+        other_gateway[0]
+            .rollout_seen
+            .insert("gw2/c".into(), Timestamp(9_999));
         assert_eq!(
-            share(&f.step(Read::Unchanged, true, at(10_500))),
-            (Some(2500), true)
+            share(&f.step(Read::Routes(other_gateway), true, at(11_200))),
+            (None, true),
+            "another gateway's counts are not this gateway's"
         );
-        assert!(!f.held);
+        assert_eq!(
+            share(&f.step(Read::Routes(canary_at(2)), true, at(11_500))),
+            (Some(2500), true),
+            "the controller judged on this gateway's counts again: the share is back"
+        );
+        assert!(!f.watching_rollouts());
+    }
+
+    /// A rollout rolled back while the store was out: its candidate never
+    /// gets a share back, not even for a cycle.
+    #[test]
+    fn a_rollback_decided_during_an_outage_is_never_preceded_by_the_stale_share() {
+        let t0 = tokio::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = FollowState::new(t0, "gw/b".into());
+        let _ = f.step(Read::Routes(canary()), true, at(0));
+        let _ = f.step(Read::Failed, false, at(5_100));
+        assert!(f.held);
+        let mut routes_seen = Vec::new();
+        for (i, ms) in [6_000, 6_500, 7_000, 7_500].into_iter().enumerate() {
+            // The store is back; the controller's rollback commits at the
+            // fourth cycle (champion-only, the rollout over).
+            let routes = if i < 3 {
+                canary()
+            } else {
+                let mut r = canary();
+                r[0].rollout = None;
+                r[0].rollout_seen.clear();
+                r
+            };
+            if let Some(r) = f.step(Read::Routes(routes), true, at(ms)) {
+                routes_seen.push(r);
+            }
+        }
+        assert!(
+            routes_seen.iter().flatten().all(|r| r.candidate.is_none()),
+            "{routes_seen:?}"
+        );
+        assert!(!f.watching_rollouts());
     }
 
     /// A model spec the gateway cannot route — written by an older version,

@@ -1636,6 +1636,7 @@ async fn store_outage_while_the_candidate_dies(outage: Outage) {
         );
     };
     eprintln!("candidate out of traffic {out_at:?} after it died ({outage:?})");
+    let posts_when_out = candidate_model.posts.load(Ordering::SeqCst);
     let (s, r) = api(&c, &up, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
     assert_eq!(
         (s, phase(&r)),
@@ -1646,6 +1647,14 @@ async fn store_outage_while_the_candidate_dies(outage: Outage) {
     outage.end(&data, lock);
     let r = wait_for(&c, &up, id, Duration::from_secs(30), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
+    // The stale share never came back before the rollback was recorded:
+    // no user request reached the candidate after the hold took it out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        candidate_model.posts.load(Ordering::SeqCst),
+        posts_when_out,
+        "requests reached the dead candidate after the store came back"
+    );
     let kinds = audit_kinds(&c, &up, id).await;
     assert_eq!(count(&kinds, "rolled_back"), 1, "{kinds:?}");
     assert!(chain_intact(&c, &up).await);

@@ -10,13 +10,16 @@ use std::time::Duration;
 use super::{AdapterError, Desired, ident, write_atomically};
 use crate::http::HttpClient;
 
+/// The mark of an include file rollgate wrote: the only kind it replaces.
+pub const WRITTEN_BY: &str = "Written by rollgate";
+
 /// The include file for `desired`, splitting on the nginx variable `key`.
 /// It defines `$rollgate_<model>_upstream` (for `proxy_pass
 /// http://$rollgate_<model>_upstream;`) and `$rollgate_<model>_version`.
 pub fn render(desired: &Desired, key: &str) -> Result<String, AdapterError> {
     let model = ident(&desired.model);
     let mut out = format!(
-        "# Written by rollgate for model {:?}, routing {}: rewritten at every\n\
+        "# {WRITTEN_BY} for model {:?}, routing {}: rewritten at every\n\
          # routing change, do not edit.\n",
         desired.model, desired.version
     );
@@ -68,6 +71,16 @@ pub(super) async fn apply(
     let io = |what: &str, e: std::io::Error| AdapterError::Io(format!("{what}: {e}"));
     let text = render(desired, key)?;
     let previous = std::fs::read(include_file).ok();
+    // Only a file rollgate wrote (or seeded) is replaced: a declaration
+    // whose name a model fills must never overwrite the operator's own.
+    if let Some(p) = &previous
+        && !String::from_utf8_lossy(p).contains(WRITTEN_BY)
+    {
+        return Err(AdapterError::Io(format!(
+            "{include_file} was not written by rollgate (no {WRITTEN_BY:?} line): left as it \
+             is; seed it with `rollgate data-plane seed`"
+        )));
+    }
     write_atomically(include_file, text.as_bytes()).map_err(|e| io(include_file, e))?;
     if let Err(e) = run(reload).await {
         if let Some(previous) = previous {
