@@ -46,3 +46,24 @@ LUA
 to_us() {
   awk -v v="$1" 'BEGIN { if (v ~ /us$/) { sub(/us$/,"",v); print v+0 } else if (v ~ /ms$/) { sub(/ms$/,"",v); print v*1000 } else { sub(/s$/,"",v); print v*1000000 } }'
 }
+
+# In work dir $1: nginx answering a fixed prediction on 127.0.0.1:$2, and
+# rollgate's gateway ($ROLLGATE, one thread) on 127.0.0.1:$3 routing model
+# m to it, with "$4" (TOML) in its config before the model; their PIDs are
+# appended to PIDS. Returns once the gateway answers /healthz.
+start_backend_and_gateway() {
+  local w=$1 backend=$2 gw=$3 extra=${4:-}
+  mkdir -p "$w/logs"
+  cat > "$w/nginx.conf" <<CONF
+worker_processes 1; daemon off; pid $w/nginx.pid; error_log $w/logs/error.log crit;
+events { worker_connections 4096; }
+http { access_log off; keepalive_requests 1000000;
+  server { listen 127.0.0.1:$backend; location / { default_type application/json; return 200 '{"predictions":[[0.1,0.9]]}'; } } }
+CONF
+  nginx -p "$w" -c "$w/nginx.conf" & PIDS+=($!)
+  printf 'listen = "127.0.0.1:%s"\n%s\n[[models]]\nname = "m"\nchampion = { revision = "champ", url = "http://127.0.0.1:%s" }\n' \
+    "$gw" "$extra" "$backend" > "$w/gw.toml"
+  "$ROLLGATE" gateway --config "$w/gw.toml" --threads 1 >"$w/gw.log" 2>&1 & PIDS+=($!)
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$gw/healthz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "the gateway did not start: $w/gw.log"; return 1
+}

@@ -16,21 +16,7 @@ W=$(mktemp -d /tmp/rollgate-refusals.XXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
-mkdir -p "$W/logs"
-cat > "$W/nginx.conf" <<CONF
-worker_processes 1; daemon off; pid $W/nginx.pid; error_log $W/logs/error.log crit;
-events { worker_connections 1024; }
-http { access_log off; keepalive_requests 1000000;
-  server { listen 127.0.0.1:18281; location / { default_type application/json; return 200 '{"predictions":[[0.1,0.9]]}'; } } }
-CONF
-nginx -p "$W" -c "$W/nginx.conf" & PIDS+=($!)
-cat > "$W/gw.toml" <<CONF
-listen = "127.0.0.1:18290"
-[[models]]
-name = "m"
-champion = { revision = "champ", url = "http://127.0.0.1:18281" }
-CONF
-"$ROLLGATE" gateway --config "$W/gw.toml" --threads 1 >"$W/gw.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 1 100); do curl -sf http://127.0.0.1:18290/healthz >/dev/null 2>&1 && break; sleep 0.1; done
+. bench/gateway/lib.sh
+start_backend_and_gateway "$W" 18281 18290
 echo "# $(date -u +%FT%TZ) $(nproc) cores; ROLLGATE=$ROLLGATE bench/gateway/refusals.sh $N"
 python3 bench/gateway/refusals.py 127.0.0.1:18290 --valid "$N"

@@ -517,6 +517,18 @@ pub fn model(g: &Global, cmd: &ModelCmd) -> anyhow::Result<ExitCode> {
                     s(&b["model"]["spec"], "protocol"),
                     s(&b["model"], "champion")
                 );
+                if let Some(plane) = b["model"]["spec"]["data_plane"].as_str() {
+                    if b["model"]["champion"].is_null() {
+                        println!(
+                            "data plane {plane}: nothing written to it until a champion is set \
+                             (seed it first: rollgate data-plane seed --config CONFIG {plane} \
+                             --model {} --upstream URL)",
+                            s(&b["model"], "name")
+                        );
+                    } else {
+                        println!("data plane {plane}");
+                    }
+                }
                 revision_table(&b["revisions"]);
             });
             Ok(ExitCode::SUCCESS)

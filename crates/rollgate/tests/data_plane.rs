@@ -1012,6 +1012,17 @@ async fn the_documented_nginx_example_runs_as_written() {
         seed,
         "the adapter wrote a routing for a model without a champion"
     );
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["model", "show", "fraud"])
+        .env("ROLLGATE_API", format!("http://{}", ctl.addr()))
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("model show");
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("data plane edge: nothing written to it until a champion is set"),
+        "{shown}"
+    );
     let revision = |p: &Proc| {
         let (c, ctl, url) = (&c, &ctl, format!("http://{}", p.addr()));
         async move {

@@ -295,6 +295,31 @@ pub(crate) fn evidence(prometheus_url: &str) -> Value {
     })
 }
 
+/// Registers model `m` with its evidence from `prom` (see [`evidence`])
+/// and the model server at `champion` as its champion; the champion's id.
+async fn scraped_model(c: &HttpClient, ctl: &Proc, prom: &Prometheus, champion: &str) -> String {
+    let (s, r) = api(
+        c,
+        ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": { "prometheus": evidence(&prom.url) } })),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    let champ = register(c, ctl, champion).await;
+    let (s, r) = api(
+        c,
+        ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": champ, "reason": "first" })),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    champ
+}
+
 /// The rollout's evidence came from Prometheus's series (and the
 /// gateways' pairs), and counts `revision`.
 pub(crate) fn scraped_evidence_counts(r: &Value, revision: &str) -> bool {
@@ -335,7 +360,6 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     let ctl = start_controller(d, &[]);
     let gw = start_gateway(d);
     let c = client();
-    let spec = json!({ "prometheus": evidence(&prom.url) });
     // A selector that cannot tell the revisions apart is refused.
     let (s, r) = api(
         &c,
@@ -350,26 +374,8 @@ async fn evidence_from_prometheus_promotes_identical_and_rolls_back_broken() {
     .await;
     assert_eq!(s, 422, "{r}");
     assert!(r.to_string().contains("$revision"), "{r}");
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models",
-        Some(json!({ "name": "m", "spec": spec })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
     let url = |p: &Proc| format!("http://{}", p.addr());
-    let champ = register(&c, &ctl, &url(&champion)).await;
-    let (s, _) = api(
-        &c,
-        &ctl,
-        "PUT",
-        "/api/v1/models/m/champion",
-        Some(json!({ "revision": champ, "reason": "first" })),
-    )
-    .await;
-    assert_eq!(s, 200);
+    let champ = scraped_model(&c, &ctl, &prom, &url(&champion)).await;
     prom.wait_for(&c, r#"count(up == 1)"#, |v| v == 4.0).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic_of(gw.addr(), ROW, Arc::clone(&stop));
@@ -498,26 +504,8 @@ async fn a_series_that_stops_never_passes_a_stage() {
     let ctl = start_controller(d, &[]);
     let gw = start_gateway(d);
     let c = client();
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models",
-        Some(json!({ "name": "m", "spec": { "prometheus": evidence(&prom.url) } })),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
     let url = |p: &Proc| format!("http://{}", p.addr());
-    let champ = register(&c, &ctl, &url(&champion)).await;
-    let (s, _) = api(
-        &c,
-        &ctl,
-        "PUT",
-        "/api/v1/models/m/champion",
-        Some(json!({ "revision": champ, "reason": "first" })),
-    )
-    .await;
-    assert_eq!(s, 200);
+    let champ = scraped_model(&c, &ctl, &prom, &url(&champion)).await;
     prom.wait_for(&c, r#"count(up == 1)"#, |v| v == 3.0).await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic_of(gw.addr(), ROW, Arc::clone(&stop));
