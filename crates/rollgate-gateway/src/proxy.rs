@@ -817,7 +817,14 @@ fn named_by_connection(headers: &HeaderMap) -> Vec<HeaderName> {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .map(str::trim)
+        // `keep-alive`, `close` and the like: no header to drop beyond the
+        // hop-by-hop ones (the common case allocates nothing).
+        .filter(|t| {
+            !t.eq_ignore_ascii_case("close")
+                && !HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(t))
+        })
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
         .collect()
 }
 
