@@ -1021,11 +1021,11 @@ fn in_body(named: &'static [&'static str]) -> impl Fn(ReconcileError) -> ApiErro
     }
 }
 
-/// A spec written through the API holds no definition of what acts on the
-/// host (`ModelSpec::validate`) and names only what the host declared
-/// ([`crate::host::Host::check`]): 422 saying where to declare it.
+/// A spec written through the API names only what the host declared
+/// ([`crate::host::Host::check`]): 422 saying where to declare it. (One
+/// that holds a definition itself is refused by the store's validation,
+/// `ModelSpec::validate`, as every write is.)
 fn within_host(s: &ApiState, spec: &ModelSpec) -> ApiResult<()> {
-    spec.validate()?;
     s.ctx
         .host
         .check(spec)
@@ -1037,7 +1037,7 @@ async fn resync(ctx: &Context, model: &str) {
     crate::reconcile::push_model(ctx, model).await;
 }
 
-/// A write's body must be declared JSON ([`guard_writes`] says why). The
+/// A write's body must be declared JSON (`guard::guard_host` says why). The
 /// [`JsonBody`] extractor checks it; handlers that read their body
 /// themselves call this. (Not in the middleware: a method the endpoint
 /// does not have is a 405, whatever its content type.)

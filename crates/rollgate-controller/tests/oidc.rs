@@ -114,18 +114,20 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
     )
     .await;
     assert_eq!(s, 200, "{v}");
-    let (_, audit) = call(
-        &app,
-        "/api/v1/audit?rollout=1",
-        &token(&k1, "k1", claims("viewer")),
-    )
-    .await;
-    let paused = audit
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["kind"] == "paused"))
-        .expect("paused");
+    // The actor of rollout 1's first audit record of `kind`, read by a viewer.
+    let actor_of = |kind: &'static str| {
+        let (app, viewer) = (app.clone(), token(&k1, "k1", claims("viewer")));
+        async move {
+            let (_, audit) = call(&app, "/api/v1/audit?rollout=1", &viewer).await;
+            audit
+                .as_array()
+                .and_then(|a| a.iter().find(|r| r["kind"] == kind))
+                .map(|r| r["actor"].clone())
+                .unwrap_or_else(|| panic!("no {kind} record"))
+        }
+    };
     assert_eq!(
-        paused["actor"],
+        actor_of("paused").await,
         "oidc:https://idp.example:alice@example.com"
     );
     // A viewer reads but may not pause.
@@ -203,17 +205,10 @@ async fn oidc_tokens_are_verified_against_the_providers_keys() {
     )
     .await;
     assert_eq!(s, 200, "{v}");
-    let (_, audit) = call(
-        &app,
-        "/api/v1/audit?rollout=1",
-        &token(&k1, "k1", claims("viewer")),
-    )
-    .await;
-    let resumed = audit
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["kind"] == "resumed"))
-        .expect("resumed");
-    assert_eq!(resumed["actor"], "oidc:https://idp.example:controller");
+    assert_eq!(
+        actor_of("resumed").await,
+        "oidc:https://idp.example:controller"
+    );
 
     // An OIDC admin is not the host: a spec that names a command or a
     // token file directly is refused, saying where to declare it.

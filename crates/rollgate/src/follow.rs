@@ -336,9 +336,10 @@ pub async fn follow(
     loop {
         let call = pending.get_or_insert_with(|| {
             let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
-            let current =
-                known.filter(|_| read_at.elapsed() < RESYNC_EVERY && !state.watching_rollouts());
-            resync = current.is_none();
+            // A resync replaces the whole table; reads forced only to watch
+            // held rollouts apply model by model, like any other read.
+            resync = known.is_none() || read_at.elapsed() >= RESYNC_EVERY;
+            let current = known.filter(|_| !resync && !state.watching_rollouts());
             tokio::task::spawn_blocking(move || {
                 let beat = s.heartbeat(&i, &u);
                 let read = s.routes_version().and_then(|v| match current {

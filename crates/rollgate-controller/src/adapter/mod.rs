@@ -307,7 +307,8 @@ impl Applier {
 }
 
 /// Whether `desired` can serve: at least one arm, weights adding up to
-/// the whole, every live arm's upstream an `http(s)://` URL with a host.
+/// the whole, every live arm's upstream an `http(s)://host` URL (the rule
+/// revisions are registered under).
 /// Checked before any adapter writes anything: no adapter ever puts a
 /// routing in force that would answer users with errors.
 pub fn servable(desired: &Desired) -> Result<(), AdapterError> {
@@ -326,17 +327,9 @@ pub fn servable(desired: &Desired) -> Result<(), AdapterError> {
         ));
     }
     for arm in desired.arms.iter().filter(|a| a.weight_bp > 0) {
-        let host = arm
-            .upstream
-            .parse::<http::Uri>()
-            .ok()
-            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
-            .and_then(|u| u.host().map(|h| !h.is_empty()));
-        if host != Some(true) {
-            return Err(unroutable(
-                &arm.upstream,
-                "not an http(s):// URL with a host",
-            ));
+        // The one upstream rule revisions are registered under.
+        if let Err(e) = rollgate_core::spec::check_upstream_url("upstream", &arm.upstream) {
+            return Err(unroutable(&arm.upstream, &e.to_string()));
         }
     }
     Ok(())
