@@ -12,6 +12,11 @@
 //                        the reason and the deciding bound are on the page
 //   abort ID             aborts rollout ID from the page, with a reason
 //   viewer ID            a viewer sees rollout ID without action buttons
+//   axes ID              rollout ID's plots: the e-value on a log axis
+//                        (decade ticks), elapsed time on the x axis up
+//                        to the rollout's length, the candidate beside
+//                        the champion for rates and latency, round
+//                        numbers; prints "axes {...}"
 //   weigh ID             bytes transferred for the page and rollout ID's
 //                        view, and the time until its plots are drawn
 import { chromium } from "playwright-core";
@@ -158,6 +163,49 @@ async function run(page) {
       const total = sizes.page + sizes.files.reduce((a, [, n]) => a + n, 0);
       console.log(JSON.stringify({ drawn_ms: drawn, transferred_bytes: total, ...sizes,
         points: await page.locator("[data-gate]").count() }));
+      break;
+    }
+    case "axes": {
+      const [id] = args;
+      await open(page, `#/rollouts/${id}`);
+      await page.waitForSelector('[data-gate="error_rate"] svg.arms polyline.candidate', { state: "attached", timeout: 15_000 });
+      const r = await page.evaluate(async (id) => {
+        const t = sessionStorage.getItem("rollgate.token");
+        const res = await fetch(`/api/v1/rollouts/${id}`, { headers: { authorization: `Bearer ${t}` } });
+        return res.json();
+      }, id);
+      const lengthS = (r.updated_at - r.created_at) / 1000;
+      const texts = (sel) => page.locator(sel).allTextContents();
+      const e = '[data-gate="error_rate"] svg.plot:not(.arms)';
+      const scale = await page.getAttribute(e, "data-scale");
+      const yticks = await texts(`${e} text.ytick`);
+      const xticks = await texts(`${e} text.xtick`);
+      const limit = await texts(`${e} text.limit-label`);
+      const arms = {};
+      for (const gate of ["error_rate", "latency"]) {
+        const a = `[data-gate="${gate}"] svg.arms`;
+        arms[gate] = {
+          candidate: await page.locator(`${a} polyline.candidate`).count(),
+          champion: await page.locator(`${a} polyline.champion`).count(),
+          legend: await texts(`${a} text.legend`),
+        };
+      }
+      const verdict = await page.textContent("#verdict");
+      const summary = { scale, yticks, xticks, limit, arms, length_s: lengthS };
+      console.log(`axes ${JSON.stringify(summary)}`);
+      if (scale !== "log") fail(`the e-value is plotted on a ${scale} axis`);
+      const decades = yticks.map(Number);
+      if (decades.length < 2 || !decades.every((v) => v > 0 && Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9)) fail(`log ticks are not powers of ten: ${yticks}`);
+      if (!limit.length || !/^fails at \d/.test(limit[0])) fail(`no threshold label: ${limit}`);
+      const seconds = (t) => { const m = t.match(/^(?:(\d+) h)? ?(?:(\d+) min)? ?(?:([\d.]+) s)?$/); return m ? (+(m[1] || 0)) * 3600 + (+(m[2] || 0)) * 60 + (+(m[3] || 0)) : NaN; };
+      const xs = xticks.map(seconds);
+      if (xs.length < 3 || xs[0] !== 0 || xs.some(isNaN) || xs.some((v, i) => i && v <= xs[i - 1])) fail(`time ticks: ${xticks}`);
+      if (xs[xs.length - 1] > lengthS + 1 || xs[xs.length - 1] < lengthS / 3) fail(`time ticks ${xticks} do not span the rollout's ${lengthS} s`);
+      for (const [gate, a] of Object.entries(arms)) {
+        if (a.candidate !== 1 || a.champion !== 1) fail(`${gate}: arms not side by side: ${JSON.stringify(a)}`);
+      }
+      const long = (verdict + yticks.join(" ") + JSON.stringify(arms)).match(/\d\.\d{5,}|\d{7,}/);
+      if (long) fail(`a number not rounded for reading: ${long[0]} in ${verdict}`);
       break;
     }
     default:

@@ -75,6 +75,7 @@ fn snapshot(rollouts: &[(String, i64, String, String)]) -> GatewaySnapshot {
         wrong_protocol: 0,
         fallbacks: Default::default(),
         unroutable: Default::default(),
+        pinned: Default::default(),
         in_flight: 0,
     }
 }

@@ -165,27 +165,75 @@ function actionBar(r) {
   return h("section", { id: "actions" }, h("h2", {}, "Actions"), h("div", { class: "actions" }, items));
 }
 
+/// A number for reading: three significant digits, powers of ten beyond.
+function round(n) {
+  if (!isFinite(n)) return String(n);
+  if (n === 0) return "0";
+  return Math.abs(n) >= 1e4 || Math.abs(n) < 1e-3 ? n.toExponential(1).replace(".0e", "e").replace("e+", "e") : String(Number(n.toPrecision(3)));
+}
+
+/// Elapsed milliseconds as people say them: `2.5 s`, `45 s`, `3 min`, `1 h 10 min`.
+function elapsed(ms) {
+  const s = ms / 1000;
+  if (s < 10) return `${Number(s.toFixed(1))} s`;
+  if (s < 120) return `${Math.round(s)} s`;
+  const m = Math.round(s / 60);
+  if (m < 120) return s % 60 >= 1 && m < 10 ? `${Math.floor(s / 60)} min ${Math.round(s % 60)} s` : `${m} min`;
+  return `${Math.floor(m / 60)} h${m % 60 ? ` ${m % 60} min` : ""}`;
+}
+
+/// Ticks every round step (1, 2, 5 × 10^k ms, then minutes and hours), at most about six.
+function timeTicks(span) {
+  const steps = [100, 200, 500, 1e3, 2e3, 5e3, 1e4, 15e3, 3e4, 6e4, 12e4, 3e5, 6e5, 9e5, 18e5, 36e5, 72e5, 144e5, 216e5, 864e5];
+  const step = steps.find((st) => span / st <= 6) ?? Math.ceil(span / 6);
+  const ticks = [];
+  for (let t = 0; t <= span + 1e-9 && ticks.length < 50; t += step) ticks.push(t);
+  return ticks;
+}
+
+/// The axes of a plot over elapsed time since `t0`: a log axis shows
+/// decades (1, 10, 100, …), a linear one three round values.
+function frame(svg, { W, H, L, R, T, B }, t0, t1, log, lo, hi, y) {
+  svg.append(s("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
+  for (const dt of timeTicks(t1 - t0)) {
+    svg.append(s("line", { class: "tick", x1: x(t0 + dt), y1: H - B, x2: x(t0 + dt), y2: H - B + 3 }),
+      s("text", { class: "xtick", x: x(t0 + dt), y: H - 4, "text-anchor": "middle" }, elapsed(dt)));
+  }
+  let values;
+  if (log) {
+    const [a, b] = [Math.ceil(lo), Math.floor(hi)];
+    const every = Math.max(1, Math.ceil((b - a + 1) / 6));
+    values = [];
+    for (let d = a; d <= b; d += every) values.push(10 ** d);
+    if (!values.length) values = [10 ** lo, 10 ** hi].map((v) => Number(v.toPrecision(2)));
+  } else {
+    values = [lo, (lo + hi) / 2, hi].map((v) => Number(v.toPrecision(2)));
+  }
+  for (const v of values) {
+    svg.append(s("line", { class: "grid", x1: L, y1: y(v), x2: W - R, y2: y(v) }),
+      s("text", { class: "ytick", x: L - 4, y: y(v) + 4, "text-anchor": "end" }, round(v)));
+  }
+  return x;
+}
+
 /// One gate's measure over the rollout: its bound (band), its value
 /// (line), the limit it is judged by (dashed), failing looks (red dots),
-/// and the stage changes (grey marks).
-function plot(series, t0, marks) {
-  const W = 600, H = 200, L = 56, R = 8, T = 12, B = 22;
+/// and the stage changes (grey marks); e-values on a log axis.
+function plot(series, t0, t1, marks) {
+  const box = { W: 600, H: 200, L: 56, R: 8, T: 12, B: 22 };
+  const { W, H, L, R, T, B } = box;
   const pts = series.points;
-  const svg = s("svg", { class: "plot", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `${series.gate}: ${series.measure}` });
+  const svg = s("svg", { class: "plot", viewBox: `0 0 ${W} ${H}`, role: "img", "data-scale": series.log ? "log" : "linear", "aria-label": `${series.gate}: ${series.measure}` });
   if (!pts.length) return svg;
-  const t1 = Math.max(pts[pts.length - 1].at, t0 + 1);
   const ys = [];
-  for (const p of pts) for (const k of ["value", "lower", "upper", "limit"]) if (p[k] !== undefined && p[k] !== null && isFinite(p[k])) ys.push(p[k]);
-  const f = series.log ? (y) => Math.log10(Math.max(y, 1e-3)) : (y) => y;
+  for (const p of pts) for (const k of ["value", "lower", "upper", "limit"]) if (p[k] !== undefined && p[k] !== null && isFinite(p[k]) && (!series.log || p[k] > 0)) ys.push(p[k]);
+  const f = series.log ? (v) => Math.log10(Math.max(v, 1e-12)) : (v) => v;
   let lo = Math.min(...ys.map(f)), hi = Math.max(...ys.map(f));
   if (hi - lo < 1e-9) { hi += 1; lo -= series.log ? 1 : 0; }
   const pad = (hi - lo) * 0.05; lo -= pad; hi += pad;
-  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   const y = (v) => T + (1 - (f(v) - lo) / (hi - lo)) * (H - T - B);
-  svg.append(s("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }), s("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
-  const fmt = (v) => { const n = series.log ? 10 ** v : v; return Math.abs(n) >= 1e4 || (Math.abs(n) < 0.01 && n !== 0) ? n.toExponential(1) : String(Number(n.toPrecision(3))); };
-  svg.append(s("text", { x: 2, y: T + 8 }, fmt(hi)), s("text", { x: 2, y: H - B }, fmt(lo)),
-    s("text", { x: L, y: H - 4 }, "0 s"), s("text", { x: W - R - 50, y: H - 4 }, `${Math.round((t1 - t0) / 1000)} s`));
+  const x = frame(svg, box, t0, t1, series.log, lo, hi, y);
   const band = pts.filter((p) => p.lower != null && p.upper != null);
   if (band.length > 1) {
     const up = band.map((p) => `${x(p.at).toFixed(1)},${y(p.upper).toFixed(1)}`);
@@ -199,7 +247,7 @@ function plot(series, t0, marks) {
   line(pts.some((p) => p.value != null) ? "value" : "upper", "value");
   line("limit", "limit");
   const lastLimit = [...pts].reverse().find((p) => p.limit != null);
-  if (lastLimit) svg.append(s("text", { x: W - R - 4, y: y(lastLimit.limit) - 3, "text-anchor": "end", class: "limit-label" }, `limit ${fmt(f(lastLimit.limit))}`));
+  if (lastLimit) svg.append(s("text", { x: W - R - 4, y: y(lastLimit.limit) - 3, "text-anchor": "end", class: "limit-label" }, `${series.log ? "fails at" : "limit"} ${round(lastLimit.limit)}`));
   for (const m of marks) if (m.at >= t0 && m.at <= t1) {
     svg.append(s("line", { class: "mark", x1: x(m.at), y1: T, x2: x(m.at), y2: H - B }), s("text", { x: x(m.at) + 2, y: T + 8 }, m.label));
   }
@@ -214,6 +262,32 @@ function plot(series, t0, marks) {
   return svg;
 }
 
+/// Both arms' own values side by side (rates, latency): the candidate's
+/// line beside the champion's, on one axis.
+function armsPlot(series, t0, t1) {
+  const pts = series.points.filter((p) => p.arms);
+  if (!pts.length) return null;
+  const box = { W: 600, H: 150, L: 56, R: 8, T: 18, B: 22 };
+  const { W, H, T, B } = box;
+  const measure = pts[pts.length - 1].arms.measure;
+  const svg = s("svg", { class: "plot arms", viewBox: `0 0 ${W} ${H}`, role: "img", "data-scale": "linear", "aria-label": `${series.gate}: ${measure}, candidate and champion` });
+  const ys = pts.flatMap((p) => [p.arms.candidate, p.arms.champion]).filter(isFinite);
+  let lo = Math.min(0, ...ys), hi = Math.max(...ys);
+  if (hi - lo < 1e-9) hi = lo + 1;
+  hi += (hi - lo) * 0.05;
+  const y = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
+  const x = frame(svg, box, t0, t1, false, lo, hi, y);
+  for (const arm of ["champion", "candidate"]) {
+    svg.append(s("polyline", { class: `arm ${arm}`, points: pts.map((p) => `${x(p.at).toFixed(1)},${y(p.arms[arm]).toFixed(1)}`).join(" ") }));
+    if (pts.length < 60) for (const p of pts) svg.append(s("circle", { class: `armpt ${arm}`, cx: x(p.at), cy: y(p.arms[arm]), r: 2 }));
+  }
+  const last = pts[pts.length - 1].arms;
+  svg.append(s("text", { class: "legend candidate", x: 60, y: 12 }, `candidate ${round(last.candidate)}`),
+    s("text", { class: "legend champion", x: 220, y: 12 }, `champion ${round(last.champion)}`),
+    s("text", { x: W - 8, y: 12, "text-anchor": "end" }, measure));
+  return svg;
+}
+
 async function rolloutView(id) {
   const [r, tl] = await Promise.all([
     api(`/api/v1/rollouts/${id}`),
@@ -223,13 +297,17 @@ async function rolloutView(id) {
   const marks = tl.events.filter((e) => e.kind === "advanced" || e.kind === "started")
     .map((e) => ({ at: e.at, label: e.to || e.kind }));
   const current = new Map((st.last_verdict ? st.last_verdict.gates : []).map((g) => [g.gate, g.outcome]));
+  // Elapsed time since the rollout began, to its last evaluation or decision.
+  const t0 = r.created_at;
+  const t1 = Math.max(t0 + 1000, ...tl.events.map((e) => e.at), ...tl.gates.flatMap((g) => g.points.map((p) => p.at)));
   const gates = tl.gates.map((g) => {
     const last = g.points[g.points.length - 1];
     const outcome = ended(st.phase) ? last.outcome : (current.get(g.gate) ?? last.outcome);
     return h("section", { class: "gate", "data-gate": g.gate },
       h("h2", {}, h("span", {}, g.gate.replaceAll("_", " ")), h("span", { class: outcome }, outcome.toUpperCase())),
       h("div", { class: "muted" }, `${g.measure}; ${g.fails === "above" ? "fails above" : "fails below"} the dashed limit`),
-      plot(g, r.created_at, marks));
+      plot(g, t0, t1, marks),
+      armsPlot(g, t0, t1));
   });
   const awaiting = st.awaiting
     ? h("p", { id: "awaiting", class: "wait" }, `Waiting for an operator (role operator or admin) to approve ${approvalPoint(st.awaiting.before)} since ${time(st.awaiting.since)}` + (st.awaiting.deadline_passed ? " — its deadline has passed; holding." : "."))

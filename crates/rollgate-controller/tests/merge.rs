@@ -81,6 +81,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
         fallbacks: Default::default(),
         in_flight: 0,
         unroutable: Default::default(),
+        pinned: Default::default(),
     }
 }
 

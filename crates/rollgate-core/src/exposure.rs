@@ -332,6 +332,11 @@ pub struct GatewaySnapshot {
     /// Models that cannot be routed, and why.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub unroutable: BTreeMap<String, String>,
+    /// Per model and revision: requests a tester pinned to a revision
+    /// with the pin header or cookie. Served, and counted only here: never
+    /// evidence for a gate.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pinned: BTreeMap<String, BTreeMap<String, u64>>,
     pub in_flight: i64,
 }
 

@@ -84,13 +84,16 @@ pub enum Reason {
     NotEvaluated { what: String },
 }
 
-/// Failures out of requests for one arm.
+/// Failures out of requests for one arm, and the client errors (4xx)
+/// answered beside them (not counted in `requests`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Counts {
     pub failures: u64,
     pub requests: u64,
     pub rate: f64,
+    #[serde(default)]
+    pub client_errors: u64,
 }
 
 impl Counts {
@@ -99,8 +102,38 @@ impl Counts {
             failures: s.failure_count(),
             requests: s.requests(),
             rate: rate(s.failure_count(), s.requests()),
+            client_errors: s.client_errors(),
         }
     }
+
+    /// Answers of any kind: requests and client errors.
+    pub fn answers(&self) -> u64 {
+        self.requests + self.client_errors
+    }
+}
+
+/// Both arms' counts in one routing epoch: the strata the `sequential`
+/// error tests compare within (a shared outage or a routing change starts
+/// a new one).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EpochCounts {
+    pub epoch: u32,
+    pub candidate: Counts,
+    pub champion: Counts,
+}
+
+/// What the `sequential` policy's one-sided shadow tests showed: they
+/// decide, the intervals beside them are for reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ShadowShown {
+    /// Agreement shown below `min_agreement`.
+    pub agreement_below: bool,
+    /// The confident-flip rate shown above `max_flip_rate`.
+    pub flips_above: bool,
+    /// Both shown within their limits.
+    pub within: bool,
 }
 
 /// One quantile of both arms, and what the bounds show.
@@ -157,6 +190,18 @@ pub enum Evidence {
         /// not the request, is the unit (see `rollgate_core::unit`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         design_effect: Option<f64>,
+        /// The e-value at which the failure and client-error tests fail
+        /// (`sequential`: `2/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fail_at: Option<f64>,
+        /// The e-value at which the non-inferiority test passes
+        /// (`sequential`: `1/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pass_at: Option<f64>,
+        /// The epochs the tests compared within (`sequential`); `candidate`
+        /// and `champion` above are pooled over the rollout.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        epochs: Vec<EpochCounts>,
     },
     Latency {
         candidate_successes: u64,
@@ -178,6 +223,9 @@ pub enum Evidence {
         /// The rate ratio it tests against (`sequential`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         max_class_ratio: Option<f64>,
+        /// The e-value at which it fails (`sequential`: `1/α`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fail_at: Option<f64>,
     },
     ShadowAgreement {
         pairs: u64,
@@ -189,6 +237,9 @@ pub enum Evidence {
         flip_rate: Interval,
         max_flip_rate: f64,
         mirror_dropped: u64,
+        /// `sequential`: what its tests showed (they decide).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shown: Option<ShadowShown>,
     },
     GuardRails {
         candidate: Counts,
@@ -338,6 +389,8 @@ pub(crate) struct ShiftJudgement {
     pub within: bool,
     pub e_value: f64,
     pub max_class_ratio: f64,
+    /// The e-value at which it fails.
+    pub fail_at: f64,
 }
 
 /// Per-class prediction rates of both arms, each difference bounded by
@@ -402,6 +455,7 @@ pub(crate) fn shift_verdict(
         classes: shifts,
         e_value: judgement.map(|j| j.e_value),
         max_class_ratio: judgement.map(|j| j.max_class_ratio),
+        fail_at: judgement.map(|j| j.fail_at),
     };
     GateVerdict::new(GateKind::PredictionShift, outcome, reason, evidence)
 }
@@ -416,6 +470,7 @@ pub(crate) fn shadow_verdict(
     (agreement, flip_rate): (Interval, Interval),
     (breached, within): (bool, bool),
     anytime: bool,
+    shown: Option<ShadowShown>,
 ) -> GateVerdict {
     let answered_both = arms.candidate.successes() > 0 && arms.champion.successes() > 0;
     let (outcome, reason) = decide(
@@ -457,6 +512,7 @@ pub(crate) fn shadow_verdict(
         flip_rate,
         max_flip_rate: cfg.max_flip_rate,
         mirror_dropped: p.mirror_dropped(),
+        shown,
     };
     GateVerdict::new(GateKind::ShadowAgreement, outcome, reason, evidence)
 }

@@ -40,6 +40,20 @@ pub struct GatePoint {
     pub fails: Fails,
     /// Plot on a log scale (e-values).
     pub log: bool,
+    /// Both arms' own values at this look, plotted side by side (rates
+    /// and latency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arms: Option<ArmValues>,
+}
+
+/// The candidate's and the champion's value of one measure at one look.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ArmValues {
+    /// What both values are (e.g. "failure rate in the current epoch (%)").
+    pub measure: String,
+    pub candidate: f64,
+    pub champion: f64,
 }
 
 impl GatePoint {
@@ -52,6 +66,7 @@ impl GatePoint {
             limit,
             fails,
             log: false,
+            arms: None,
         }
     }
 
@@ -64,7 +79,13 @@ impl GatePoint {
             limit: Some(threshold),
             fails: Fails::Above,
             log: true,
+            arms: None,
         }
+    }
+
+    fn with_arms(mut self, arms: Option<ArmValues>) -> Self {
+        self.arms = arms;
+        self
     }
 }
 
@@ -84,7 +105,40 @@ fn latency(name: &str, q: &QuantileComparison) -> GatePoint {
         limit,
         fails: Fails::Above,
         log: false,
+        arms: Some(ArmValues {
+            measure: format!("{name} estimate (ms)"),
+            candidate: q.candidate.estimate_us as f64 / 1000.0,
+            champion: q.champion.estimate_us as f64 / 1000.0,
+        }),
     }
+}
+
+/// Both arms' failure rates (%) as the gate compared them: in the latest
+/// epoch that has counts under `sequential`, over the window under
+/// `windowed`; `None` before either arm has a request.
+fn failure_rates(evidence: &Evidence) -> Option<ArmValues> {
+    let Evidence::ErrorRate {
+        candidate,
+        champion,
+        epochs,
+        ..
+    } = evidence
+    else {
+        return None;
+    };
+    let (c, h, measure) = match epochs.last() {
+        Some(e) => (
+            e.candidate,
+            e.champion,
+            format!("failure rate in epoch {} (%)", e.epoch),
+        ),
+        None => (*candidate, *champion, "failure rate (%)".to_string()),
+    };
+    (c.requests + h.requests > 0).then_some(ArmValues {
+        measure,
+        candidate: c.rate * 100.0,
+        champion: h.rate * 100.0,
+    })
 }
 
 /// The plotted measure of one gate's verdict under `plan`; `None` when the
@@ -106,7 +160,8 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
                 Some(*margin),
                 Fails::Above,
             ),
-        },
+        }
+        .with_arms(failure_rates(&g.evidence)),
         Evidence::Latency { median, tail, .. } => match (tail, median) {
             (Some(t), _) => latency("p95", t),
             (None, Some(m)) => latency("p50", m),
@@ -133,6 +188,7 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
                     limit: Some(*margin),
                     fails: Fails::Above,
                     log: false,
+                    arms: None,
                 }
             }
         },
@@ -168,6 +224,7 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
                 limit: Some(*max),
                 fails: Fails::Above,
                 log: false,
+                arms: None,
             },
             (max, _) => GatePoint::interval(
                 "candidate error rate",
@@ -202,6 +259,7 @@ mod tests {
             failures: 1,
             requests: 100,
             rate: 0.01,
+            client_errors: 0,
         };
         Evidence::ErrorRate {
             candidate: c,
@@ -223,6 +281,9 @@ mod tests {
             client_error_e_value: None,
             pass_e_value: None,
             design_effect: None,
+            fail_at: None,
+            pass_at: None,
+            epochs: Vec::new(),
         }
     }
 
@@ -236,6 +297,38 @@ mod tests {
         let limit = p.limit.expect("limit");
         assert!((limit - 2.0 / metric_alpha(&plan)).abs() < 1e-9, "{limit}");
         assert_eq!(p.fails, Fails::Above);
+    }
+
+    #[test]
+    fn both_arms_rates_are_those_of_the_epoch_the_test_compared_last() {
+        let counts = |failures, requests| Counts {
+            failures,
+            requests,
+            rate: failures as f64 / requests as f64,
+            client_errors: 0,
+        };
+        let mut ev = error_rate(Some(3.0));
+        if let Evidence::ErrorRate { epochs, .. } = &mut ev {
+            *epochs = vec![
+                crate::gate::EpochCounts {
+                    epoch: 1,
+                    candidate: counts(1, 100),
+                    champion: counts(1, 100),
+                },
+                crate::gate::EpochCounts {
+                    epoch: 2,
+                    candidate: counts(90, 100),
+                    champion: counts(45, 50),
+                },
+            ];
+        }
+        let p = gate_point(&verdict(ev), &Plan::default()).expect("point");
+        let arms = p.arms.expect("both arms");
+        assert_eq!((arms.candidate, arms.champion), (90.0, 90.0));
+        assert!(arms.measure.contains("epoch 2"), "{}", arms.measure);
+        // Windowed: the window's own rates.
+        let p = gate_point(&verdict(error_rate(None)), &Plan::default()).expect("point");
+        assert_eq!(p.arms.map(|a| (a.candidate, a.champion)), Some((1.0, 1.0)));
     }
 
     #[test]
@@ -275,6 +368,8 @@ mod tests {
         // max(21 × 1.2, 21 + 10) = 31 ms.
         assert_eq!(p.limit, Some(31.0));
         assert_eq!((p.lower, p.upper), (Some(28.0), Some(32.0)));
+        let arms = p.arms.expect("both arms");
+        assert_eq!((arms.candidate, arms.champion), (30.0, 20.0));
         let empty = Evidence::Latency {
             candidate_successes: 0,
             champion_successes: 0,

@@ -300,6 +300,11 @@ impl RevisionStats {
         self.client_errors += 1;
     }
 
+    /// `n` requests the client got wrong (4xx).
+    pub fn record_client_errors(&mut self, n: u64) {
+        self.client_errors += n;
+    }
+
     /// `n` requests sent to the revision, before their outcome is known.
     pub fn record_arrivals(&mut self, n: u64) {
         self.arrived += n;

@@ -1,7 +1,7 @@
 //! Verdicts in plain words, for people: the CLI prints them, the admin
 //! API serves them to the dashboard, so both say the same thing.
 
-use crate::gate::{Evidence, QuantileComparison};
+use crate::gate::{Counts, Evidence, QuantileComparison};
 use crate::{GateVerdict, Outcome, Phase, RollbackReason, StageVerdict};
 
 fn pct(x: f64) -> String {
@@ -32,35 +32,135 @@ fn quantile(name: &str, q: &QuantileComparison) -> String {
     )
 }
 
-/// One line per gate: its outcome, reason and the numbers behind it.
-pub fn gate_line(g: &GateVerdict) -> String {
+/// A number as people read it: three significant digits, powers of ten
+/// for the very large and very small (an e-value of 1.4e15, not fifteen
+/// digits).
+pub fn number(x: f64) -> String {
+    if !x.is_finite() {
+        return if x.is_nan() { "?".into() } else { "∞".into() };
+    }
+    let a = x.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e4).contains(&a) {
+        format!("{x:.1e}")
+    } else {
+        let digits = (2 - a.log10().floor() as i32).max(0) as usize;
+        let s = format!("{x:.digits$}");
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    }
+}
+
+/// `k/n failed (rate)`, and the client errors beside when `with_4xx`.
+fn arm_counts(c: &Counts, with_4xx: bool) -> String {
+    let mut s = format!("{}/{} failed ({})", c.failures, c.requests, pct(c.rate));
+    if with_4xx {
+        s.push_str(&format!(
+            ", {}/{} answers 4xx ({})",
+            c.client_errors,
+            c.answers(),
+            pct(crate::stats::rate(c.client_errors, c.answers()))
+        ));
+    }
+    s
+}
+
+/// Both arms' counts, with client errors for both when either had any.
+fn both_arms(candidate: &Counts, champion: &Counts) -> String {
+    let with_4xx = candidate.client_errors + champion.client_errors > 0;
+    format!(
+        "candidate {}; champion {}",
+        arm_counts(candidate, with_4xx),
+        arm_counts(champion, with_4xx)
+    )
+}
+
+/// An e-value against the value it is judged at.
+fn e_against(name: &str, e: f64, at: Option<f64>, verb: &str) -> String {
+    match at {
+        Some(t) => format!("{name} e-value {} ({verb} at {})", number(e), number(t)),
+        None => format!("{name} e-value {}", number(e)),
+    }
+}
+
+/// Whether one-sided test's result, in words.
+fn shown(yes: bool, what: &str) -> String {
+    if yes {
+        format!("shown {what}")
+    } else {
+        format!("not shown {what}")
+    }
+}
+
+/// A gate's line: its outcome, reason and the numbers its test used; then (indented) the strata its test compared within:
+/// the statistics printed are those that decided, and pooled totals are
+/// labelled as such.
+pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
     let reason = serde_reason(g);
+    let mut more = Vec::new();
     let detail = match &g.evidence {
         Evidence::ErrorRate {
             candidate,
             champion,
             difference,
             margin,
-            e_value,
+            e_value: Some(e),
             client_error_e_value,
             pass_e_value,
             design_effect,
+            fail_at,
+            pass_at,
+            epochs,
+            ..
+        } => {
+            let mut tests = vec![e_against("failures", *e, *fail_at, "fails")];
+            if let Some(ce) = client_error_e_value {
+                tests.push(e_against("client errors (4xx)", *ce, *fail_at, "fails"));
+            }
+            if let Some(p) = pass_e_value {
+                tests.push(e_against("not worse", *p, *pass_at, "passes"));
+            }
+            if let Some(d) = design_effect {
+                tests.push(format!("design effect {}", number(*d)));
+            }
+            for ep in epochs {
+                more.push(format!(
+                    "  epoch {}: {}",
+                    ep.epoch,
+                    both_arms(&ep.candidate, &ep.champion)
+                ));
+            }
+            more.push(format!(
+                "  pooled over the rollout (read, not tested): {}; \
+                 difference in [{}, {}], margin {}",
+                both_arms(candidate, champion),
+                pct(difference.lower),
+                pct(difference.upper),
+                pct(*margin),
+            ));
+            format!(
+                "{}; compared within {} epoch{}",
+                tests.join(", "),
+                epochs.len(),
+                if epochs.len() == 1 { "" } else { "s" }
+            )
+        }
+        Evidence::ErrorRate {
+            candidate,
+            champion,
+            difference,
+            margin,
             ..
         } => format!(
-            "candidate {}/{} failed ({}), champion {}/{} ({}); difference in [{}, {}], margin {}{}{}{}{}",
-            candidate.failures,
-            candidate.requests,
-            pct(candidate.rate),
-            champion.failures,
-            champion.requests,
-            pct(champion.rate),
+            "{}; difference in [{}, {}], margin {}",
+            both_arms(candidate, champion),
             pct(difference.lower),
             pct(difference.upper),
             pct(*margin),
-            e_value.map_or(String::new(), |e| format!("; e-value {e:.3}")),
-            client_error_e_value.map_or(String::new(), |e| format!(", client errors {e:.3}")),
-            pass_e_value.map_or(String::new(), |e| format!(", not worse {e:.3}")),
-            design_effect.map_or(String::new(), |d| format!("; design effect {d:.2}"))
         ),
         Evidence::Latency { median, tail, .. } => match (median, tail) {
             (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
@@ -71,6 +171,7 @@ pub fn gate_line(g: &GateVerdict) -> String {
             margin,
             e_value,
             max_class_ratio,
+            fail_at,
             ..
         } => {
             let worst = classes.iter().max_by(|a, b| {
@@ -78,23 +179,76 @@ pub fn gate_line(g: &GateVerdict) -> String {
                 let wb = b.difference.lower.abs().max(b.difference.upper.abs());
                 wa.total_cmp(&wb)
             });
-            let budget = match (e_value, max_class_ratio) {
-                (Some(e), Some(r)) => {
-                    format!("class rates within {r}x of the champion's; e-value {e:.3}")
-                }
-                _ => format!("margin ±{}", pct(*margin)),
+            let (test, read) = match (e_value, max_class_ratio) {
+                (Some(e), Some(r)) => (
+                    format!(
+                        "class rates within {}x of the champion's: {}; ",
+                        number(*r),
+                        e_against("class mix", *e, *fail_at, "fails")
+                    ),
+                    " (read, not tested)",
+                ),
+                _ => (String::new(), ""),
             };
             match worst {
                 Some(c) => format!(
-                    "class {:?}: candidate {} vs champion {}, difference in [{}, {}]; {budget}",
+                    "{test}class {:?}: candidate {} vs champion {}, difference in [{}, {}]{read}{}",
                     c.class,
                     pct(c.candidate_rate),
                     pct(c.champion_rate),
                     pct(c.difference.lower),
                     pct(c.difference.upper),
+                    if read.is_empty() {
+                        format!("; margin ±{}", pct(*margin))
+                    } else {
+                        String::new()
+                    }
                 ),
                 None => "no predictions yet".into(),
             }
+        }
+        Evidence::ShadowAgreement {
+            pairs,
+            agreements,
+            agreement,
+            min_agreement,
+            champion_confident,
+            confident_flips,
+            flip_rate,
+            max_flip_rate,
+            shown: Some(t),
+            ..
+        } => {
+            let rate = |k: u64, n: u64| pct(crate::stats::rate(k, n));
+            let agreement_test = if t.agreement_below {
+                shown(true, &format!("below the required {}", pct(*min_agreement)))
+            } else if t.within {
+                shown(true, &format!("at or above {}", pct(*min_agreement)))
+            } else {
+                shown(false, &format!("either side of {}", pct(*min_agreement)))
+            };
+            let flips_test = if *max_flip_rate >= 1.0 {
+                "not tested (max_flip_rate = 100%)".to_string()
+            } else if t.flips_above {
+                shown(true, &format!("above the allowed {}", pct(*max_flip_rate)))
+            } else if t.within {
+                shown(true, &format!("at or below {}", pct(*max_flip_rate)))
+            } else {
+                shown(false, &format!("above {} yet", pct(*max_flip_rate)))
+            };
+            more.push(format!(
+                "  anytime bounds (read, not tested): agreement in [{}, {}], flips in [{}, {}]",
+                pct(agreement.lower),
+                pct(agreement.upper),
+                pct(flip_rate.lower),
+                pct(flip_rate.upper),
+            ));
+            format!(
+                "{agreements}/{pairs} pairs agreed ({}), {agreement_test}; \
+                 {confident_flips}/{champion_confident} high-confidence decisions flipped ({}), {flips_test}",
+                rate(*agreements, *pairs),
+                rate(*confident_flips, *champion_confident),
+            )
         }
         Evidence::ShadowAgreement {
             pairs,
@@ -122,19 +276,20 @@ pub fn gate_line(g: &GateVerdict) -> String {
             p95,
             ..
         } => format!(
-            "candidate {}/{} failed, rate in [{}, {}]; p95 {}",
-            candidate.failures,
-            candidate.requests,
+            "candidate {}, rate in [{}, {}]; p95 {}",
+            arm_counts(candidate, candidate.client_errors > 0),
             pct(error_rate.lower),
             pct(error_rate.upper),
             ms(p95.map(|b| b.estimate_us))
         ),
     };
-    format!(
+    let mut lines = vec![format!(
         "{:<17} {} ({reason}): {detail}",
         g.gate.as_str(),
         outcome(g.outcome)
-    )
+    )];
+    lines.extend(more);
+    lines
 }
 
 fn serde_reason(g: &GateVerdict) -> String {
@@ -290,7 +445,8 @@ pub fn verdict_lines(v: &StageVerdict) -> Vec<String> {
     let mut lines: Vec<String> = v
         .gates
         .iter()
-        .map(|g| clean(&gate_line(g)).into_owned())
+        .flat_map(gate_lines)
+        .map(|l| clean(&l).into_owned())
         .collect();
     if let Some(c) = &v.confirmation
         && c.breached
@@ -338,6 +494,24 @@ mod tests {
             clean("plain"),
             std::borrow::Cow::Borrowed("plain")
         ));
+    }
+
+    #[test]
+    fn numbers_are_rounded_for_reading() {
+        for (x, shown) in [
+            (0.0, "0"),
+            (0.17234, "0.172"),
+            (1.0, "1"),
+            (25.14, "25.1"),
+            (40.0, "40"),
+            (1234.6, "1235"),
+            (1.4e15, "1.4e15"),
+            (0.00012, "1.2e-4"),
+            (-2.5, "-2.5"),
+            (f64::INFINITY, "∞"),
+        ] {
+            assert_eq!(number(x), shown, "{x}");
+        }
     }
 
     #[test]

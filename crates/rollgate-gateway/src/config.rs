@@ -31,6 +31,14 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The header a sticky key is read from.
     pub key_header: String,
+    /// The header a tester pins a request to a revision with: its value
+    /// is `candidate`, `shadow` or a revision id routed for the model.
+    /// Pinned requests are served by that revision and never counted as
+    /// evidence (see `ModelRoute::pinning`).
+    pub pin_header: String,
+    /// A cookie that pins like `pin_header` (for browsers); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pin_cookie: Option<String>,
     pub limits: Limits,
     pub mirror: MirrorConfig,
     /// TLS on the listener (HTTP/2 offered by ALPN); unset: plain HTTP
@@ -49,6 +57,8 @@ impl Default for GatewayConfig {
             id: "gateway".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             key_header: "x-rollgate-key".into(),
+            pin_header: "x-rollgate-pin".into(),
+            pin_cookie: None,
             limits: Limits::default(),
             mirror: MirrorConfig::default(),
             tls: None,
@@ -210,6 +220,15 @@ pub struct ModelRoute {
     /// the champion nothing while no shadow runs. No candidate is routed.
     #[serde(default)]
     pub mirror_only: bool,
+    /// Whether a tester may pin a request to a revision of this model
+    /// (`pin_header`, `pin_cookie`); off: the pin is ignored and the
+    /// request routed as any other.
+    #[serde(default = "pinning_on")]
+    pub pinning: bool,
+}
+
+fn pinning_on() -> bool {
+    true
 }
 
 fn default_confidence() -> f64 {

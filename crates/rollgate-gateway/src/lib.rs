@@ -57,6 +57,8 @@ struct Counters {
     /// Requests in another protocol than their model's (400, not forwarded).
     wrong_protocol: AtomicU64,
     fallbacks: Mutex<HashMap<String, u64>>,
+    /// Per model and revision: requests pinned by a tester.
+    pinned: Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
     /// Models that cannot be routed now, and why (logged once per reason).
     unroutable: Mutex<BTreeMap<String, String>>,
 }
@@ -66,6 +68,14 @@ impl Counters {
         let mut f = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
         *f.entry(model.to_string()).or_default() += 1;
     }
+
+    fn pinned(&self, model: &str, revision: &str) {
+        let mut p = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        *p.entry(model.to_string())
+            .or_default()
+            .entry(revision.to_string())
+            .or_default() += 1;
+    }
 }
 
 struct Inner {
@@ -73,6 +83,9 @@ struct Inner {
     boot: String,
     limits: Limits,
     key_header: HeaderName,
+    /// Pins a request to a revision (see `GatewayConfig::pin_header`).
+    pin_header: HeaderName,
+    pin_cookie: Option<String>,
     routes: ArcSwap<RoutingTable>,
     /// Held by whoever changes the routes: a whole-table change and a
     /// one-model change must not overwrite each other.
@@ -148,6 +161,12 @@ impl Inner {
                 .map(|(k, v)| (k.clone(), *v))
                 .collect(),
             in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+            pinned: self
+                .counters
+                .pinned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             unroutable: self
                 .counters
                 .unroutable
@@ -180,6 +199,27 @@ impl Gateway {
                 field: "key_header".into(),
                 message: format!("{:?} is not a valid header name", config.key_header),
             })?;
+        let pin_header = HeaderName::from_bytes(config.pin_header.to_ascii_lowercase().as_bytes())
+            .ok()
+            .filter(|h| *h != key_header)
+            .ok_or_else(|| ConfigError {
+                field: "pin_header".into(),
+                message: format!(
+                    "{:?} is not a valid header name other than key_header",
+                    config.pin_header
+                ),
+            })?;
+        if let Some(c) = &config.pin_cookie
+            && (c.is_empty()
+                || !c
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
+        {
+            return Err(ConfigError {
+                field: "pin_cookie".into(),
+                message: format!("{c:?} is not a valid cookie name"),
+            });
+        }
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(config.limits.connect_timeout));
@@ -219,6 +259,8 @@ impl Gateway {
                 boot: format!("{:016x}", rand::random::<u64>()),
                 limits: config.limits.clone(),
                 key_header,
+                pin_header,
+                pin_cookie: config.pin_cookie.clone(),
                 routes: ArcSwap::from_pointee(table),
                 route_writes: Mutex::new(()),
                 recorders,

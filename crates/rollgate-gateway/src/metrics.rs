@@ -181,6 +181,24 @@ impl Collector for SnapshotCollector {
             "Unreachable-candidate requests retried on the champion.",
             fallbacks,
         )?;
+        let pinned = s
+            .pinned
+            .iter()
+            .flat_map(|(m, revs)| {
+                revs.iter().map(move |(r, n)| {
+                    (
+                        vec![("model", m.clone()), ("revision", r.clone())],
+                        ConstCounter::new(*n),
+                    )
+                })
+            })
+            .collect();
+        family(
+            &mut enc,
+            "rollgate_pinned_requests",
+            "Requests a tester pinned to a revision (served; never evidence for a gate).",
+            pinned,
+        )?;
         family(
             &mut enc,
             "rollgate_overloaded",

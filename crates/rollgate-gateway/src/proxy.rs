@@ -406,6 +406,26 @@ fn sticky_key<'a>(
     rand::random::<u64>().to_le_bytes().to_vec().into()
 }
 
+/// A tester's pin: the pin header, else the pin cookie (trimmed; empty
+/// counts as none).
+fn pin_of<'a>(inner: &Inner, headers: &'a HeaderMap) -> Option<std::borrow::Cow<'a, str>> {
+    if let Some(v) = headers.get(&inner.pin_header) {
+        let v = v.to_str().ok()?.trim();
+        return (!v.is_empty()).then_some(v.into());
+    }
+    let name = inner.pin_cookie.as_deref()?;
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v.trim().trim_matches('"'))
+        .filter(|v| !v.is_empty())
+        .map(|v| v.to_string().into())
+}
+
 /// Counts a request in flight for as long as it lives: dropped (also when
 /// the client goes away and the request's future is dropped), it counts
 /// the request out, so the gauge cannot leak.
@@ -559,6 +579,39 @@ pub(crate) async fn predict_admitted(
     let path_q = path_and_query(&parts.uri);
     // gRPC compresses by its own rules (`grpc-encoding`), not HTTP's.
     let gzip = wire == Wire::Rest && accepts_gzip(&parts.headers);
+    let may_stream = wire == Wire::Rest && !route.read_predictions;
+    // A tester's pinned request: served by the revision it names and
+    // counted apart, never as evidence (it was not assigned at random).
+    if route.pinning
+        && let Some(pin) = pin_of(inner, &parts.headers)
+    {
+        let Some(target) = route.pinned(&pin) else {
+            return refuse(
+                wire,
+                StatusCode::CONFLICT,
+                "pin_not_routed",
+                &format!(
+                    "the request is pinned to {:?}, which model {} does not route now \
+                     (pin `candidate`, `shadow` or a routed revision's id)",
+                    rollgate_core::words::clean(&pin),
+                    route.name
+                ),
+            );
+        };
+        inner.counters.pinned(&route.name, &target.revision);
+        let outcome = forward(
+            inner,
+            target,
+            parts.method,
+            &path_q,
+            &parts.headers,
+            body.again(),
+            wire,
+            may_stream,
+        )
+        .await;
+        return finish(outcome, target, None, gzip, wire);
+    }
     let key = if route.per_request {
         rand::random::<u64>().to_le_bytes().to_vec().into()
     } else {
@@ -569,9 +622,8 @@ pub(crate) async fn predict_admitted(
     // The key's unit group: outcomes are also counted per group, since the
     // key, not the request, is what the split randomised.
     let unit = rollgate_core::unit_of(bucket);
-    // An answer beyond the response limit may be passed on as it arrives
-    // only when nothing needs it whole.
-    let may_stream = wire == Wire::Rest && !route.read_predictions;
+    // (An answer beyond the response limit may be passed on as it arrives
+    // only when nothing needs it whole: `may_stream`.)
 
     let chosen = match &route.candidate {
         Some((target, weight)) if crate::assign::to_candidate(bucket, *weight) => Some(target),

@@ -147,6 +147,28 @@ pub struct Route {
     /// Only copies of another data plane's requests arrive: see
     /// `ModelRoute::mirror_only`.
     pub mirror_only: bool,
+    /// Testers may pin requests to a revision (`ModelRoute::pinning`).
+    pub pinning: bool,
+}
+
+impl Route {
+    /// The revision a tester's pin names: `candidate` (the live candidate,
+    /// else the shadow: in SHADOW the candidate is only mirrored),
+    /// `shadow`, or a routed revision's id. `None`: none is routed now.
+    pub fn pinned(&self, pin: &str) -> Option<&Target> {
+        let candidate = self.candidate.as_ref().map(|(t, _)| t);
+        let shadow = self.shadow.as_ref().map(|(t, _, _)| t);
+        if pin.eq_ignore_ascii_case("candidate") {
+            return candidate.or(shadow);
+        }
+        if pin.eq_ignore_ascii_case("shadow") {
+            return shadow;
+        }
+        [Some(&self.champion), candidate, shadow]
+            .into_iter()
+            .flatten()
+            .find(|t| t.revision == pin)
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -238,6 +260,7 @@ impl RoutingTable {
             fallback_to_champion: m.fallback_to_champion,
             champion: Target::new(&m.name, epoch, &m.champion, default_timeout, rec),
             mirror_only: m.mirror_only,
+            pinning: m.pinning && !m.mirror_only,
             candidate: m.candidate.as_ref().filter(|_| !m.mirror_only).map(|c| {
                 (
                     Target::new(&m.name, epoch, &c.upstream, default_timeout, rec),
@@ -345,6 +368,7 @@ mod incremental {
             confidence_threshold: 0.9,
             numeric_tolerance: 1e-6,
             fallback_to_champion: false,
+            pinning: true,
             champion: upstream(champion),
             candidate: candidate.map(|w| WeightedUpstream {
                 upstream: upstream(5),

@@ -28,7 +28,7 @@ use crate::common::{route, up};
 
 /// What a test upstream does with each request.
 #[derive(Clone)]
-enum Behaviour {
+pub(crate) enum Behaviour {
     Answer(u16, &'static str),
     /// Answers after a delay.
     Slow(Duration, &'static str),
@@ -42,20 +42,20 @@ enum Behaviour {
 
 /// What a recording upstream saw of one request.
 #[derive(Debug, Clone, PartialEq)]
-struct Seen {
+pub(crate) struct Seen {
     path: String,
     authorization: Option<String>,
     host: Option<String>,
 }
 
-struct TestUpstream {
-    url: String,
-    hits: Arc<AtomicU64>,
+pub(crate) struct TestUpstream {
+    pub(crate) url: String,
+    pub(crate) hits: Arc<AtomicU64>,
     /// Connections accepted.
     conns: Arc<AtomicU64>,
 }
 
-async fn upstream(behaviour: Behaviour) -> TestUpstream {
+pub(crate) async fn upstream(behaviour: Behaviour) -> TestUpstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let hits = Arc::new(AtomicU64::new(0));
@@ -132,7 +132,7 @@ async fn closed_url() -> String {
     format!("http://{addr}")
 }
 
-fn with_candidate(mut r: ModelRoute, url: &str, weight_bp: u32) -> ModelRoute {
+pub(crate) fn with_candidate(mut r: ModelRoute, url: &str, weight_bp: u32) -> ModelRoute {
     r.candidate = Some(WeightedUpstream {
         upstream: up("cand", url),
         weight_bp,
@@ -140,7 +140,7 @@ fn with_candidate(mut r: ModelRoute, url: &str, weight_bp: u32) -> ModelRoute {
     r
 }
 
-fn with_shadow(mut r: ModelRoute, url: &str, mirror_bp: u32) -> ModelRoute {
+pub(crate) fn with_shadow(mut r: ModelRoute, url: &str, mirror_bp: u32) -> ModelRoute {
     r.shadow = Some(MirroredUpstream {
         upstream: up("shadow", url),
         mirror_bp,
@@ -148,15 +148,15 @@ fn with_shadow(mut r: ModelRoute, url: &str, mirror_bp: u32) -> ModelRoute {
     r
 }
 
-struct Running {
-    addr: SocketAddr,
-    gateway: Gateway,
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    pub(crate) gateway: Gateway,
     stop: Option<oneshot::Sender<()>>,
     done: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Running {
-    async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -166,7 +166,7 @@ impl Running {
     }
 }
 
-async fn start(config: GatewayConfig) -> Running {
+pub(crate) async fn start(config: GatewayConfig) -> Running {
     let gateway = Gateway::new(&config).expect("valid config");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -182,24 +182,24 @@ async fn start(config: GatewayConfig) -> Running {
     }
 }
 
-fn config(models: Vec<ModelRoute>) -> GatewayConfig {
+pub(crate) fn config(models: Vec<ModelRoute>) -> GatewayConfig {
     GatewayConfig {
         models,
         ..GatewayConfig::default()
     }
 }
 
-struct Reply {
+pub(crate) struct Reply {
     status: StatusCode,
     revision: Option<String>,
-    body: String,
+    pub(crate) body: String,
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
-async fn call(
+pub(crate) async fn call(
     c: &Client<HttpConnector, Full<Bytes>>,
     addr: SocketAddr,
     method: &str,
@@ -263,14 +263,14 @@ async fn eventually(g: &Gateway, cond: impl Fn(&GatewaySnapshot) -> bool) -> Gat
     panic!("condition not reached: {:?}", g.snapshot());
 }
 
-fn rev(s: &GatewaySnapshot, r: &str) -> rollgate_core::RevisionStats {
+pub(crate) fn rev(s: &GatewaySnapshot, r: &str) -> rollgate_core::RevisionStats {
     s.models
         .get("m")
         .map(|m| m.revision(r).clone())
         .unwrap_or_default()
 }
 
-const ONE: &str = r#"{"predictions":[1]}"#;
+pub(crate) const ONE: &str = r#"{"predictions":[1]}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assignment_is_sticky_and_follows_the_documented_hash() {

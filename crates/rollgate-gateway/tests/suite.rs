@@ -6,5 +6,7 @@
 mod common;
 mod grpc;
 mod it;
+mod pin;
+mod refusals;
 mod stream;
 mod tls;

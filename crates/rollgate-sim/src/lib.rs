@@ -55,6 +55,9 @@ pub struct ArmModel {
     pub hang: f64,
     /// Share of successes answered with class "fraud" (the rest "ok").
     pub fraud: f64,
+    /// Probability that a request is answered 4xx (the model refusing
+    /// what it should serve, e.g. 404 for a renamed model).
+    pub client_error: f64,
 }
 
 impl Default for ArmModel {
@@ -76,6 +79,7 @@ impl ArmModel {
         sigma: 0.25,
         hang: 0.0,
         fraud: 0.3,
+        client_error: 0.0,
     };
 }
 
@@ -510,6 +514,14 @@ impl CoreDecider {
     }
 }
 
+impl CoreDecider {
+    /// The rollout as the state machine left it (what `rollout status`
+    /// reads).
+    pub fn rollout(&self) -> (&RolloutSpec, &RolloutState) {
+        (&self.spec, &self.state)
+    }
+}
+
 impl Decider for CoreDecider {
     fn observe(
         &mut self,
@@ -918,6 +930,9 @@ fn serve(
         Senders::Alike => {
             let hung = binomial(rng, count, p_hang);
             let count = count - hung;
+            let refused = binomial(rng, count, arm.model.client_error);
+            record_client_errors(rng, sinks, rev, refused, &mut units);
+            let count = count - refused;
             let failures = if outage {
                 count
             } else {
@@ -938,6 +953,10 @@ fn serve(
                 if p_hang > 0.0 && uniform(rng) < p_hang {
                     n_hung += 1;
                     hung.failures(unit, 1);
+                } else if arm.model.client_error > 0.0 && uniform(rng) < arm.model.client_error {
+                    let stats = sinks.now.revision_mut(rev);
+                    stats.record_client_error();
+                    stats.unit_mut(unit as u16).record_client_error();
                 } else if outage
                     || uniform(rng) < 1.0 - (1.0 - user.failure) * (1.0 - arm.model.failure)
                 {
@@ -985,6 +1004,18 @@ fn serve(
     stats.record_predictions("fraud", fraud);
     stats.record_predictions("ok", successes - fraud);
     successes
+}
+
+/// Records `n` client errors (4xx) of users all alike, each in a unit
+/// group drawn uniformly.
+fn record_client_errors(rng: &mut Rng, sinks: &mut Sinks, rev: &str, n: u64, units: &mut UnitAcc) {
+    if n == 0 {
+        return;
+    }
+    let stats = sinks.now.revision_mut(rev);
+    stats.record_client_errors(n);
+    (0..n).for_each(|_| units.client_errors(any_unit(rng), 1));
+    units.flush(stats);
 }
 
 /// Records `hung` timeouts and `failures` 5xx of users all alike, each in

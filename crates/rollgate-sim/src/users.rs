@@ -174,6 +174,10 @@ impl UnitAcc {
         self.0[unit].record_failures(n);
     }
 
+    pub(crate) fn client_errors(&mut self, unit: usize, n: u64) {
+        self.0[unit].client_errors += n;
+    }
+
     pub(crate) fn flush(&mut self, stats: &mut RevisionStats) {
         for (u, t) in self.0.iter_mut().enumerate() {
             if !t.is_empty() {

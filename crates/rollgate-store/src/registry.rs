@@ -43,6 +43,11 @@ pub struct ModelSpec {
     /// the stage's clock starts. Unset: rollgate's gateways route it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_plane: Option<DataPlaneRef>,
+    /// Whether testers may pin their own requests to the candidate or
+    /// shadow with the gateway's pin header or cookie (default: yes).
+    /// Pinned requests are served and counted apart, never as evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinning: Option<bool>,
 }
 
 /// A model's data plane as its spec names it. Adapters write files and

@@ -12,6 +12,7 @@ use rollgate_store::{AuditRecord, RolloutRecord};
 use serde_json::{Value, json};
 
 use crate::client::{Api, CallError};
+use crate::status::rollout_view;
 use rollgate_core::words;
 
 #[derive(Args, Debug, Clone)]
@@ -624,72 +625,6 @@ pub fn champion(g: &Global, cmd: &ChampionCmd) -> anyhow::Result<ExitCode> {
     })()))
 }
 
-/// A compact view of one rollout: stage, weight, per-gate verdict and bounds.
-fn rollout_view(r: &RolloutRecord) -> String {
-    let mut out = format!(
-        "rollout {}  {}  {} -> {}  {}{}\n",
-        r.id,
-        r.spec.model,
-        r.spec.champion,
-        r.spec.candidate,
-        words::stage_label(&r.state.phase),
-        if r.state.paused { "  (PAUSED)" } else { "" }
-    );
-    if r.state.phase.is_terminal() {
-        out.push_str(&format!(
-            "  {}\n",
-            words::rollout_phase_line(&r.spec.plan, &r.state.phase)
-        ));
-    }
-    if let Some(a) = &r.state.awaiting {
-        let deadline = r
-            .spec
-            .plan
-            .approval_before(a.before)
-            .and_then(|s| s.deadline.map(|d| (d, s.on_deadline)));
-        out.push_str(&format!(
-            "  WAITING FOR APPROVAL of {} since {}{} (rollgate rollout approve {} --reason ...)\n",
-            a.before,
-            rfc3339(a.since, false),
-            match deadline {
-                Some((d, on)) if !a.deadline_passed => format!(
-                    "; {} at {}",
-                    if on == rollgate_core::plan::OnDeadline::Hold {
-                        "holds"
-                    } else {
-                        "rolls back"
-                    },
-                    rfc3339(a.since.plus(d), false)
-                ),
-                Some(_) => "; its deadline passed, holding".to_string(),
-                None => String::new(),
-            },
-            r.id
-        ));
-    }
-    if let rollgate_core::Phase::RolledBack { reason } = &r.state.phase {
-        out.push_str(&format!(
-            "  {}\n",
-            words::rejection_line(reason, &r.spec.plan)
-        ));
-    }
-    if r.state.phase == (rollgate_core::Phase::Promoted { manual: false }) {
-        out.push_str(&format!("  {}\n", words::promotion_line(&r.spec.plan)));
-    }
-    if let Some(v) = &r.state.last_verdict {
-        out.push_str(&format!(
-            "  last evaluation: {:?} ({}), {:.0}s into the stage\n",
-            v.outcome,
-            v.reason.code(),
-            v.elapsed_ms as f64 / 1000.0
-        ));
-        for line in words::verdict_lines(v) {
-            out.push_str(&format!("    {line}\n"));
-        }
-    }
-    out
-}
-
 fn rollout_record(v: Value) -> Result<RolloutRecord, CallError> {
     serde_json::from_value(v)
         .map_err(|e| CallError::Other(format!("unexpected rollout from the API: {e}")))
@@ -836,7 +771,7 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
 
 /// A store timestamp as RFC 3339 to the millisecond: in UTC (`Z`), or
 /// with `local` in the local time zone (its offset).
-fn rfc3339(t: rollgate_core::Timestamp, local: bool) -> String {
+pub(crate) fn rfc3339(t: rollgate_core::Timestamp, local: bool) -> String {
     rfc3339_in(t, local.then(jiff::tz::TimeZone::system).as_ref())
 }
 

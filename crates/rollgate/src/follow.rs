@@ -97,6 +97,7 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 // only measures a shadow, on copies of its requests (and
                 // routes no candidate: `ModelRoute::mirror_only`).
                 mirror_only: spec.data_plane.is_some(),
+                pinning: spec.pinning.unwrap_or(true),
             })
         })
         .collect()

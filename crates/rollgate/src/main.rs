@@ -12,6 +12,7 @@ mod seed;
 mod serve;
 mod sim;
 mod sim_demo;
+mod status;
 
 use std::process::ExitCode;
 

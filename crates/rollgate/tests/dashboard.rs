@@ -193,6 +193,20 @@ async fn the_dashboard_follows_explains_and_acts_in_a_real_browser() {
     );
     let r = wait_for(&c, &ctl, id, Duration::from_secs(5), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
+    // Its plots: the e-value on a log axis against its threshold, real
+    // elapsed time, both arms side by side, round numbers (the check
+    // fails on any of these; its summary is printed for the log).
+    let (b, base2, id_s, op) = (
+        Arc::clone(&browser),
+        base.clone(),
+        id.to_string(),
+        operator.clone(),
+    );
+    let axes = blocking(move || {
+        Check::start(&b, &["axes", &base2, &op, &id_s]).passed(Duration::from_secs(90))
+    })
+    .await;
+    eprintln!("{}", axes.join("\n"));
 
     // 2. A broken candidate is rolled back; from the model's page, one
     // click shows why, with the deciding bound.

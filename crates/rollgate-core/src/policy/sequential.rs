@@ -49,9 +49,9 @@ use crate::anytime::{
 };
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
-    Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
-    ShiftJudgement, decide, guard_rail_verdict, judge_quantile, latency_verdict, sample_floor,
-    shadow_verdict, shift_verdict,
+    Arms, Counts, EpochCounts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison,
+    Reason, ShadowShown, ShiftJudgement, decide, guard_rail_verdict, judge_quantile,
+    latency_verdict, sample_floor, shadow_verdict, shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::Plan;
@@ -370,6 +370,20 @@ fn error_gate(
         client_error_e_value: Some(tests.client_errors.exp()),
         pass_e_value: Some(tests.not_worse.exp()),
         design_effect: Some(d),
+        fail_at: Some(2.0 / alpha),
+        pass_at: Some(1.0 / alpha),
+        epochs: epochs
+            .iter()
+            .filter(|(_, s)| {
+                let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
+                c.requests() + c.client_errors() + h.requests() + h.client_errors() > 0
+            })
+            .map(|(e, s)| EpochCounts {
+                epoch: *e,
+                candidate: Counts::of(s.revision(candidate_id)),
+                champion: Counts::of(s.revision(champion_id)),
+            })
+            .collect(),
     };
     let negligible = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha)
         .upper
@@ -451,8 +465,8 @@ fn shadow_gate(
     let agreement = robbins_cs_tempered(p.agreements(), p.pairs(), dd, alpha);
     let flip_rate = robbins_cs_tempered(p.confident_flips(), confident, df, alpha);
     let flips_off = cfg.max_flip_rate >= 1.0;
-    let breached = shown_above(disagreements, p.pairs(), dd, 1.0 - cfg.min_agreement, alpha)
-        || shown_above(p.confident_flips(), confident, df, cfg.max_flip_rate, alpha);
+    let agreement_below = shown_above(disagreements, p.pairs(), dd, 1.0 - cfg.min_agreement, alpha);
+    let flips_above = shown_above(p.confident_flips(), confident, df, cfg.max_flip_rate, alpha);
     let within = shown_above(p.agreements(), p.pairs(), dd, cfg.min_agreement, alpha)
         && (flips_off
             || shown_above(
@@ -467,8 +481,13 @@ fn shadow_gate(
         arms,
         &p,
         (agreement, flip_rate),
-        (breached, within),
+        (agreement_below || flips_above, within),
         true,
+        Some(ShadowShown {
+            agreement_below,
+            flips_above,
+            within,
+        }),
     )
 }
 
@@ -617,6 +636,7 @@ fn shift_gate(plan: &Plan, alpha: f64, tests: ShiftTests, stage: Arms) -> GateVe
         within: tests.within,
         e_value: tests.fail.exp(),
         max_class_ratio: cfg.max_class_ratio,
+        fail_at: 1.0 / alpha,
     };
     shift_verdict(cfg, stage, bound, Some(judgement), true)
 }

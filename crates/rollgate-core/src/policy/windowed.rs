@@ -282,6 +282,9 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         client_error_e_value: None,
         pass_e_value: None,
         design_effect: None,
+        fail_at: None,
+        pass_at: None,
+        epochs: Vec::new(),
     };
     let (outcome, reason) =
         if let Some(r) = sample_floor(c.requests(), h.requests(), cfg.min_requests) {
@@ -371,6 +374,7 @@ pub fn shadow_gate(
             agreement.lower >= cfg.min_agreement && flip_rate.upper <= cfg.max_flip_rate,
         ),
         false,
+        None,
     )
 }
 

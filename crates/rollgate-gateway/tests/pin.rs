@@ -1,0 +1,138 @@
+//! Pinned routing for testers: a request that names a revision (pin header
+//! or cookie) is served by it whatever the weights, counted apart, and
+//! never counted as evidence; a model can turn it off.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+
+use crate::common::route;
+use crate::it::{
+    Behaviour, ONE, client, config, rev, start, upstream, with_candidate, with_shadow,
+};
+
+/// A prediction for model `m` with `headers`: its status, the revision
+/// that answered, its body.
+async fn ask(addr: SocketAddr, headers: &[(&str, &str)]) -> (StatusCode, Option<String>, String) {
+    let mut b = Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/v1/models/m:predict"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b
+        .body(Full::new(Bytes::from_static(br#"{"instances":[[1.0]]}"#)))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), client().request(req))
+        .await
+        .expect("answered within 10 s")
+        .expect("http");
+    let status = resp.status();
+    let revision = resp
+        .headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        revision,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_request_reaches_its_revision_and_is_never_evidence() {
+    let champ = upstream(Behaviour::Answer(200, ONE)).await;
+    let cand = upstream(Behaviour::Answer(200, ONE)).await;
+    let shadow = upstream(Behaviour::Answer(200, ONE)).await;
+    // No live share for the candidate, nothing mirrored: only a pin reaches
+    // either.
+    let m = with_shadow(
+        with_candidate(route(&champ.url), &cand.url, 0),
+        &shadow.url,
+        0,
+    );
+    let mut cfg = config(vec![m.clone()]);
+    cfg.pin_cookie = Some("rollgate_pin".into());
+    let gw = start(cfg).await;
+    let pin = |v: &'static str| [("x-rollgate-pin", v)];
+    for _ in 0..5 {
+        let (s, r, _) = ask(gw.addr, &pin("candidate")).await;
+        assert_eq!((s, r.as_deref()), (StatusCode::OK, Some("cand")));
+    }
+    let (s, r, _) = ask(gw.addr, &pin("shadow")).await;
+    assert_eq!((s, r.as_deref()), (StatusCode::OK, Some("shadow")));
+    let (s, r, _) = ask(gw.addr, &[("cookie", "a=b; rollgate_pin=cand")]).await;
+    assert_eq!(
+        (s, r.as_deref()),
+        (StatusCode::OK, Some("cand")),
+        "by cookie, by id"
+    );
+    let (s, r, _) = ask(gw.addr, &[]).await;
+    assert_eq!(
+        (s, r.as_deref()),
+        (StatusCode::OK, Some("champ")),
+        "unpinned"
+    );
+    // A pin to what is not routed is refused, saying what may be pinned.
+    let (s, _, body) = ask(gw.addr, &pin("r-gone")).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body.contains("pin_not_routed") && body.contains("candidate"),
+        "{body}"
+    );
+
+    assert_eq!(cand.hits.load(Ordering::SeqCst), 6);
+    assert_eq!(shadow.hits.load(Ordering::SeqCst), 1);
+    let snap = gw.gateway.snapshot();
+    let pinned = &snap.pinned["m"];
+    assert_eq!((pinned["cand"], pinned["shadow"]), (6, 1), "{pinned:?}");
+    // Nothing pinned is evidence: the candidate and shadow have no counts
+    // at all, no arrival, no pair; the champion only the unpinned one.
+    for r in ["cand", "shadow"] {
+        let st = rev(&snap, r);
+        assert_eq!((st.arrived(), st.requests()), (0, 0), "{r}: {st:?}");
+    }
+    assert!(
+        snap.models["m"]
+            .pairs_for("shadow")
+            .is_none_or(|p| p.pairs() == 0)
+    );
+    assert_eq!(rev(&snap, "champ").requests(), 1);
+    let metrics = crate::it::call(&client(), gw.addr, "GET", "/metrics", None, "")
+        .await
+        .body;
+    assert!(
+        metrics.contains(r#"rollgate_pinned_requests_total{model="m",revision="cand"} 6"#),
+        "{metrics}"
+    );
+    gw.shutdown().await;
+
+    // Turned off for the model: the pin is ignored, the request routed as
+    // any other (here: to the champion, the candidate having no share).
+    let mut off = m;
+    off.pinning = false;
+    let gw = start(config(vec![off])).await;
+    let (s, r, _) = ask(gw.addr, &pin("candidate")).await;
+    assert_eq!((s, r.as_deref()), (StatusCode::OK, Some("champ")));
+    assert!(gw.gateway.snapshot().pinned.is_empty());
+    gw.shutdown().await;
+}
+
+#[test]
+fn a_pin_header_must_be_a_header_other_than_the_key() {
+    let mut cfg = config(vec![route("http://127.0.0.1:1")]);
+    cfg.pin_header = "x-rollgate-key".into();
+    let e = rollgate_gateway::Gateway::new(&cfg).expect_err("same as the key header");
+    assert_eq!(e.field, "pin_header");
+    cfg.pin_header = "x-rollgate-pin".into();
+    cfg.pin_cookie = Some("a b".into());
+    let e = rollgate_gateway::Gateway::new(&cfg).expect_err("bad cookie name");
+    assert_eq!(e.field, "pin_cookie");
+}
