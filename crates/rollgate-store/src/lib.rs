@@ -32,7 +32,7 @@ pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
     read_sink, verify_anchors, verify_store_anchors,
 };
-pub use postgres::scratch_database;
+pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, Model, ModelSpec, PrometheusEvidence, Protocol,
     Revision, RevisionSpec, RevisionState,

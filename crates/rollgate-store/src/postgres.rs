@@ -305,6 +305,15 @@ impl Db for PgDb<'_> {
     fn memo(&mut self) -> &mut TxMemo {
         &mut self.memo
     }
+
+    fn clock_sql(&self) -> Option<&'static str> {
+        // The statement's own instant (not the transaction's start).
+        Some("(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT")
+    }
+
+    fn share_lock_sql(&self) -> &'static str {
+        " FOR SHARE"
+    }
 }
 
 /// The PostgreSQL engine: a small connection pool.
@@ -390,6 +399,11 @@ impl Engine for Postgres {
         self.run(Mode::Single, work)
     }
 
+    fn lease(&self, work: Work) -> Result<()> {
+        // One atomic statement: not behind the writers' advisory lock.
+        self.run(Mode::Single, work)
+    }
+
     fn name(&self) -> &'static str {
         "postgres"
     }
@@ -413,12 +427,78 @@ fn redacted(url: &str) -> String {
     }
 }
 
+/// How long anything may hold what others wait for on the database, sized
+/// from the controllers' lease: a host cut off (a frozen link, a process
+/// paused inside a transaction) loses its session, and the locks it held,
+/// in time for a standby to take the lease within its expiry plus a
+/// renewal, wherever the host was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// `idle_in_transaction_session_timeout`: a client that stops talking
+    /// inside a transaction (every rollgate transaction sends its
+    /// statements back to back) loses the session and its locks.
+    pub idle_in_transaction: Duration,
+    /// `lock_timeout`: the longest wait for a lock before the statement
+    /// fails (and is retried at the next cycle).
+    pub lock_wait: Duration,
+    /// `statement_timeout`: the longest a statement runs.
+    pub statement: Duration,
+    /// TCP keepalive idle time and `tcp_user_timeout`, both ends: a peer
+    /// that silently vanished is noticed in about `dead_peer`.
+    pub dead_peer: Duration,
+}
+
+impl SessionLimits {
+    /// The limits for controllers leading by a lease of `ttl`: a third
+    /// of it idle in a transaction or to notice a dead peer, `ttl` to wait
+    /// for a lock, and at least a minute for a statement.
+    pub fn for_lease(ttl: Duration) -> SessionLimits {
+        let third = (ttl / 3).max(Duration::from_secs(1));
+        SessionLimits {
+            idle_in_transaction: third,
+            lock_wait: ttl.max(Duration::from_secs(1)),
+            statement: (ttl * 10).max(Duration::from_secs(60)),
+            dead_peer: third,
+        }
+    }
+
+    /// The server's settings for a session, as `-c` options.
+    fn options(&self) -> String {
+        let ms = |d: Duration| d.as_millis();
+        let s = |d: Duration| d.as_secs().max(1);
+        format!(
+            "-c idle_in_transaction_session_timeout={} -c lock_timeout={} -c statement_timeout={} \
+             -c tcp_keepalives_idle={} -c tcp_keepalives_interval={} -c tcp_keepalives_count=3 \
+             -c tcp_user_timeout={}",
+            ms(self.idle_in_transaction),
+            ms(self.lock_wait),
+            ms(self.statement),
+            s(self.dead_peer),
+            s(self.dead_peer / 2),
+            ms(self.dead_peer * 3),
+        )
+    }
+}
+
+impl Default for SessionLimits {
+    /// The limits for the default lease (6 s).
+    fn default() -> Self {
+        SessionLimits::for_lease(Duration::from_secs(6))
+    }
+}
+
 impl SqlStore {
+    /// Connects to the PostgreSQL database at `url` with the default
+    /// [`SessionLimits`]; see [`SqlStore::connect_with`].
+    pub fn connect(url: &str) -> Result<SqlStore> {
+        SqlStore::connect_with(url, SessionLimits::default())
+    }
+
     /// Connects to the PostgreSQL database at `url`
     /// (`postgres://user[:password]@host[:port]/database`, or key=value
-    /// pairs) and migrates it. Fails if the database cannot be reached
-    /// within 10 s.
-    pub fn connect(url: &str) -> Result<SqlStore> {
+    /// pairs) and migrates it; every session carries `limits`. Fails if
+    /// the database cannot be reached within 10 s.
+    pub fn connect_with(url: &str, limits: SessionLimits) -> Result<SqlStore> {
         let mut config: postgres::Config = url
             .parse()
             .map_err(|e| StoreError::Invalid(format!("store URL {}: {e}", redacted(url))))?;
@@ -426,10 +506,19 @@ impl SqlStore {
             config.application_name("rollgate");
         }
         config.connect_timeout(Duration::from_secs(5));
-        if config.get_options().is_none() {
-            // The server's notices ("already exists, skipping") are not news.
-            config.options("-c client_min_messages=warning");
-        }
+        // The server's notices ("already exists, skipping") are not news.
+        let options = format!(
+            "{} -c client_min_messages=warning {}",
+            config.get_options().unwrap_or_default(),
+            limits.options()
+        );
+        config.options(options.trim());
+        config
+            .keepalives(true)
+            .keepalives_idle(limits.dead_peer)
+            .keepalives_interval((limits.dead_peer / 2).max(Duration::from_secs(1)))
+            .keepalives_retries(3)
+            .tcp_user_timeout(limits.dead_peer * 3);
         let pool = r2d2::Pool::builder()
             .max_size(8)
             .min_idle(Some(1))

@@ -151,6 +151,19 @@ pub(crate) trait Db {
     fn rows(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
     /// What this transaction remembers between statements.
     fn memo(&mut self) -> &mut TxMemo;
+    /// The database's own clock in epoch milliseconds, as an SQL
+    /// expression, for the lease: hosts whose clocks disagree then agree
+    /// on when a lease expires. `None`: the store's clock is the only one
+    /// (an embedded database on one host), bound as a parameter.
+    fn clock_sql(&self) -> Option<&'static str> {
+        None
+    }
+    /// What a fenced write's read of its lease row appends so that a
+    /// take-over waits for the write to end (PostgreSQL: `FOR SHARE`):
+    /// no write commits under a token after the token was replaced.
+    fn share_lock_sql(&self) -> &'static str {
+        ""
+    }
 }
 
 /// What a write transaction remembers between its statements, to save
@@ -190,6 +203,11 @@ pub(crate) trait Engine: Send + Sync {
     /// networked engine saves the round trips of a transaction.
     fn read_one(&self, work: Work) -> Result<()> {
         self.read(work)
+    }
+    /// Runs `work`, one statement on the lease table, atomically but not
+    /// serialised with the writers (PostgreSQL); by default as a write.
+    fn lease(&self, work: Work) -> Result<()> {
+        self.write(work)
     }
     /// `sqlite` or `postgres`.
     fn name(&self) -> &'static str;
@@ -367,8 +385,13 @@ impl SqlStore {
     /// Opens the store at `location`: a `postgres://` (or `postgresql://`)
     /// URL, or else the SQLite data directory.
     pub fn open(location: &str) -> Result<SqlStore> {
+        SqlStore::open_with(location, crate::SessionLimits::default())
+    }
+
+    /// [`SqlStore::open`], a PostgreSQL store's sessions carrying `limits`.
+    pub fn open_with(location: &str, limits: crate::SessionLimits) -> Result<SqlStore> {
         if crate::is_postgres_url(location) {
-            SqlStore::connect(location)
+            SqlStore::connect_with(location, limits)
         } else {
             SqlStore::open_dir(std::path::Path::new(location))
         }
@@ -404,6 +427,23 @@ impl SqlStore {
             Ok(())
         })?;
         out.ok_or_else(|| StoreError::Database("the engine ran no transaction".into()))
+    }
+
+    /// Runs `f`, one statement on the lease table, outside the writers'
+    /// serialisation: a take-over never waits behind a rollout commit or a
+    /// heartbeat, only (PostgreSQL) behind a fenced write reading the
+    /// lease's row, which the server ends if its client is cut off.
+    fn lease_statement<T>(&self, f: impl FnOnce(&mut dyn Db, Timestamp) -> Result<T>) -> Result<T> {
+        let now = (self.clock)();
+        let mut f = Some(f);
+        let mut out = None;
+        self.engine.lease(&mut |db| {
+            if let Some(f) = f.take() {
+                out = Some(f(db, now)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or_else(|| StoreError::Database("the engine ran no statement".into()))
     }
 
     /// Runs `f` on one consistent snapshot.
@@ -707,8 +747,12 @@ fn promote_in(
 /// The fencing check: a write made under a lease lands only while that
 /// lease's token is still the current one.
 fn check_fence(db: &mut dyn Db, fence: &Fence) -> Result<()> {
+    let sql = format!(
+        "SELECT token FROM leases WHERE name = ?1{}",
+        db.share_lock_sql()
+    );
     let current = db
-        .row("SELECT token FROM leases WHERE name = ?1", p![&fence.lease])?
+        .row(&sql, p![&fence.lease])?
         .map(|r| r.u64(0))
         .transpose()?;
     if current != Some(fence.token) {
@@ -1352,58 +1396,55 @@ impl Store for SqlStore {
     }
 
     fn acquire_lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Lease>> {
-        self.write(|db, now| {
-            let expires_at = Timestamp(now.0.saturating_add(millis(ttl)));
-            let current = db
-                .row(
-                    "SELECT holder, token, expires_at FROM leases WHERE name = ?1",
-                    p![name],
-                )?
-                .map(|r| Ok::<_, StoreError>((r.text(0)?, r.u64(1)?, r.ts(2)?)))
-                .transpose()?;
-            let token = match current {
-                None => {
-                    db.exec(
-                        "INSERT INTO leases (name, holder, token, expires_at) VALUES (?1, ?2, 1, ?3)",
-                        p![name, holder, expires_at.0],
-                    )?;
-                    1
-                }
-                // Renewing one's own lease keeps its token: nobody else held
-                // it in between.
-                Some((h, token, _)) if h == holder => {
-                    db.exec(
-                        "UPDATE leases SET expires_at = ?2 WHERE name = ?1",
-                        p![name, expires_at.0],
-                    )?;
-                    token
-                }
-                Some((_, token, until)) if until <= now => {
-                    db.exec(
-                        "UPDATE leases SET holder = ?2, token = ?3, expires_at = ?4 WHERE name = ?1",
-                        p![name, holder, token + 1, expires_at.0],
-                    )?;
-                    token + 1
-                }
-                Some(_) => return Ok(None),
+        // Takes the lease if it is free or expired (a new token), or
+        // renews it for its holder (the same token: nobody held it in
+        // between), in one statement on the database's clock where there
+        // is one.
+        self.lease_statement(|db, now| {
+            let clock = db.clock_sql();
+            let at = clock.unwrap_or("?4");
+            let sql = format!(
+                "INSERT INTO leases (name, holder, token, expires_at) VALUES (?1, ?2, 1, {at} + ?3) \
+                 ON CONFLICT (name) DO UPDATE SET \
+                 token = CASE WHEN leases.holder = excluded.holder \
+                 THEN leases.token ELSE leases.token + 1 END, \
+                 holder = excluded.holder, expires_at = excluded.expires_at \
+                 WHERE leases.holder = excluded.holder OR leases.expires_at <= {at} \
+                 RETURNING token, expires_at"
+            );
+            let params = p![name, holder, millis(ttl), now.0];
+            let params = if clock.is_some() {
+                &params[..3]
+            } else {
+                &params[..]
             };
-            Ok(Some(Lease {
-                fence: Fence {
-                    lease: name.to_string(),
-                    token,
-                },
-                holder: holder.to_string(),
-                expires_at,
-            }))
+            db.row(&sql, params)?
+                .map(|r| {
+                    Ok(Lease {
+                        fence: Fence {
+                            lease: name.to_string(),
+                            token: r.u64(0)?,
+                        },
+                        holder: holder.to_string(),
+                        expires_at: r.ts(1)?,
+                    })
+                })
+                .transpose()
         })
     }
 
     fn release_lease(&self, fence: &Fence) -> Result<()> {
-        self.write(|db, now| {
-            db.exec(
-                "UPDATE leases SET expires_at = ?3 WHERE name = ?1 AND token = ?2",
-                p![&fence.lease, fence.token, now.0],
-            )?;
+        self.lease_statement(|db, now| {
+            match db.clock_sql() {
+                Some(at) => db.exec(
+                    &format!("UPDATE leases SET expires_at = {at} WHERE name = ?1 AND token = ?2"),
+                    p![&fence.lease, fence.token],
+                )?,
+                None => db.exec(
+                    "UPDATE leases SET expires_at = ?3 WHERE name = ?1 AND token = ?2",
+                    p![&fence.lease, fence.token, now.0],
+                )?,
+            };
             Ok(())
         })
     }

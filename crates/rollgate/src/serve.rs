@@ -251,10 +251,18 @@ pub async fn shutdown_signal() {
 }
 
 /// Opens the store at `location` (a `postgres://` URL or a SQLite data
-/// directory), else the SQLite database in `data`.
-pub fn open_store(data: &Path, location: Option<&str>) -> anyhow::Result<Arc<dyn Store>> {
+/// directory), else the SQLite database in `data`; a PostgreSQL session
+/// carries the limits of controllers leading by a lease of `lease_ttl`.
+pub fn open_store(
+    data: &Path,
+    location: Option<&str>,
+    lease_ttl: Duration,
+) -> anyhow::Result<Arc<dyn Store>> {
+    let limits = rollgate_store::SessionLimits::for_lease(lease_ttl);
     let store = match location {
-        Some(l) => SqlStore::open(l).with_context(|| "opening the store".to_string())?,
+        Some(l) => {
+            SqlStore::open_with(l, limits).with_context(|| "opening the store".to_string())?
+        }
         None => SqlStore::open_dir(data)
             .with_context(|| format!("opening the store in {}", data.display()))?,
     };
@@ -334,7 +342,11 @@ pub fn up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         None => UpConfig::default(),
     };
     init_logging(args.log_format);
-    let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
+    let store = open_store(
+        &args.data,
+        args.store.as_deref().or(cfg.store.as_deref()),
+        cfg.controller.lease_ttl,
+    )?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let gateway = bind(cfg.gateway.listen, "the gateway").await?;
@@ -429,7 +441,11 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
         cfg.api.listen = l;
     }
     init_logging(args.log_format);
-    let store = open_store(&args.data, args.store.as_deref().or(cfg.store.as_deref()))?;
+    let store = open_store(
+        &args.data,
+        args.store.as_deref().or(cfg.store.as_deref()),
+        cfg.controller.lease_ttl,
+    )?;
     runtime()?.block_on(async move {
         let (stop, wait) = broadcast_shutdown();
         let api = bind(cfg.api.listen, "the API").await?;
@@ -474,7 +490,12 @@ pub struct Follow {
 /// A gateway that follows the store (used by `rollgate gateway --data/--store`).
 pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Result<ExitCode> {
     init_logging(f.log_format);
-    let store = open_store(&f.data, f.store.as_deref())?;
+    // (A gateway holds no lease; its sessions get the default lease's limits.)
+    let store = open_store(
+        &f.data,
+        f.store.as_deref(),
+        ControllerConfig::default().lease_ttl,
+    )?;
     let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
     let advertise = f.advertise;
     crate::gateway::runtime(f.threads)?.block_on(async move {
