@@ -228,11 +228,13 @@ function plot(series, t0, t1, marks) {
   if (!pts.length) return svg;
   const ys = [];
   for (const p of pts) for (const k of ["value", "lower", "upper", "limit"]) if (p[k] !== undefined && p[k] !== null && isFinite(p[k]) && (!series.log || p[k] > 0)) ys.push(p[k]);
+  if (!ys.length) return svg;
   const f = series.log ? (v) => Math.log10(Math.max(v, 1e-12)) : (v) => v;
   let lo = Math.min(...ys.map(f)), hi = Math.max(...ys.map(f));
   if (hi - lo < 1e-9) { hi += 1; lo -= series.log ? 1 : 0; }
   const pad = (hi - lo) * 0.05; lo -= pad; hi += pad;
-  const y = (v) => T + (1 - (f(v) - lo) / (hi - lo)) * (H - T - B);
+  // (A value off a log axis, e.g. an e-value that underflowed to 0, sits on its floor.)
+  const y = (v) => T + (1 - (Math.min(Math.max(f(v), lo), hi) - lo) / (hi - lo)) * (H - T - B);
   const x = frame(svg, box, t0, t1, series.log, lo, hi, y);
   const band = pts.filter((p) => p.lower != null && p.upper != null);
   if (band.length > 1) {
@@ -272,6 +274,7 @@ function armsPlot(series, t0, t1) {
   const measure = pts[pts.length - 1].arms.measure;
   const svg = s("svg", { class: "plot arms", viewBox: `0 0 ${W} ${H}`, role: "img", "data-scale": "linear", "aria-label": `${series.gate}: ${measure}, candidate and champion` });
   const ys = pts.flatMap((p) => [p.arms.candidate, p.arms.champion]).filter(isFinite);
+  if (!ys.length) return null;
   let lo = Math.min(0, ...ys), hi = Math.max(...ys);
   if (hi - lo < 1e-9) hi = lo + 1;
   hi += (hi - lo) * 0.05;

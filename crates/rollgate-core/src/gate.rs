@@ -132,8 +132,27 @@ pub struct ShadowShown {
     pub agreement_below: bool,
     /// The confident-flip rate shown above `max_flip_rate`.
     pub flips_above: bool,
+    /// Agreement shown at or above `min_agreement`.
+    #[serde(default)]
+    pub agreement_above: bool,
+    /// The confident-flip rate shown at or below `max_flip_rate` (or not
+    /// tested: `max_flip_rate` = 1).
+    #[serde(default)]
+    pub flips_below: bool,
     /// Both shown within their limits.
     pub within: bool,
+}
+
+/// The candidate's own failure rate against `negligible_error_rate`: shown
+/// below it (its anytime upper bound under the limit), the error gate may
+/// pass without the non-inferiority test.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Negligible {
+    /// The upper bound of the candidate's own failure rate.
+    pub upper: f64,
+    /// `negligible_error_rate`.
+    pub limit: f64,
 }
 
 /// One quantile of both arms, and what the bounds show.
@@ -190,6 +209,13 @@ pub enum Evidence {
         /// not the request, is the unit (see `rollgate_core::unit`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         design_effect: Option<f64>,
+        /// The design effect the client-error test was tempered by.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client_error_design_effect: Option<f64>,
+        /// `sequential`: the candidate's own failure rate against the
+        /// negligible rate (the other way to pass).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        negligible: Option<Negligible>,
         /// The e-value at which the failure and client-error tests fail
         /// (`sequential`: `2/α`).
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -115,7 +115,8 @@ fn latency(name: &str, q: &QuantileComparison) -> GatePoint {
 
 /// Both arms' failure rates (%) as the gate compared them: in the latest
 /// epoch that has counts under `sequential`, over the window under
-/// `windowed`; `None` before either arm has a request.
+/// `windowed`; their 4xx shares of answers instead when either arm had
+/// client errors there; `None` before either arm has an answer.
 fn failure_rates(evidence: &Evidence) -> Option<ArmValues> {
     let Evidence::ErrorRate {
         candidate,
@@ -134,6 +135,15 @@ fn failure_rates(evidence: &Evidence) -> Option<ArmValues> {
         ),
         None => (*candidate, *champion, "failure rate (%)".to_string()),
     };
+    if c.client_errors + h.client_errors > 0 {
+        let share =
+            |x: &crate::gate::Counts| crate::stats::rate(x.client_errors, x.answers()) * 100.0;
+        return Some(ArmValues {
+            measure: measure.replace("failure rate", "4xx share of answers"),
+            candidate: share(&c),
+            champion: share(&h),
+        });
+    }
     (c.requests + h.requests > 0).then_some(ArmValues {
         measure,
         candidate: c.rate * 100.0,
@@ -150,9 +160,16 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
             difference,
             margin,
             e_value,
+            client_error_e_value,
+            fail_at,
             ..
         } => match e_value {
-            Some(e) => GatePoint::e_value("failures e-value", *e, 2.0 / alpha),
+            // The two error tests fail at one threshold: the larger decides.
+            Some(e) => GatePoint::e_value(
+                "error e-value (failures or 4xx, the larger)",
+                e.max(client_error_e_value.unwrap_or(0.0)),
+                fail_at.unwrap_or(2.0 / alpha),
+            ),
             None => GatePoint::interval(
                 "error-rate difference",
                 difference.lower,
@@ -281,6 +298,8 @@ mod tests {
             client_error_e_value: None,
             pass_e_value: None,
             design_effect: None,
+            client_error_design_effect: None,
+            negligible: None,
             fail_at: None,
             pass_at: None,
             epochs: Vec::new(),
@@ -329,6 +348,38 @@ mod tests {
         // Windowed: the window's own rates.
         let p = gate_point(&verdict(error_rate(None)), &Plan::default()).expect("point");
         assert_eq!(p.arms.map(|a| (a.candidate, a.champion)), Some((1.0, 1.0)));
+    }
+
+    /// A candidate answering 404 to everything: the client-error test
+    /// decides, so its e-value is what is plotted, and the arms are their
+    /// 4xx shares (their failure rates are 0 of 0).
+    #[test]
+    fn a_4xx_rollback_plots_the_test_and_the_shares_that_decided() {
+        let mut ev = error_rate(Some(0.9));
+        if let Evidence::ErrorRate {
+            client_error_e_value,
+            epochs,
+            ..
+        } = &mut ev
+        {
+            *client_error_e_value = Some(4.0e7);
+            let arm = |client_errors, requests| Counts {
+                failures: 0,
+                requests,
+                rate: 0.0,
+                client_errors,
+            };
+            *epochs = vec![crate::gate::EpochCounts {
+                epoch: 1,
+                candidate: arm(8, 0),
+                champion: arm(0, 92),
+            }];
+        }
+        let p = gate_point(&verdict(ev), &Plan::default()).expect("point");
+        assert_eq!(p.value, Some(4.0e7));
+        let arms = p.arms.expect("both arms");
+        assert_eq!((arms.candidate, arms.champion), (100.0, 0.0));
+        assert!(arms.measure.contains("4xx"), "{}", arms.measure);
     }
 
     #[test]

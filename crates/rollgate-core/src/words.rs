@@ -43,9 +43,13 @@ pub fn number(x: f64) -> String {
     if a == 0.0 {
         "0".into()
     } else if !(1e-3..1e4).contains(&a) {
-        format!("{x:.1e}")
+        format!("{x:.1e}").replace(".0e", "e")
     } else {
-        let digits = (2 - a.log10().floor() as i32).max(0) as usize;
+        let magnitude = a.log10().floor() as i32;
+        let digits = (2 - magnitude).max(0) as usize;
+        // Three significant figures, also above 999 (1234.6 is 1230).
+        let step = 10f64.powi(magnitude - 2);
+        let x = (x / step).round() * step;
         let s = format!("{x:.digits$}");
         if s.contains('.') {
             s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -112,6 +116,8 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             client_error_e_value,
             pass_e_value,
             design_effect,
+            client_error_design_effect,
+            negligible,
             fail_at,
             pass_at,
             epochs,
@@ -124,8 +130,23 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             if let Some(p) = pass_e_value {
                 tests.push(e_against("not worse", *p, *pass_at, "passes"));
             }
-            if let Some(d) = design_effect {
-                tests.push(format!("design effect {}", number(*d)));
+            if let Some(n) = negligible {
+                let below = n.upper < n.limit;
+                tests.push(format!(
+                    "own failure rate below {} ({} the negligible {})",
+                    pct(n.upper),
+                    if below { "under" } else { "not under" },
+                    pct(n.limit)
+                ));
+            }
+            match (design_effect, client_error_design_effect) {
+                (Some(d), Some(dc)) => tests.push(format!(
+                    "design effect {} (4xx {})",
+                    number(*d),
+                    number(*dc)
+                )),
+                (Some(d), None) => tests.push(format!("design effect {}", number(*d))),
+                _ => {}
             }
             for ep in epochs {
                 more.push(format!(
@@ -142,12 +163,14 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
                 pct(difference.upper),
                 pct(*margin),
             ));
-            format!(
-                "{}; compared within {} epoch{}",
-                tests.join(", "),
-                epochs.len(),
-                if epochs.len() == 1 { "" } else { "s" }
-            )
+            match epochs.len() {
+                0 => tests.join(", "),
+                n => format!(
+                    "{}; compared within {n} epoch{}",
+                    tests.join(", "),
+                    if n == 1 { "" } else { "s" }
+                ),
+            }
         }
         Evidence::ErrorRate {
             candidate,
@@ -222,7 +245,7 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             let rate = |k: u64, n: u64| pct(crate::stats::rate(k, n));
             let agreement_test = if t.agreement_below {
                 shown(true, &format!("below the required {}", pct(*min_agreement)))
-            } else if t.within {
+            } else if t.agreement_above || t.within {
                 shown(true, &format!("at or above {}", pct(*min_agreement)))
             } else {
                 shown(false, &format!("either side of {}", pct(*min_agreement)))
@@ -231,10 +254,10 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
                 "not tested (max_flip_rate = 100%)".to_string()
             } else if t.flips_above {
                 shown(true, &format!("above the allowed {}", pct(*max_flip_rate)))
-            } else if t.within {
+            } else if t.flips_below || t.within {
                 shown(true, &format!("at or below {}", pct(*max_flip_rate)))
             } else {
-                shown(false, &format!("above {} yet", pct(*max_flip_rate)))
+                shown(false, &format!("either side of {}", pct(*max_flip_rate)))
             };
             more.push(format!(
                 "  anytime bounds (read, not tested): agreement in [{}, {}], flips in [{}, {}]",
@@ -496,6 +519,54 @@ mod tests {
         ));
     }
 
+    /// Each SHADOW test is worded by what it showed, on its own: agreement
+    /// shown above its minimum while the flip test is undecided says both.
+    #[test]
+    fn each_shadow_test_says_what_it_showed() {
+        use crate::gate::{Evidence, ShadowShown};
+        use crate::stats::Interval;
+        let i = Interval {
+            lower: 0.0,
+            upper: 1.0,
+        };
+        let verdict = |shown| GateVerdict {
+            gate: GateKind::ShadowAgreement,
+            outcome: crate::Outcome::Wait,
+            reason: crate::Reason::Inconclusive,
+            evidence: Evidence::ShadowAgreement {
+                pairs: 500,
+                agreements: 499,
+                agreement: i,
+                min_agreement: 0.9,
+                champion_confident: 4,
+                confident_flips: 0,
+                flip_rate: i,
+                max_flip_rate: 0.02,
+                mirror_dropped: 0,
+                shown: Some(shown),
+            },
+        };
+        let line = gate_lines(&verdict(ShadowShown {
+            agreement_below: false,
+            flips_above: false,
+            agreement_above: true,
+            flips_below: false,
+            within: false,
+        }))
+        .join("\n");
+        assert!(line.contains("(99.80%), shown at or above 90.00%"), "{line}");
+        assert!(line.contains("not shown either side of 2.00%"), "{line}");
+        let line = gate_lines(&verdict(ShadowShown {
+            agreement_below: true,
+            flips_above: false,
+            agreement_above: false,
+            flips_below: false,
+            within: false,
+        }))
+        .join("\n");
+        assert!(line.contains("shown below the required 90.00%"), "{line}");
+    }
+
     #[test]
     fn numbers_are_rounded_for_reading() {
         for (x, shown) in [
@@ -504,8 +575,9 @@ mod tests {
             (1.0, "1"),
             (25.14, "25.1"),
             (40.0, "40"),
-            (1234.6, "1235"),
+            (1234.6, "1230"),
             (1.4e15, "1.4e15"),
+            (1e6, "1e6"),
             (0.00012, "1.2e-4"),
             (-2.5, "-2.5"),
             (f64::INFINITY, "∞"),

@@ -221,14 +221,12 @@ pub struct ModelRoute {
     #[serde(default)]
     pub mirror_only: bool,
     /// Whether a tester may pin a request to a revision of this model
-    /// (`pin_header`, `pin_cookie`); off: the pin is ignored and the
-    /// request routed as any other.
-    #[serde(default = "pinning_on")]
+    /// (`pin_header`, `pin_cookie`), the candidate included before it has
+    /// any share; off (the default): a pin is ignored and the request
+    /// routed as any other. Whoever can send the header can pin, so turn
+    /// it on only where untrusted clients cannot (an edge that strips it).
+    #[serde(default)]
     pub pinning: bool,
-}
-
-fn pinning_on() -> bool {
-    true
 }
 
 fn default_confidence() -> f64 {

@@ -199,13 +199,36 @@ impl Gateway {
                 field: "key_header".into(),
                 message: format!("{:?} is not a valid header name", config.key_header),
             })?;
+        // A pin header is the gateway's own: never one HTTP or the
+        // request's routing already gives a meaning.
+        const TAKEN: &[&str] = &[
+            "accept",
+            "accept-encoding",
+            "authorization",
+            "connection",
+            "content-encoding",
+            "content-length",
+            "content-type",
+            "cookie",
+            "host",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "user-agent",
+        ];
         let pin_header = HeaderName::from_bytes(config.pin_header.to_ascii_lowercase().as_bytes())
             .ok()
-            .filter(|h| *h != key_header)
+            .filter(|h| {
+                *h != key_header && !TAKEN.contains(&h.as_str()) && !h.as_str().starts_with("grpc-")
+            })
             .ok_or_else(|| ConfigError {
                 field: "pin_header".into(),
                 message: format!(
-                    "{:?} is not a valid header name other than key_header",
+                    "{:?} is not a header name of its own (not key_header, not one HTTP \
+                     or gRPC uses)",
                     config.pin_header
                 ),
             })?;

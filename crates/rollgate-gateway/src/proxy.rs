@@ -406,24 +406,35 @@ fn sticky_key<'a>(
     rand::random::<u64>().to_le_bytes().to_vec().into()
 }
 
-/// A tester's pin: the pin header, else the pin cookie (trimmed; empty
-/// counts as none).
-fn pin_of<'a>(inner: &Inner, headers: &'a HeaderMap) -> Option<std::borrow::Cow<'a, str>> {
+/// A tester's pin: the pin header, else the pin cookie (trimmed).
+/// `Err` for a pin that is present but unreadable or empty: it is refused
+/// rather than routed at random (a tester's request must never become
+/// evidence by mistake).
+fn pin_of<'a>(
+    inner: &Inner,
+    headers: &'a HeaderMap,
+) -> Result<Option<std::borrow::Cow<'a, str>>, ()> {
+    let readable = |v: &'a str| {
+        let v = v.trim().trim_matches('"');
+        (!v.is_empty()).then_some(v).ok_or(())
+    };
     if let Some(v) = headers.get(&inner.pin_header) {
-        let v = v.to_str().ok()?.trim();
-        return (!v.is_empty()).then_some(v.into());
+        return readable(v.to_str().map_err(|_| ())?).map(|v| Some(v.into()));
     }
-    let name = inner.pin_cookie.as_deref()?;
-    headers
-        .get_all(http::header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v.trim().trim_matches('"'))
-        .filter(|v| !v.is_empty())
-        .map(|v| v.to_string().into())
+    let Some(name) = inner.pin_cookie.as_deref() else {
+        return Ok(None);
+    };
+    for v in headers.get_all(header::COOKIE) {
+        let v = v.to_str().map_err(|_| ())?;
+        if let Some((_, pin)) = v
+            .split(';')
+            .filter_map(|pair| pair.trim().split_once('='))
+            .find(|(n, _)| *n == name)
+        {
+            return readable(pin).map(|v| Some(v.into()));
+        }
+    }
+    Ok(None)
 }
 
 /// Counts a request in flight for as long as it lives: dropped (also when
@@ -582,9 +593,22 @@ pub(crate) async fn predict_admitted(
     let may_stream = wire == Wire::Rest && !route.read_predictions;
     // A tester's pinned request: served by the revision it names and
     // counted apart, never as evidence (it was not assigned at random).
-    if route.pinning
-        && let Some(pin) = pin_of(inner, &parts.headers)
-    {
+    let pin = if route.pinning {
+        match pin_of(inner, &parts.headers) {
+            Ok(pin) => pin,
+            Err(()) => {
+                return refuse(
+                    wire,
+                    StatusCode::BAD_REQUEST,
+                    "bad_pin",
+                    "the request's pin (header or cookie) is empty or not readable text",
+                );
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(pin) = pin {
         let Some(target) = route.pinned(&pin) else {
             return refuse(
                 wire,

@@ -44,7 +44,7 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_plane: Option<DataPlaneRef>,
     /// Whether testers may pin their own requests to the candidate or
-    /// shadow with the gateway's pin header or cookie (default: yes).
+    /// shadow with the gateway's pin header or cookie (default: no).
     /// Pinned requests are served and counted apart, never as evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinning: Option<bool>,

@@ -42,6 +42,7 @@ impl RoutePush for PushToGateway {
             && withheld.contains(model)
         {
             r.candidate = None;
+            r.pinning = false;
         }
         self.0.set_model_route(model, route.as_ref());
     }
@@ -97,7 +98,7 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 // only measures a shadow, on copies of its requests (and
                 // routes no candidate: `ModelRoute::mirror_only`).
                 mirror_only: spec.data_plane.is_some(),
-                pinning: spec.pinning.unwrap_or(true),
+                pinning: spec.pinning.unwrap_or(false),
             })
         })
         .collect()
@@ -267,7 +268,9 @@ impl FollowState {
         let mut out = gateway_routes(self.last.as_deref()?);
         for r in &mut out {
             if self.held || self.waiting.contains_key(&r.name) {
+                // Held: nothing reaches the candidate live, pins neither.
                 r.candidate = None;
+                r.pinning = false;
             }
         }
         Some(out)
@@ -502,7 +505,10 @@ mod tests {
         vec![ModelRoutes {
             model: Model {
                 name: "m".into(),
-                spec: ModelSpec::default(),
+                spec: ModelSpec {
+                    pinning: Some(true),
+                    ..ModelSpec::default()
+                },
                 champion: Some("r1".into()),
                 created_at: Timestamp(0),
             },
@@ -528,6 +534,9 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let share = |r: &Option<Vec<ModelRoute>>| {
             let r = &r.as_ref().expect("routes")[0];
+            // A tester's pin reaches the candidate only while it has its
+            // share: never during the hold.
+            assert_eq!(r.pinning, r.candidate.is_some(), "{r:?}");
             (
                 r.candidate.as_ref().map(|c| c.weight_bp),
                 r.shadow.is_some(),

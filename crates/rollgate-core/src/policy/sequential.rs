@@ -49,9 +49,9 @@ use crate::anytime::{
 };
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
-    Arms, Counts, EpochCounts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison,
-    Reason, ShadowShown, ShiftJudgement, decide, guard_rail_verdict, judge_quantile,
-    latency_verdict, sample_floor, shadow_verdict, shift_verdict,
+    Arms, Counts, EpochCounts, Evidence, GateKind, GateVerdict, Negligible, Outcome,
+    QuantileComparison, Reason, ShadowShown, ShiftJudgement, decide, guard_rail_verdict,
+    judge_quantile, latency_verdict, sample_floor, shadow_verdict, shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::Plan;
@@ -309,6 +309,7 @@ struct ErrorTests {
     client_errors: f64,
     not_worse: f64,
     design_effect: f64,
+    client_design_effect: f64,
 }
 
 /// Error rate: two e-processes to fail, on failures and on client errors,
@@ -359,6 +360,8 @@ fn error_gate(
         lower: (cand.lower - champ.upper).max(-1.0),
         upper: (cand.upper - champ.lower).min(1.0),
     };
+    let own = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha).upper;
+    let negligible = own < plan.sequential.negligible_error_rate;
     let evidence = Evidence::ErrorRate {
         candidate: Counts::of(&c_all),
         champion: Counts::of(&h_all),
@@ -370,13 +373,26 @@ fn error_gate(
         client_error_e_value: Some(tests.client_errors.exp()),
         pass_e_value: Some(tests.not_worse.exp()),
         design_effect: Some(d),
+        client_error_design_effect: Some(tests.client_design_effect),
         fail_at: Some(2.0 / alpha),
         pass_at: Some(1.0 / alpha),
+        negligible: Some(Negligible {
+            upper: own,
+            limit: plan.sequential.negligible_error_rate,
+        }),
+        // Every epoch the tests counted anything in (an unresolved request
+        // is counted, at its worst).
         epochs: epochs
             .iter()
             .filter(|(_, s)| {
                 let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
-                c.requests() + c.client_errors() + h.requests() + h.client_errors() > 0
+                c.arrived()
+                    + c.requests()
+                    + c.client_errors()
+                    + h.arrived()
+                    + h.requests()
+                    + h.client_errors()
+                    > 0
             })
             .map(|(e, s)| EpochCounts {
                 epoch: *e,
@@ -385,9 +401,6 @@ fn error_gate(
             })
             .collect(),
     };
-    let negligible = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha)
-        .upper
-        < plan.sequential.negligible_error_rate;
     let (outcome, reason) = decide(
         None,
         sample_floor(
@@ -467,15 +480,16 @@ fn shadow_gate(
     let flips_off = cfg.max_flip_rate >= 1.0;
     let agreement_below = shown_above(disagreements, p.pairs(), dd, 1.0 - cfg.min_agreement, alpha);
     let flips_above = shown_above(p.confident_flips(), confident, df, cfg.max_flip_rate, alpha);
-    let within = shown_above(p.agreements(), p.pairs(), dd, cfg.min_agreement, alpha)
-        && (flips_off
-            || shown_above(
-                confident - p.confident_flips(),
-                confident,
-                df,
-                1.0 - cfg.max_flip_rate,
-                alpha,
-            ));
+    let agreement_above = shown_above(p.agreements(), p.pairs(), dd, cfg.min_agreement, alpha);
+    let flips_below = flips_off
+        || shown_above(
+            confident - p.confident_flips(),
+            confident,
+            df,
+            1.0 - cfg.max_flip_rate,
+            alpha,
+        );
+    let within = agreement_above && flips_below;
     shadow_verdict(
         cfg,
         arms,
@@ -486,6 +500,8 @@ fn shadow_gate(
         Some(ShadowShown {
             agreement_below,
             flips_above,
+            agreement_above,
+            flips_below,
             within,
         }),
     )
@@ -794,6 +810,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInpu
         client_errors: error_log_e(plan, state, ledger, ids, Counted::ClientErrors, dc),
         not_worse: pass_log_e(plan, ledger, ids, df),
         design_effect: df,
+        client_design_effect: dc,
     };
 
     let g = &plan.gates;

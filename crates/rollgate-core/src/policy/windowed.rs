@@ -282,6 +282,8 @@ pub fn error_rate_gate(cfg: &ErrorRateGate, arms: Arms, alpha: f64) -> GateVerdi
         client_error_e_value: None,
         pass_e_value: None,
         design_effect: None,
+        client_error_design_effect: None,
+        negligible: None,
         fail_at: None,
         pass_at: None,
         epochs: Vec::new(),

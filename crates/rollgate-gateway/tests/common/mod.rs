@@ -35,7 +35,7 @@ pub fn route(champion: &str) -> ModelRoute {
         shadow: None,
         epoch: None,
         mirror_only: false,
-        pinning: true,
+        pinning: false,
     }
 }
 
