@@ -554,7 +554,10 @@ mod tests {
             within: false,
         }))
         .join("\n");
-        assert!(line.contains("(99.80%), shown at or above 90.00%"), "{line}");
+        assert!(
+            line.contains("(99.80%), shown at or above 90.00%"),
+            "{line}"
+        );
         assert!(line.contains("not shown either side of 2.00%"), "{line}");
         let line = gate_lines(&verdict(ShadowShown {
             agreement_below: true,

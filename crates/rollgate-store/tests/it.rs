@@ -18,6 +18,8 @@ use rollgate_store::{
     TransitionWrite,
 };
 
+mod partition;
+
 type Open = fn(&Path) -> Arc<dyn Store>;
 
 fn sqlite(dir: &Path) -> Arc<dyn Store> {
