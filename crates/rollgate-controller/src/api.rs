@@ -24,7 +24,7 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use rollgate_core::{Input, OperatorAction, Plan, StepError, step};
+use rollgate_core::{Input, OperatorAction, Plan, StepError, Timestamp, step};
 use rollgate_store::{
     AuditFilter, ModelSpec, RevisionSpec, Role, RolloutRecord, StoreError, secret_hash, write_jsonl,
 };
@@ -519,14 +519,25 @@ struct Verification {
 struct LeaderView {
     /// This controller's standing.
     this: LeaderSelf,
-    /// The lease as stored (none before any controller took it).
+    /// The lease as stored (none before any controller took it); when the
+    /// store does not answer within a second, as this controller last saw it.
     lease: Option<rollgate_store::Lease>,
+    /// Whether the lease above was read from the store now.
+    #[serde(default)]
+    store_answered: bool,
+    /// Since when this controller's campaigns have not reached the store
+    /// (epoch ms), if they have not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_unreachable_since: Option<Timestamp>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 struct LeaderSelf {
     holder: String,
     leading: bool,
+    /// `leading`, `standing by`, or `store unreachable` (not leading: a
+    /// controller that cannot reach the store cannot renew its lease).
+    standing: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -965,13 +976,33 @@ async fn notifications(State(s): State<ApiState>) -> impl IntoResponse {
 #[utoipa::path(get, path = "/api/v1/leader", tag = "controller",
     responses((status = 200, description = "Who leads", body = LeaderView)))]
 async fn leader(State(s): State<ApiState>) -> ApiResult<impl IntoResponse> {
-    let lease = blocking(&s.ctx.store, |st| st.lease(crate::lead::CONTROLLER_LEASE)).await?;
+    // Answered within a second whatever the store's state: a controller
+    // cut off from it says so rather than going dark.
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        blocking(&s.ctx.store, |st| st.lease(crate::lead::CONTROLLER_LEASE)),
+    )
+    .await;
+    let seen = s.ctx.leader.seen();
+    let leading = s.ctx.leader.fence().is_some();
+    let (lease, store_answered) = match read {
+        Ok(Ok(lease)) => (lease, true),
+        _ => (seen.lease, false),
+    };
+    let standing = match (leading, store_answered && seen.unreachable_since.is_none()) {
+        (true, _) => "leading",
+        (false, true) => "standing by",
+        (false, false) => "store unreachable",
+    };
     Ok(Json(LeaderView {
         this: LeaderSelf {
             holder: s.ctx.leader.holder().to_string(),
-            leading: s.ctx.leader.fence().is_some(),
+            leading,
+            standing: standing.into(),
         },
         lease,
+        store_answered,
+        store_unreachable_since: seen.unreachable_since,
     }))
 }
 

@@ -7,10 +7,12 @@
 //! Rollouts #2117: an old leader kept acting). Clocks only decide *when* a
 //! standby may take over; the token alone decides what may commit.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use rollgate_store::{Fence, Store};
+use rollgate_core::Timestamp;
+use rollgate_store::{Fence, Lease, Store};
 use tokio::time::Instant;
 
 /// The lease controllers lead by.
@@ -23,6 +25,29 @@ pub struct Leader {
     ttl: Duration,
     /// The fence while leading, and when the lease was last renewed.
     held: Mutex<Option<(Fence, Instant)>>,
+    /// What the last campaigns learnt of the store, for answering at once
+    /// when it cannot be asked.
+    seen: Mutex<Seen>,
+    /// A campaign's call is waiting on the store (a cut link): no second
+    /// one starts; the call clears it when it returns.
+    asking: Arc<AtomicBool>,
+}
+
+/// The store as this controller's campaigns last found it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The lease as last read or taken.
+    pub lease: Option<Lease>,
+    /// Since when the store has not answered a campaign (wall clock).
+    pub unreachable_since: Option<Timestamp>,
+}
+
+fn wall_clock() -> Timestamp {
+    Timestamp(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    )
 }
 
 /// A holder name unique to this process: host, pid and a random suffix
@@ -47,6 +72,8 @@ impl Leader {
             holder: holder.into(),
             ttl,
             held: Mutex::new(None),
+            seen: Mutex::default(),
+            asking: Arc::default(),
         }
     }
 
@@ -56,6 +83,31 @@ impl Leader {
             holder: lease.holder.clone(),
             ttl,
             held: Mutex::new(Some((lease.fence.clone(), Instant::now()))),
+            seen: Mutex::new(Seen {
+                lease: Some(lease.clone()),
+                unreachable_since: None,
+            }),
+            asking: Arc::default(),
+        }
+    }
+
+    /// What the last campaigns learnt of the store.
+    pub fn seen(&self) -> Seen {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn saw(&self, answered: Option<Option<Lease>>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match answered {
+            Some(lease) => {
+                if lease.is_some() {
+                    seen.lease = lease;
+                }
+                seen.unreachable_since = None;
+            }
+            None => {
+                seen.unreachable_since.get_or_insert_with(wall_clock);
+            }
         }
     }
 
@@ -82,15 +134,35 @@ impl Leader {
     }
 
     /// Takes or renews the lease; returns whether this controller leads.
+    /// A store that does not answer within a renewal period counts as
+    /// unreachable (the call goes on in the background; no second one
+    /// starts while it hangs), so the controller never stalls on a cut
+    /// link and can say so.
     pub async fn campaign(&self, store: &Arc<dyn Store>) -> bool {
+        if self.asking.swap(true, Ordering::SeqCst) {
+            self.saw(None);
+            return self.fence().is_some();
+        }
         let (s, holder, ttl) = (Arc::clone(store), self.holder.clone(), self.ttl);
+        let asking = Arc::clone(&self.asking);
         let asked = Instant::now();
-        let got =
-            tokio::task::spawn_blocking(move || s.acquire_lease(CONTROLLER_LEASE, &holder, ttl))
-                .await;
+        let call = tokio::task::spawn_blocking(move || {
+            let got = s.acquire_lease(CONTROLLER_LEASE, &holder, ttl);
+            asking.store(false, Ordering::SeqCst);
+            got
+        });
+        let got = match tokio::time::timeout(self.renew_every(), call).await {
+            Ok(got) => got,
+            Err(_) => {
+                self.saw(None);
+                tracing::warn!("the store did not answer the lease renewal in time");
+                return self.fence().is_some();
+            }
+        };
         let before = self.fence();
         match got {
             Ok(Ok(Some(lease))) => {
+                self.saw(Some(Some(lease.clone())));
                 if before.as_ref() != Some(&lease.fence) {
                     tracing::info!(holder = %self.holder, token = lease.fence.token, "leading");
                 }
@@ -99,6 +171,7 @@ impl Leader {
                 true
             }
             Ok(Ok(None)) => {
+                self.saw(Some(None));
                 if before.is_some() {
                     tracing::warn!(holder = %self.holder, "another controller leads; standing by");
                 }
@@ -106,6 +179,7 @@ impl Leader {
                 false
             }
             Ok(Err(e)) => {
+                self.saw(None);
                 tracing::warn!(error = %e, "renewing the lease failed");
                 self.fence().is_some()
             }

@@ -267,7 +267,8 @@ impl Anchor {
         key: rollgate_store::CheckpointKey,
         sink: Option<std::path::PathBuf>,
     ) -> Result<Anchor, StoreError> {
-        let last = store.checkpoints()?.last().map(|c| c.seq);
+        rollgate_store::key_fits_store(store, &key).map_err(StoreError::Invalid)?;
+        let last = store.latest_checkpoint()?.map(|c| c.seq);
         Ok(Anchor {
             key,
             sink,

@@ -29,8 +29,12 @@ pub struct Checkpoint {
     pub seq: u64,
     pub hash: String,
     pub at: Timestamp,
-    /// HMAC-SHA256 of the three fields above, hex.
+    /// HMAC-SHA256 of the three fields above (and `key_id`, when set), hex.
     pub mac: String,
+    /// The id of the key that signed it ([`CheckpointKey::id`]); none on
+    /// checkpoints signed before ids were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 /// The checkpoint key. Its `Debug` never shows it.
@@ -57,52 +61,80 @@ impl CheckpointKey {
 
     /// Reads the key file at `path` (its bytes, trimmed), or creates it with
     /// 32 bytes from `fresh` (readable by its owner only) if it is absent.
+    /// The key is written whole beside it and then linked into place, so
+    /// processes starting together on one key file all read one key.
     pub fn load_or_create(path: &Path, fresh: impl FnOnce() -> [u8; 32]) -> Result<Self, String> {
         match std::fs::read(path) {
             Ok(bytes) => Self::from_bytes(bytes.trim_ascii()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let key = hex::encode(fresh());
+                let tmp = path.with_extension(format!("new.{}", std::process::id()));
                 let mut opts = std::fs::OpenOptions::new();
-                opts.write(true).create_new(true);
+                opts.write(true).create(true).truncate(true);
                 #[cfg(unix)]
                 {
                     use std::os::unix::fs::OpenOptionsExt;
                     opts.mode(0o600);
                 }
                 let mut f = opts
-                    .open(path)
-                    .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                    .open(&tmp)
+                    .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
                 f.write_all(key.as_bytes())
                     .and_then(|()| f.sync_all())
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-                Self::from_bytes(key.as_bytes())
+                    .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+                let linked = std::fs::hard_link(&tmp, path);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => Self::from_bytes(key.as_bytes()),
+                    // Another process made it first: its key is the key.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read(path)
+                        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                        .and_then(|b| Self::from_bytes(b.trim_ascii())),
+                    Err(e) => Err(format!("cannot create {}: {e}", path.display())),
+                }
             }
             Err(e) => Err(format!("cannot read {}: {e}", path.display())),
         }
     }
 
-    fn mac(&self, seq: u64, hash: &str, at: Timestamp) -> String {
+    /// The key's public name: the first 16 hex digits of a SHA-256 of it
+    /// (a one-way function of 16+ random bytes: it names the key, it does
+    /// not help forge with it).
+    pub fn id(&self) -> String {
+        use sha2::Digest;
+        let mut h = Sha256::new();
+        h.update(b"rollgate-checkpoint-key-id\n");
+        h.update(&self.0);
+        hex::encode(h.finalize())[..16].to_string()
+    }
+
+    fn mac(&self, seq: u64, hash: &str, at: Timestamp, key_id: Option<&str>) -> String {
         // The key length is checked on construction; HMAC takes any length.
         let mut m = match Hmac::<Sha256>::new_from_slice(&self.0) {
             Ok(m) => m,
             Err(_) => return String::new(),
         };
         m.update(format!("rollgate-checkpoint\n{seq}\n{hash}\n{}", at.0).as_bytes());
+        if let Some(id) = key_id {
+            m.update(format!("\n{id}").as_bytes());
+        }
         hex::encode(m.finalize().into_bytes())
     }
 
     pub fn sign(&self, seq: u64, hash: &str, at: Timestamp) -> Checkpoint {
+        let id = self.id();
         Checkpoint {
             seq,
             hash: hash.to_string(),
             at,
-            mac: self.mac(seq, hash, at),
+            mac: self.mac(seq, hash, at, Some(&id)),
+            key_id: Some(id),
         }
     }
 
     /// Whether `cp` was signed with this key (compared in constant time).
     pub fn signed(&self, cp: &Checkpoint) -> bool {
-        let want = self.mac(cp.seq, &cp.hash, cp.at);
+        let want = self.mac(cp.seq, &cp.hash, cp.at, cp.key_id.as_deref());
         want.len() == cp.mac.len()
             && want
                 .bytes()
@@ -184,14 +216,30 @@ pub fn verify_anchors(
     let mut problems = Vec::new();
     let mut all: BTreeMap<u64, &Checkpoint> = BTreeMap::new();
     let in_store: BTreeMap<u64, &Checkpoint> = stored.iter().map(|c| (c.seq, c)).collect();
+    let own = key.id();
     for (source, cps) in [("store", stored), ("sink", sink)] {
         for cp in cps {
             if !key.signed(cp) {
+                let problem = match cp.key_id.as_deref() {
+                    // One log has one signer (`key_fits_store`): another
+                    // key's checkpoint is forged or from a controller that
+                    // was set up wrong; it says which key, and where to look.
+                    Some(id) if id != own => format!(
+                        "the {source}'s checkpoint is signed with another key (key id {id}; \
+                         this controller signs with {own}): forged, or written by a controller \
+                         whose [audit] checkpoint_key_file differs"
+                    ),
+                    Some(_) => format!(
+                        "the {source}'s checkpoint is not signed with the key it names (forged or damaged)"
+                    ),
+                    None => format!(
+                        "the {source}'s checkpoint is not signed with this controller's key \
+                         (forged or damaged, or signed with another key before key ids were recorded)"
+                    ),
+                };
                 problems.push(AnchorProblem {
                     seq: cp.seq,
-                    problem: format!(
-                        "the {source}'s checkpoint is not signed with the key (forged or damaged)"
-                    ),
+                    problem,
                 });
                 continue;
             }
@@ -247,8 +295,28 @@ pub fn verify_store_anchors(
     }))
 }
 
+/// Whether `key` may sign this store's checkpoints: one log has one signer
+/// (controllers sharing a store share the key), so a key other than the
+/// one that signed the latest checkpoint is refused, naming the setting.
+/// (Otherwise every controller would find the others' checkpoints
+/// unverifiable, and an operator who sees that on an intact log learns to
+/// ignore it.)
+pub fn key_fits_store(store: &dyn crate::Store, key: &CheckpointKey) -> Result<(), String> {
+    let latest = store.latest_checkpoint().map_err(|e| e.to_string())?;
+    match latest.and_then(|cp| cp.key_id.map(|id| (cp.seq, id))) {
+        Some((seq, id)) if id != key.id() => Err(format!(
+            "the store's audit checkpoints are signed with key id {id} (the latest at record \
+             {seq}), this controller's checkpoint key is {}: controllers sharing a store need \
+             the same key; set [audit] checkpoint_key_file to the same secret file on every one",
+            key.id()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Signs the chain's head, if it moved past `after`, into the store and
-/// then the sink. Returns the new checkpoint's seq.
+/// then the sink. Returns the new checkpoint's seq. Refused (see
+/// [`key_fits_store`]) if another key signed the latest checkpoint.
 pub fn checkpoint_head(
     store: &dyn crate::Store,
     key: &CheckpointKey,
@@ -262,6 +330,7 @@ pub fn checkpoint_head(
     if after.is_some_and(|a| a >= seq) {
         return Ok(None);
     }
+    key_fits_store(store, key)?;
     let cp = key.sign(seq, &hash, now);
     store.add_checkpoint(&cp).map_err(|e| e.to_string())?;
     if let Some(path) = sink {

@@ -30,7 +30,7 @@ pub use audit::{
 };
 pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
-    read_sink, verify_anchors, verify_store_anchors,
+    key_fits_store, read_sink, verify_anchors, verify_store_anchors,
 };
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
@@ -292,6 +292,8 @@ pub trait Store: Send + Sync {
     fn add_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()>;
     /// Every checkpoint kept, in order.
     fn checkpoints(&self) -> Result<Vec<Checkpoint>>;
+    /// The latest checkpoint, if any.
+    fn latest_checkpoint(&self) -> Result<Option<Checkpoint>>;
     /// Walks the hash chain and reports the first broken link, if any.
     fn verify_audit(&self) -> Result<ChainReport>;
 }

@@ -139,6 +139,11 @@ CREATE TABLE notify_cursors (
     updated_at BIGINT NOT NULL
 );
 "#,
+    // Which key signed each checkpoint (its id, not the key): several
+    // controllers verify one log, and say "another key", not "forged".
+    r#"
+ALTER TABLE checkpoints ADD COLUMN key_id TEXT;
+"#,
 ];
 
 /// The advisory lock every write transaction holds ("roll"), and the one

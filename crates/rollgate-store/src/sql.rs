@@ -1597,9 +1597,9 @@ impl Store for SqlStore {
     fn add_checkpoint(&self, cp: &Checkpoint) -> Result<()> {
         self.write(|db, _| {
             db.exec(
-                "INSERT INTO checkpoints (seq, hash, at, mac) VALUES (?1, ?2, ?3, ?4)
+                "INSERT INTO checkpoints (seq, hash, at, mac, key_id) VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (seq) DO NOTHING",
-                p![cp.seq, &cp.hash, cp.at.0, &cp.mac],
+                p![cp.seq, &cp.hash, cp.at.0, &cp.mac, cp.key_id.as_deref()],
             )?;
             Ok(())
         })
@@ -1608,7 +1608,7 @@ impl Store for SqlStore {
     fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
         self.read_one(|db| {
             let rows = db.rows(
-                "SELECT seq, hash, at, mac FROM checkpoints ORDER BY seq",
+                "SELECT seq, hash, at, mac, key_id FROM checkpoints ORDER BY seq",
                 &[],
             )?;
             all(rows, |r| {
@@ -1617,8 +1617,28 @@ impl Store for SqlStore {
                     hash: r.text(1)?,
                     at: r.ts(2)?,
                     mac: r.text(3)?,
+                    key_id: r.opt_text(4)?,
                 })
             })
+        })
+    }
+
+    fn latest_checkpoint(&self) -> Result<Option<Checkpoint>> {
+        self.read_one(|db| {
+            db.row(
+                "SELECT seq, hash, at, mac, key_id FROM checkpoints ORDER BY seq DESC LIMIT 1",
+                &[],
+            )?
+            .map(|r| {
+                Ok(Checkpoint {
+                    seq: r.u64(0)?,
+                    hash: r.text(1)?,
+                    at: r.ts(2)?,
+                    mac: r.text(3)?,
+                    key_id: r.opt_text(4)?,
+                })
+            })
+            .transpose()
         })
     }
 

@@ -141,6 +141,11 @@ CREATE TABLE notify_cursors (
     updated_at INTEGER NOT NULL
 );
 "#,
+    // Which key signed each checkpoint (its id, not the key): several
+    // controllers verify one log, and say "another key", not "forged".
+    r#"
+ALTER TABLE checkpoints ADD COLUMN key_id TEXT;
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {

@@ -642,8 +642,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 8,
-        "one per migration: retention (6), leases (7) and notification cursors (8) are the latest"
+        v, 9,
+        "one per migration: leases (7), notification cursors (8) and checkpoint key ids (9) are the latest"
     );
 }
 
@@ -983,7 +983,36 @@ fn signed_checkpoints_detect_truncation_rehashing_and_deleted_or_forged_checkpoi
     rollgate_store::append_to_sink(&sink, &forged.sign(seq + 5, "0f", Timestamp(3)))
         .expect("append");
     let r = report(store.as_ref(), &sink);
-    assert!(r.problems[0].problem.contains("not signed"), "{r:?}");
+    assert!(
+        r.problems[0].problem.contains("another key") && r.problems[0].problem.contains("forged"),
+        "{r:?}"
+    );
+    // A checkpoint that names this key but whose MAC is not its own.
+    let (_dir, store, sink, seq) = setup();
+    let mut tampered = key.sign(seq, "0f", Timestamp(3));
+    tampered.hash = "1e".into();
+    rollgate_store::append_to_sink(&sink, &tampered).expect("append");
+    let r = report(store.as_ref(), &sink);
+    assert!(
+        r.problems[0]
+            .problem
+            .contains("not signed with the key it names"),
+        "{r:?}"
+    );
+    // One log, one signer: a second key is refused before it signs, with
+    // the setting named; the first key goes on signing.
+    let (_dir, store, _sink, _) = setup();
+    let refused = rollgate_store::key_fits_store(store.as_ref(), &forged).expect_err("another key");
+    assert!(
+        refused.contains("checkpoint_key_file") && refused.contains(&key.id()),
+        "{refused}"
+    );
+    assert!(
+        checkpoint_head(store.as_ref(), &forged, None, None, Timestamp(9))
+            .expect_err("not signed")
+            .contains("checkpoint_key_file")
+    );
+    rollgate_store::key_fits_store(store.as_ref(), &key).expect("the signer's own key");
 }
 
 /// Retention prunes old evaluations' bodies and nothing else: the chain

@@ -48,8 +48,18 @@ tick = "200ms"
 gateway_ttl = "3s"
 "#;
 
+/// Controllers of one store share one checkpoint key (a controller with
+/// another refuses to start: see `a_controller_with_another_checkpoint_key_refuses_to_start`).
 fn controller_on(dir: &std::path::Path, n: usize, store: &str) -> Proc {
-    let cfg = write(dir, &format!("controller-{n}.toml"), HA_CONTROLLER_TOML);
+    let key = dir.join("audit-shared.key");
+    let cfg = write(
+        dir,
+        &format!("controller-{n}.toml"),
+        &format!(
+            "{HA_CONTROLLER_TOML}[audit]\ncheckpoint_key_file = {:?}\n",
+            key.to_string_lossy()
+        ),
+    );
     let data = dir.join(format!("controller-{n}"));
     spawn(
         &[
@@ -183,6 +193,48 @@ async fn forward(listen_ip: &str, to: String) -> String {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                 }
             });
+        }
+    });
+    addr
+}
+
+/// Forwards TCP from loopback to `to` until `frozen` is set; then no byte
+/// moves either way and no connection closes, as on a link that died
+/// silently. Returns the listening address.
+async fn forward_freezable(to: String, frozen: Arc<AtomicBool>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .expect("bind forwarder");
+    let addr = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let Ok(out) = tokio::net::TcpStream::connect(&to).await else {
+                continue;
+            };
+            let (ri, wi) = inbound.into_split();
+            let (ro, wo) = out.into_split();
+            for (mut from, mut to) in [(ri, wo), (ro, wi)] {
+                let frozen = Arc::clone(&frozen);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        while frozen.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        let n = match from.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        while frozen.load(Ordering::SeqCst) {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
         }
     });
     addr
@@ -619,4 +671,171 @@ async fn postgres_restarted_mid_rollout_keeps_gateways_serving_and_loses_nothing
     // answered (the load waits for its last requests before it counts).
     assert!(sent > sent_before, "traffic ran across the restart");
     assert_eq!(ok, sent, "requests failed across the restart");
+}
+
+/// The leader's link to PostgreSQL dies silently (a frozen forwarder: no
+/// reset, no FIN). The standby leads within the lease and a renewal (plus
+/// the database noticing, about a third of the lease), and the cut-off
+/// controller answers `GET /api/v1/leader` at once throughout: not
+/// leading, the store unreachable since when.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_store_is_replaced_and_says_so_at_once() {
+    let Some(store) = postgres_store("cut").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = client();
+    let host_port = store
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the store URL")
+        .to_string();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let via = forward_freezable(host_port, Arc::clone(&frozen)).await;
+    let cut_off = controller_on(dir.path(), 0, &with_host(&store, &via));
+    assert_eq!(leader_of(&c, &[&cut_off], Duration::from_secs(15)).await, 0);
+    let standby = controller_on(dir.path(), 1, &store);
+    assert_eq!(
+        leader_of(&c, &[&cut_off, &standby], Duration::from_secs(15)).await,
+        0
+    );
+    frozen.store(true, Ordering::SeqCst);
+    let cut = Instant::now();
+    // lease_ttl 6 s + a renewal 2 s + detection 2 s.
+    let bound = Duration::from_secs(10);
+    let mut said_unreachable = false;
+    loop {
+        let asked = Instant::now();
+        let (s, v) = api(&c, &cut_off, "GET", "/api/v1/leader", None).await;
+        let took = asked.elapsed();
+        assert!(
+            s == 200 && took < Duration::from_millis(1_500),
+            "the cut-off controller answered {s} after {took:?}: {v}"
+        );
+        if v["this"]["standing"] == "store unreachable" {
+            assert_eq!(v["this"]["leading"], false, "{v}");
+            assert_eq!(v["store_answered"], false, "{v}");
+            assert!(v["store_unreachable_since"].as_u64().is_some(), "{v}");
+            said_unreachable = true;
+        }
+        if leads(&c, &standby).await {
+            break;
+        }
+        assert!(
+            cut.elapsed() < bound,
+            "no take-over within {bound:?} of the cut"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "take-over {:?} after the leader's link froze",
+        cut.elapsed()
+    );
+    assert!(
+        said_unreachable,
+        "the cut-off controller never said the store was unreachable"
+    );
+    assert!(!leads(&c, &cut_off).await, "both lead");
+    // The link heals: the old leader stands by, and says so.
+    frozen.store(false, Ordering::SeqCst);
+    let healed = Instant::now();
+    loop {
+        let (_, v) = api(&c, &cut_off, "GET", "/api/v1/leader", None).await;
+        if v["this"]["standing"] == "standing by" {
+            break;
+        }
+        assert!(healed.elapsed() < Duration::from_secs(30), "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(leads(&c, &standby).await);
+}
+
+/// One audit log, one signer: controllers sharing a store share the
+/// checkpoint key, and `audit verify` through each says the log is intact;
+/// a controller set up with another key refuses to start, naming the
+/// setting, rather than signing checkpoints the others would call forged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_checkpoint_key_per_store_and_verify_passes_through_every_controller() {
+    let Some(store) = postgres_store("keys").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = client();
+    let first = controller_on(dir.path(), 0, &store);
+    let (s, _) = api(
+        &c,
+        &first,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m" })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    // Wait (bounded) for the first checkpoint.
+    let started = Instant::now();
+    loop {
+        let (_, v) = api(&c, &first, "GET", "/api/v1/audit/verify", None).await;
+        if v["anchors"]["checkpoints"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no checkpoint: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A controller with its own key (the per-directory default).
+    let cfg = write(dir.path(), "other.toml", HA_CONTROLLER_TOML);
+    let data = dir.path().join("other");
+    let mut other = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args([
+            "controller",
+            "--store",
+            &store,
+            "--data",
+            &data.to_string_lossy(),
+            "--config",
+            &cfg,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = other.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = other.kill();
+            let _ = other.wait();
+            panic!("a controller with another checkpoint key kept running");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut other.stderr.take().expect("stderr"), &mut err)
+        .expect("stderr");
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("checkpoint_key_file"), "{err}");
+    // A second controller with the shared key: both verify the whole log.
+    let second = controller_on(dir.path(), 1, &store);
+    let (s, _) = api(
+        &c,
+        &second,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "n" })),
+    )
+    .await;
+    assert_eq!(s, 201);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for ctl in [&first, &second] {
+        let (s, v) = api(&c, ctl, "GET", "/api/v1/audit/verify", None).await;
+        assert_eq!(s, 200, "{v}");
+        assert!(v["chain"]["first_break"].is_null(), "{v}");
+        assert_eq!(v["anchors"]["problems"], json!([]), "{v}");
+        assert!(v["anchors"]["checkpoints"].as_u64() >= Some(1), "{v}");
+    }
 }
