@@ -17,6 +17,7 @@
 
 mod audit;
 mod checkpoint;
+mod pg_tls;
 mod postgres;
 mod registry;
 #[macro_use]

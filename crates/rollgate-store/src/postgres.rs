@@ -243,6 +243,8 @@ struct PgConn {
 
 struct Manager {
     config: postgres::Config,
+    /// TLS as the URL's `sslmode` asks (`None`: `disable`).
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -250,8 +252,12 @@ impl r2d2::ManageConnection for Manager {
     type Error = postgres::Error;
 
     fn connect(&self) -> std::result::Result<PgConn, postgres::Error> {
+        let client = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone())?,
+            None => self.config.connect(NoTls)?,
+        };
         Ok(PgConn {
-            client: self.config.connect(NoTls)?,
+            client,
             statements: HashMap::new(),
             in_transaction: false,
         })
@@ -504,7 +510,8 @@ impl SqlStore {
     /// pairs) and migrates it; every session carries `limits`. Fails if
     /// the database cannot be reached within 10 s.
     pub fn connect_with(url: &str, limits: SessionLimits) -> Result<SqlStore> {
-        let mut config: postgres::Config = url
+        let (plain, tls) = crate::pg_tls::split(url)?;
+        let mut config: postgres::Config = plain
             .parse()
             .map_err(|e| StoreError::Invalid(format!("store URL {}: {e}", redacted(url))))?;
         if config.get_application_name().is_none() {
@@ -523,12 +530,14 @@ impl SqlStore {
             .keepalives_idle(limits.dead_peer)
             .keepalives_interval((limits.dead_peer / 2).max(Duration::from_secs(1)))
             .keepalives_retries(3)
-            .tcp_user_timeout(limits.dead_peer * 3);
+            .tcp_user_timeout(limits.dead_peer * 3)
+            .ssl_mode(tls.ssl_mode());
+        let tls = tls.connector()?;
         let pool = r2d2::Pool::builder()
             .max_size(8)
             .min_idle(Some(1))
             .connection_timeout(Duration::from_secs(10))
-            .build(Manager { config })
+            .build(Manager { config, tls })
             .map_err(|e| {
                 StoreError::Database(
                     format!("cannot reach PostgreSQL at {}: {e}", redacted(url)).into(),

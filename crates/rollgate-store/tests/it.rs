@@ -19,6 +19,7 @@ use rollgate_store::{
 };
 
 mod partition;
+mod tls;
 
 type Open = fn(&Path) -> Arc<dyn Store>;
 
