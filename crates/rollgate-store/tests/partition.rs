@@ -163,9 +163,10 @@ fn note(state: &RolloutState) -> Vec<Effect> {
 }
 
 /// 20 cuts of the leader's link at random points of its work (renewing,
-/// committing): each time a standby leads within `ttl + ttl/3 + 2 s` of the
-/// cut, and every record the old leader wrote precedes the new leader's
-/// first one.
+/// committing), then 5 resets (every connection closed, the link down):
+/// each time a
+/// standby leads within `ttl + ttl/3 + 2 s` of the cut, and every record
+/// the old leader wrote precedes the new leader's first one.
 #[test]
 fn a_leader_cut_anywhere_is_replaced_in_time_and_never_commits_after() {
     let Some((url, host, port)) = database(&format!("rg_partition_{}", std::process::id())) else {
@@ -179,7 +180,8 @@ fn a_leader_cut_anywhere_is_replaced_in_time_and_never_commits_after() {
     let effects = note(&state);
     let mut takeovers = Vec::new();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
-    for cut in 0..20 {
+    for cut in 0..25 {
+        let reset = cut >= 20;
         let fwd = Forwarder::start(format!("{host}:{port}"));
         let leader = Arc::new(
             SqlStore::connect_with(&via(&url, &host, &port, fwd.port), limits).expect("leader"),
@@ -235,7 +237,13 @@ fn a_leader_cut_anywhere_is_replaced_in_time_and_never_commits_after() {
         seed ^= seed << 17;
         let wait = Duration::from_millis(50 + seed % 700);
         std::thread::sleep(wait);
+        // A reset link: every connection closed, and none gets through
+        // until it heals (a link that only dropped its connections would
+        // let the leader reconnect and go on leading, as it should).
         fwd.freeze(true);
+        if reset {
+            fwd.cut_all();
+        }
         let cut_at = Instant::now();
         let before = committed.load(Ordering::SeqCst);
         let next = format!("b{cut}");
@@ -251,7 +259,9 @@ fn a_leader_cut_anywhere_is_replaced_in_time_and_never_commits_after() {
             std::thread::sleep(Duration::from_millis(50));
         };
         let after = cut_at.elapsed();
-        takeovers.push(after);
+        if !reset {
+            takeovers.push(after);
+        }
         assert!(
             after <= bound,
             "cut {cut} ({wait:?} into the work, {before} commits): the standby led {after:?} after the cut, bound {bound:?}"
