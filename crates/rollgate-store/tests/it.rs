@@ -18,9 +18,6 @@ use rollgate_store::{
     TransitionWrite,
 };
 
-mod partition;
-mod tls;
-
 type Open = fn(&Path) -> Arc<dyn Store>;
 
 fn sqlite(dir: &Path) -> Arc<dyn Store> {
@@ -34,7 +31,7 @@ fn sqlite(dir: &Path) -> Arc<dyn Store> {
 
 /// The PostgreSQL server the suite runs on (`tests/postgres/start.sh`
 /// starts one). In CI it must be there; locally the suite says it skipped it.
-fn postgres_server() -> Option<String> {
+pub(crate) fn postgres_server() -> Option<String> {
     match std::env::var("ROLLGATE_TEST_POSTGRES") {
         Ok(url) => Some(url),
         Err(_) if std::env::var_os("CI").is_some() => panic!(
@@ -695,7 +692,7 @@ fn killed_mid_write_store_is_consistent_and_loses_no_commit() {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--exact",
-            "child_writer",
+            "it::child_writer",
             "--ignored",
             "--nocapture",
             "--test-threads=1",

@@ -20,7 +20,7 @@ use rollgate_store::{
     AuditFilter, ModelSpec, RevisionSpec, SessionLimits, SqlStore, Store, TransitionWrite,
 };
 
-use crate::postgres_server;
+use crate::it::postgres_server;
 
 /// A forwarder from a local port to `target`; `freeze` stops every byte
 /// (connections stay open), `cut_all` closes every connection.

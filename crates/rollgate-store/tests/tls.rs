@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use rollgate_store::{ModelSpec, SqlStore, Store, StoreError};
 
-use crate::postgres_server;
+use crate::it::postgres_server;
 
 /// The test server's URL, its CA, and a scratch database's URL.
 fn setup(name: &str) -> Option<(String, PathBuf, String)> {
