@@ -98,7 +98,13 @@ async function run(page) {
       const [model, id, shot] = args;
       await open(page, `#/models/${encodeURIComponent(model)}`);
       await page.click(`[data-rollout="${id}"]`);
-      await page.waitForSelector("[data-phase-line]");
+      await page.waitForSelector("[data-phase-line]").catch(async (e) => {
+        // Say what the page shows instead (an error it caught, or where it is).
+        const said = await page.textContent("#updated").catch(() => "?");
+        const main = await page.textContent("main").catch(() => "?");
+        fail(`no rollout view; the page says ${JSON.stringify(said)} at ${page.url()}: ${String(main).slice(0, 300)}`);
+        throw e;
+      });
       await page.waitForSelector("[data-gate] svg polyline", { state: "attached", timeout: 15_000 });
       const why = await page.textContent("[data-phase-line]");
       const verdict = await page.textContent("#verdict");

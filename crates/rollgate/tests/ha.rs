@@ -855,7 +855,8 @@ async fn one_checkpoint_key_per_store_and_verify_passes_through_every_controller
 /// lease_ttl + lease_ttl/3 + 2 s, the cut-off one says at once that it is
 /// not leading, and when the link heals it stands by. The rollout goes on
 /// as if nothing happened: no decision recorded twice, and the audit log
-/// verifies through both controllers.
+/// verifies through both controllers. (Users' requests through cuts and a
+/// crash: the other tests here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_cuts_of_the_leaders_link_each_replaced_in_time_and_recorded_once() {
     let Some(store) = postgres_store("cuts").await else {
@@ -886,8 +887,8 @@ async fn twenty_cuts_of_the_leaders_link_each_replaced_in_time_and_recorded_once
     let champion = model_server(Model::new(false)).await;
     let candidate = model_server(Model::new(false)).await;
     let (_, cand) = setup(&c, &ctls[0], &champion, &candidate).await;
-    let gw = gateway_on(&store, "gw");
-    let traffic = load(&[&gw]);
+    // No traffic: the rollout is evaluated, and its transitions written,
+    // every 200 ms anyway (and the test shares two cores with others).
     let mut p = plan();
     p["min_stage_duration"] = json!("10m");
     p["evidence_timeout"] = json!("20m");
@@ -983,7 +984,4 @@ async fn twenty_cuts_of_the_leaders_link_each_replaced_in_time_and_recorded_once
         assert!(v["chain"]["first_break"].is_null(), "{v}");
         assert_eq!(v["anchors"]["problems"], json!([]), "{v}");
     }
-    let (sent, ok) = traffic.stop().await;
-    assert_eq!(ok, sent, "user requests failed across the cuts");
-    drop(gw);
 }
