@@ -245,6 +245,18 @@ async fn forward_freezable(to: String, frozen: Arc<AtomicBool>) -> String {
     addr
 }
 
+/// `store` reached through a forwarder that `frozen` freezes.
+async fn freezable(store: &str, frozen: &Arc<AtomicBool>) -> String {
+    let host_port = store
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .expect("host:port in the store URL")
+        .to_string();
+    let via = forward_freezable(host_port, Arc::clone(frozen)).await;
+    with_host(store, &via)
+}
+
 /// `url` with its `host:port` replaced.
 fn with_host(url: &str, host_port: &str) -> String {
     let at = url
@@ -694,15 +706,8 @@ async fn a_leader_cut_off_from_the_store_is_replaced_and_says_so_at_once() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let c = client();
-    let host_port = store
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("host:port in the store URL")
-        .to_string();
     let frozen = Arc::new(AtomicBool::new(false));
-    let via = forward_freezable(host_port, Arc::clone(&frozen)).await;
-    let cut_off = controller_on(dir.path(), 0, &with_host(&store, &via));
+    let cut_off = controller_on(dir.path(), 0, &freezable(&store, &frozen).await);
     assert_eq!(leader_of(&c, &[&cut_off], Duration::from_secs(15)).await, 0);
     let standby = controller_on(dir.path(), 1, &store);
     assert_eq!(
@@ -864,23 +869,16 @@ async fn twenty_cuts_of_the_leaders_link_each_replaced_in_time_and_recorded_once
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let c = client();
-    let host_port = store
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .expect("host:port in the store URL")
-        .to_string();
     let links = [
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
     ];
     let mut ctls = Vec::new();
     for (n, frozen) in links.iter().enumerate() {
-        let via = forward_freezable(host_port.clone(), Arc::clone(frozen)).await;
         ctls.push(controller_with(
             dir.path(),
             n,
-            &with_host(&store, &via),
+            &freezable(&store, frozen).await,
             "lease_ttl = \"2s\"\n",
         ));
     }
