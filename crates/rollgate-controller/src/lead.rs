@@ -23,14 +23,79 @@ pub const CONTROLLER_LEASE: &str = "controller";
 pub struct Leader {
     holder: String,
     ttl: Duration,
+    /// What campaigns record: also those whose answer comes after the
+    /// campaign stopped waiting for it.
+    state: Arc<Standing>,
+    /// A campaign's call is waiting on the store (a cut link): no second
+    /// one starts; the call clears it when it ends, however it ends.
+    asking: Arc<AtomicBool>,
+}
+
+/// What this controller's campaigns learnt.
+#[derive(Debug, Default)]
+struct Standing {
     /// The fence while leading, and when the lease was last renewed.
     held: Mutex<Option<(Fence, Instant)>>,
     /// What the last campaigns learnt of the store, for answering at once
     /// when it cannot be asked.
     seen: Mutex<Seen>,
-    /// A campaign's call is waiting on the store (a cut link): no second
-    /// one starts; the call clears it when it returns.
-    asking: Arc<AtomicBool>,
+}
+
+/// Clears `asking` when dropped (also when the call panics).
+struct Asking(Arc<AtomicBool>);
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Standing {
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<(Fence, Instant)>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn saw(&self, answered: Option<Option<Lease>>) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        match answered {
+            Some(lease) => {
+                if lease.is_some() {
+                    seen.lease = lease;
+                }
+                seen.unreachable_since = None;
+            }
+            None => {
+                seen.unreachable_since.get_or_insert_with(wall_clock);
+            }
+        }
+    }
+
+    /// Records the store's answer to a campaign asked at `asked`.
+    fn record(&self, holder: &str, asked: Instant, got: rollgate_store::Result<Option<Lease>>) {
+        let before = self.held().as_ref().map(|(f, _)| f.clone());
+        match got {
+            Ok(Some(lease)) => {
+                self.saw(Some(Some(lease.clone())));
+                if before.as_ref() != Some(&lease.fence) {
+                    tracing::info!(holder, token = lease.fence.token, "leading");
+                }
+                // The lease runs from when it was asked for, not answered
+                // (the database's expiry is at least that late).
+                *self.held() = Some((lease.fence, asked));
+            }
+            Ok(None) => {
+                self.saw(Some(None));
+                if before.is_some() {
+                    tracing::warn!(holder, "another controller leads; standing by");
+                }
+                *self.held() = None;
+            }
+            Err(e) => {
+                self.saw(None);
+                tracing::warn!(error = %e, "renewing the lease failed");
+            }
+        }
+    }
 }
 
 /// The store as this controller's campaigns last found it.
@@ -71,8 +136,7 @@ impl Leader {
         Leader {
             holder: holder.into(),
             ttl,
-            held: Mutex::new(None),
-            seen: Mutex::default(),
+            state: Arc::default(),
             asking: Arc::default(),
         }
     }
@@ -82,10 +146,12 @@ impl Leader {
         Leader {
             holder: lease.holder.clone(),
             ttl,
-            held: Mutex::new(Some((lease.fence.clone(), Instant::now()))),
-            seen: Mutex::new(Seen {
-                lease: Some(lease.clone()),
-                unreachable_since: None,
+            state: Arc::new(Standing {
+                held: Mutex::new(Some((lease.fence.clone(), Instant::now()))),
+                seen: Mutex::new(Seen {
+                    lease: Some(lease.clone()),
+                    unreachable_since: None,
+                }),
             }),
             asking: Arc::default(),
         }
@@ -93,22 +159,11 @@ impl Leader {
 
     /// What the last campaigns learnt of the store.
     pub fn seen(&self) -> Seen {
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn saw(&self, answered: Option<Option<Lease>>) {
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        match answered {
-            Some(lease) => {
-                if lease.is_some() {
-                    seen.lease = lease;
-                }
-                seen.unreachable_since = None;
-            }
-            None => {
-                seen.unreachable_since.get_or_insert_with(wall_clock);
-            }
-        }
+        self.state
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// How often the lease is renewed (and a standby tries to take it):
@@ -122,7 +177,7 @@ impl Leader {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Option<(Fence, Instant)>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.held()
     }
 
     /// The fence to commit under, while this controller leads: held, and
@@ -140,54 +195,30 @@ impl Leader {
     /// link and can say so.
     pub async fn campaign(&self, store: &Arc<dyn Store>) -> bool {
         if self.asking.swap(true, Ordering::SeqCst) {
-            self.saw(None);
+            self.state.saw(None);
             return self.fence().is_some();
         }
+        let asking = Asking(Arc::clone(&self.asking));
         let (s, holder, ttl) = (Arc::clone(store), self.holder.clone(), self.ttl);
-        let asking = Arc::clone(&self.asking);
+        let state = Arc::clone(&self.state);
         let asked = Instant::now();
+        // The answer is recorded when it comes, even after this campaign
+        // stopped waiting: a renewal or take-over the database made is
+        // never lost.
         let call = tokio::task::spawn_blocking(move || {
+            let _asking = asking;
             let got = s.acquire_lease(CONTROLLER_LEASE, &holder, ttl);
-            asking.store(false, Ordering::SeqCst);
-            got
+            state.record(&holder, asked, got);
         });
-        let got = match tokio::time::timeout(self.renew_every(), call).await {
-            Ok(got) => got,
+        match tokio::time::timeout(self.renew_every(), call).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "lease task failed"),
             Err(_) => {
-                self.saw(None);
+                self.state.saw(None);
                 tracing::warn!("the store did not answer the lease renewal in time");
-                return self.fence().is_some();
-            }
-        };
-        let before = self.fence();
-        match got {
-            Ok(Ok(Some(lease))) => {
-                self.saw(Some(Some(lease.clone())));
-                if before.as_ref() != Some(&lease.fence) {
-                    tracing::info!(holder = %self.holder, token = lease.fence.token, "leading");
-                }
-                // The lease runs from when it was asked for, not answered.
-                *self.held() = Some((lease.fence, asked));
-                true
-            }
-            Ok(Ok(None)) => {
-                self.saw(Some(None));
-                if before.is_some() {
-                    tracing::warn!(holder = %self.holder, "another controller leads; standing by");
-                }
-                *self.held() = None;
-                false
-            }
-            Ok(Err(e)) => {
-                self.saw(None);
-                tracing::warn!(error = %e, "renewing the lease failed");
-                self.fence().is_some()
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "lease task failed");
-                self.fence().is_some()
             }
         }
+        self.fence().is_some()
     }
 
     /// A commit was refused as fenced: another controller leads.

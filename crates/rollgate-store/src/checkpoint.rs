@@ -67,10 +67,13 @@ impl CheckpointKey {
         match std::fs::read(path) {
             Ok(bytes) => Self::from_bytes(bytes.trim_ascii()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = hex::encode(fresh());
-                let tmp = path.with_extension(format!("new.{}", std::process::id()));
+                let bytes = fresh();
+                let key = hex::encode(bytes);
+                // A name of its own (processes on a shared volume may
+                // share a pid), never truncating another's.
+                let tmp = path.with_extension(format!("new.{}", hex::encode(&bytes[..8])));
                 let mut opts = std::fs::OpenOptions::new();
-                opts.write(true).create(true).truncate(true);
+                opts.write(true).create_new(true);
                 #[cfg(unix)]
                 {
                     use std::os::unix::fs::OpenOptionsExt;
@@ -82,16 +85,21 @@ impl CheckpointKey {
                 f.write_all(key.as_bytes())
                     .and_then(|()| f.sync_all())
                     .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-                let linked = std::fs::hard_link(&tmp, path);
+                // Linked into place whole; where links are not supported,
+                // renamed, only if the name is still free. Either way the
+                // file now at `path` is the key (another process may have
+                // made it first).
+                let placed = match std::fs::hard_link(&tmp, path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists && !path.exists() => {
+                        std::fs::rename(&tmp, path)
+                    }
+                    _ => Ok(()),
+                };
                 let _ = std::fs::remove_file(&tmp);
-                match linked {
-                    Ok(()) => Self::from_bytes(key.as_bytes()),
-                    // Another process made it first: its key is the key.
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read(path)
-                        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-                        .and_then(|b| Self::from_bytes(b.trim_ascii())),
-                    Err(e) => Err(format!("cannot create {}: {e}", path.display())),
-                }
+                placed.map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+                std::fs::read(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                    .and_then(|b| Self::from_bytes(b.trim_ascii()))
             }
             Err(e) => Err(format!("cannot read {}: {e}", path.display())),
         }
@@ -302,13 +310,34 @@ pub fn verify_store_anchors(
 /// unverifiable, and an operator who sees that on an intact log learns to
 /// ignore it.)
 pub fn key_fits_store(store: &dyn crate::Store, key: &CheckpointKey) -> Result<(), String> {
+    signs_latest(store, key)?;
+    // Claimed once, atomically: two controllers starting together on a
+    // fresh store with different keys cannot both sign.
+    let own = key.id();
+    let signer = store
+        .claim_checkpoint_signer(&own)
+        .map_err(|e| e.to_string())?;
+    if signer != own {
+        return Err(format!(
+            "the store's audit checkpoints are signed with key id {signer}, this controller's \
+             checkpoint key is {own}: {SAME_KEY}"
+        ));
+    }
+    Ok(())
+}
+
+const SAME_KEY: &str = "controllers sharing a store need the same key; set [audit] \
+                        checkpoint_key_file to the same secret file on every one";
+
+/// Whether no other key signed the latest checkpoint (a read: checked
+/// before every signature).
+fn signs_latest(store: &dyn crate::Store, key: &CheckpointKey) -> Result<(), String> {
+    let own = key.id();
     let latest = store.latest_checkpoint().map_err(|e| e.to_string())?;
     match latest.and_then(|cp| cp.key_id.map(|id| (cp.seq, id))) {
-        Some((seq, id)) if id != key.id() => Err(format!(
+        Some((seq, id)) if id != own => Err(format!(
             "the store's audit checkpoints are signed with key id {id} (the latest at record \
-             {seq}), this controller's checkpoint key is {}: controllers sharing a store need \
-             the same key; set [audit] checkpoint_key_file to the same secret file on every one",
-            key.id()
+             {seq}), this controller's checkpoint key is {own}: {SAME_KEY}"
         )),
         _ => Ok(()),
     }
@@ -330,7 +359,7 @@ pub fn checkpoint_head(
     if after.is_some_and(|a| a >= seq) {
         return Ok(None);
     }
-    key_fits_store(store, key)?;
+    signs_latest(store, key)?;
     let cp = key.sign(seq, &hash, now);
     store.add_checkpoint(&cp).map_err(|e| e.to_string())?;
     if let Some(path) = sink {

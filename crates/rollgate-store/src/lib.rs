@@ -295,6 +295,10 @@ pub trait Store: Send + Sync {
     fn checkpoints(&self) -> Result<Vec<Checkpoint>>;
     /// The latest checkpoint, if any.
     fn latest_checkpoint(&self) -> Result<Option<Checkpoint>>;
+    /// Claims `key_id` as the one key that signs this store's checkpoints
+    /// if none is claimed yet; returns the key id claimed (this one or
+    /// another's).
+    fn claim_checkpoint_signer(&self, key_id: &str) -> Result<String>;
     /// Walks the hash chain and reports the first broken link, if any.
     fn verify_audit(&self) -> Result<ChainReport>;
 }

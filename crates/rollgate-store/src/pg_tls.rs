@@ -50,24 +50,28 @@ const NAMES: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 pub(crate) fn split(url: &str) -> Result<(String, Settings), StoreError> {
     let mut pairs: Vec<(String, String)> = Vec::new();
     let rest = if let Some((base, query)) = url.split_once('?').filter(|_| url.contains("://")) {
-        let mut kept = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-            if NAMES.contains(&k.as_ref()) {
-                pairs.push((k.into_owned(), v.into_owned()));
-            } else {
-                kept.append_pair(&k, &v);
+        // Every other parameter is kept byte for byte (re-encoding would
+        // turn `%20` into `+`, which the driver does not decode).
+        let mut kept = Vec::new();
+        for segment in query.split('&') {
+            let mut decoded = form_urlencoded::parse(segment.as_bytes());
+            match decoded.next() {
+                Some((k, v)) if NAMES.contains(&k.as_ref()) => {
+                    pairs.push((k.into_owned(), v.into_owned()));
+                }
+                _ => kept.push(segment),
             }
         }
-        let kept = kept.finish();
         if kept.is_empty() {
             base.to_string()
         } else {
-            format!("{base}?{kept}")
+            format!("{base}?{}", kept.join("&"))
         }
     } else if url.contains("://") {
         url.to_string()
     } else {
-        url.split_whitespace()
+        let kept: Vec<&str> = url
+            .split_whitespace()
             .filter(|kv| match kv.split_once('=') {
                 Some((k, v)) if NAMES.contains(&k) => {
                     pairs.push((k.to_string(), v.trim_matches('\'').to_string()));
@@ -75,8 +79,17 @@ pub(crate) fn split(url: &str) -> Result<(String, Settings), StoreError> {
                 }
                 _ => true,
             })
-            .collect::<Vec<_>>()
-            .join(" ")
+            .collect();
+        // Anything else naming a TLS setting (`sslmode = require`, with
+        // spaces) would be read by the driver and then overridden here:
+        // refused rather than silently weakened.
+        if let Some(odd) = kept.iter().find(|t| t.starts_with("ssl")) {
+            return Err(StoreError::Invalid(format!(
+                "store URL: cannot read the TLS setting at {odd:?}: write key=value without \
+                 spaces or quotes (sslmode=verify-full sslrootcert=/path/ca.pem)"
+            )));
+        }
+        kept.join(" ")
     };
     let mut s = Settings {
         mode: Mode::Prefer,
@@ -304,10 +317,13 @@ mod tests {
     #[test]
     fn tls_settings_are_split_off_both_url_forms() {
         let (rest, s) = split(
-            "postgres://u@db:5432/rg?application_name=x&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem",
+            "postgres://u@db:5432/rg?application_name=x&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&options=-c%20search_path%3Dx",
         )
         .expect("url");
-        assert_eq!(rest, "postgres://u@db:5432/rg?application_name=x");
+        assert_eq!(
+            rest,
+            "postgres://u@db:5432/rg?application_name=x&options=-c%20search_path%3Dx"
+        );
         assert_eq!(s.mode, Mode::VerifyFull);
         assert_eq!(s.root_cert.as_deref(), Some(Path::new("/etc/ca.pem")));
         let (rest, s) = split("host=db user=u sslmode=require dbname=rg").expect("kv");
@@ -322,6 +338,7 @@ mod tests {
             "postgres://u@db/rg?sslmode=allow-everything",
             "postgres://u@db/rg?sslmode=verify-full",
             "postgres://u@db/rg?sslmode=require&sslcert=/c.pem",
+            "host=db sslmode = require",
         ] {
             assert!(matches!(split(bad), Err(StoreError::Invalid(_))), "{bad}");
         }

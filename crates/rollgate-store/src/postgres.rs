@@ -144,6 +144,14 @@ CREATE TABLE notify_cursors (
     r#"
 ALTER TABLE checkpoints ADD COLUMN key_id TEXT;
 "#,
+    // The one key that signs this store's checkpoints, claimed by the
+    // first controller that signs (its id only).
+    r#"
+CREATE TABLE audit_signer (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    key_id TEXT NOT NULL
+);
+"#,
 ];
 
 /// The advisory lock every write transaction holds ("roll"), and the one
@@ -519,10 +527,11 @@ impl SqlStore {
         }
         config.connect_timeout(Duration::from_secs(5));
         // The server's notices ("already exists, skipping") are not news.
+        // The URL's own options come last: where they set the same, theirs win.
         let options = format!(
-            "{} -c client_min_messages=warning {}",
-            config.get_options().unwrap_or_default(),
-            limits.options()
+            "-c client_min_messages=warning {} {}",
+            limits.options(),
+            config.get_options().unwrap_or_default()
         );
         config.options(options.trim());
         config
@@ -579,9 +588,13 @@ pub fn scratch_database(admin_url: &str, name: &str) -> Result<String> {
 }
 
 fn migrate(client: &mut Client) -> Result<()> {
+    // A process starting beside one that migrates waits for it, however
+    // long: the session's lock and statement limits are for steady state.
+    client.batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")?;
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
     let out = migrate_locked(client);
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
+    client.batch_execute("RESET lock_timeout; RESET statement_timeout")?;
     out
 }
 

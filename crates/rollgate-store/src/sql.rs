@@ -1642,6 +1642,18 @@ impl Store for SqlStore {
         })
     }
 
+    fn claim_checkpoint_signer(&self, key_id: &str) -> Result<String> {
+        self.write(|db, _| {
+            db.exec(
+                "INSERT INTO audit_signer (id, key_id) VALUES (1, ?1) ON CONFLICT (id) DO NOTHING",
+                p![key_id],
+            )?;
+            db.row("SELECT key_id FROM audit_signer WHERE id = 1", &[])?
+                .ok_or_else(|| StoreError::Database("the signer row vanished".into()))?
+                .text(0)
+        })
+    }
+
     fn verify_audit(&self) -> Result<ChainReport> {
         let records = self.read_one(|db| {
             let rows = db.rows(&format!("SELECT {AUDIT_COLS} FROM audit ORDER BY seq"), &[])?;

@@ -146,6 +146,14 @@ CREATE TABLE notify_cursors (
     r#"
 ALTER TABLE checkpoints ADD COLUMN key_id TEXT;
 "#,
+    // The one key that signs this store's checkpoints, claimed by the
+    // first controller that signs (its id only).
+    r#"
+CREATE TABLE audit_signer (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    key_id TEXT NOT NULL
+);
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {

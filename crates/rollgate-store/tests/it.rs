@@ -640,8 +640,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 9,
-        "one per migration: leases (7), notification cursors (8) and checkpoint key ids (9) are the latest"
+        v, 10,
+        "one per migration: notification cursors (8), checkpoint key ids (9) and the signer (10) are the latest"
     );
 }
 
@@ -1011,6 +1011,13 @@ fn signed_checkpoints_detect_truncation_rehashing_and_deleted_or_forged_checkpoi
             .contains("checkpoint_key_file")
     );
     rollgate_store::key_fits_store(store.as_ref(), &key).expect("the signer's own key");
+    // A fresh store: the first key claims it, a second is refused.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fresh = sqlite(dir.path());
+    rollgate_store::key_fits_store(fresh.as_ref(), &forged).expect("the first key claims");
+    let refused = rollgate_store::key_fits_store(fresh.as_ref(), &key).expect_err("a second key");
+    assert!(refused.contains(&forged.id()), "{refused}");
+    rollgate_store::key_fits_store(fresh.as_ref(), &forged).expect("again, the same key");
 }
 
 /// Retention prunes old evaluations' bodies and nothing else: the chain
