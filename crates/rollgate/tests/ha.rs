@@ -535,6 +535,10 @@ async fn mid_canary(store: &str, min_stage: &str) -> MidCanary {
     let lead = leader_of(&c, &[&ctls[0], &ctls[1]], Duration::from_secs(15)).await;
     let mut p = plan();
     p["min_stage_duration"] = json!(min_stage);
+    // A stage spans the take-over (a lease of 6 s, and the leader's
+    // session ended by the server if it was paused inside a transaction):
+    // its evidence deadline must not be the plan's 10 s on a loaded machine.
+    p["evidence_timeout"] = json!("30s");
     let id = start_rollout_with(&c, &ctls[0], &cand, p).await;
     wait_for(&c, &ctls[lead], id, Duration::from_secs(60), |r| {
         phase(r) == "canary"
