@@ -6,3 +6,4 @@
 mod architecture;
 mod golden;
 mod rollout;
+mod tidy;
