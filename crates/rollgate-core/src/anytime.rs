@@ -416,7 +416,11 @@ pub fn quantile_cs_ranks_tempered(
 /// the caller takes each bucket's conservative end.)
 pub fn quantile_cs_ranks(p: f64, n: u64, alpha: f64, n_opt: f64) -> crate::stats::RankInterval {
     let key = [p.to_bits(), alpha.to_bits(), n_opt.to_bits()];
-    crate::memo::ranks(key, n, || mixture_ranks(p, n, alpha, n_opt))
+    let (lower, upper) = crate::memo::ranks(key, n, || {
+        let r = mixture_ranks(p, n, alpha, n_opt);
+        (r.lower, r.upper)
+    });
+    crate::stats::RankInterval { lower, upper }
 }
 
 fn mixture_ranks(p: f64, n: u64, alpha: f64, n_opt: f64) -> crate::stats::RankInterval {

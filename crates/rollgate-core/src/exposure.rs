@@ -24,13 +24,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::rollout::Timestamp;
 use crate::snapshot::Snapshot;
-
-/// A routing epoch of one rollout: 1 for its first stage, one more at each
-/// routing change. Gateways count a request under the epoch in force when
-/// it arrived.
-pub type Epoch = u32;
+pub use crate::types::Epoch;
+use crate::types::Timestamp;
 
 /// What one gateway process reported for a rollout's model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

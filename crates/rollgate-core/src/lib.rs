@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod spec;
 pub mod stage;
 pub mod stats;
+pub mod types;
 pub mod unit;
 pub mod words;
 
@@ -32,9 +33,10 @@ pub use plan::{Advance, Mode, Plan, PlanError, Policy};
 pub use policy::{PolicyTests, sequential, windowed};
 pub use protocol::Protocol;
 pub use rollout::{
-    Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase,
-    RollbackReason, RolloutSpec, RolloutState, Routing, StepError, Timestamp, Transition, step,
+    Actor, AuditEvent, AuditKind, Effect, Input, Observation, OperatorAction, Phase, RolloutSpec,
+    RolloutState, Routing, StepError, Transition, step,
 };
 pub use snapshot::{FailureClass, PairStats, RevisionStats, Snapshot, SnapshotError};
-pub use stage::{StageKind, StageReason, StageVerdict};
+pub use stage::{RollbackReason, StageKind, StageReason, StageVerdict};
+pub use types::Timestamp;
 pub use unit::{UNITS, UnitTotals, unit_of};

@@ -10,8 +10,6 @@
 
 use std::cell::RefCell;
 
-use crate::stats::RankInterval;
-
 /// Sample sizes below this are memoised: at most 2 MiB per setting.
 const SIZES: u64 = 1 << 18;
 /// Settings kept per thread; a new one beyond this clears the memo, so a
@@ -74,16 +72,18 @@ fn decode(x: u32) -> Option<u64> {
     (x > 0).then_some(u64::from(x))
 }
 
-/// A quantile's rank interval at sample size `n` (ranks are 1-based).
-pub(crate) fn ranks(key: [u64; 3], n: u64, compute: impl FnOnce() -> RankInterval) -> RankInterval {
+/// A quantile's rank interval at sample size `n`, as `(lower, upper)`
+/// 1-based ranks (`None`: that side is not bounded).
+pub(crate) fn ranks(
+    key: [u64; 3],
+    n: u64,
+    compute: impl FnOnce() -> (Option<u64>, Option<u64>),
+) -> (Option<u64>, Option<u64>) {
     let [lower, upper] = by_size([0, key[0], key[1], key[2]], n, || {
-        let r = compute();
-        [encode(r.lower), encode(r.upper)]
+        let (lower, upper) = compute();
+        [encode(lower), encode(upper)]
     });
-    RankInterval {
-        lower: decode(lower),
-        upper: decode(upper),
-    }
+    (decode(lower), decode(upper))
 }
 
 /// A count threshold at sample size `n` (`None`: never reached).
@@ -105,10 +105,7 @@ mod tests {
 
     #[test]
     fn the_memo_is_transparent_across_evictions_and_large_sizes() {
-        let compute = |k: u64, n: u64| RankInterval {
-            lower: Some(k + 1),
-            upper: (n > 3).then(|| n - 1),
-        };
+        let compute = |k: u64, n: u64| (Some(k + 1), (n > 3).then(|| n - 1));
         for round in 0..2 {
             // More settings than a thread keeps: later ones evict earlier.
             for k in 0..(SETTINGS as u64 + 4) {
@@ -116,10 +113,7 @@ mod tests {
                     let got = ranks([k, 7, round], n, || compute(k, n));
                     assert_eq!(got, compute(k, n), "setting {k}, n {n}");
                     // A hit returns what was stored, not a new computation.
-                    let again = ranks([k, 7, round], n, || RankInterval {
-                        lower: None,
-                        upper: None,
-                    });
+                    let again = ranks([k, 7, round], n, || (None, None));
                     if n < SIZES {
                         assert_eq!(again, compute(k, n));
                     }

@@ -11,120 +11,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exposure::{Epoch, Exposure, Ledger, StaleSeries};
-use crate::gate::{GateKind, Outcome};
-use crate::plan::{ApprovalPoint, Assignment, Mode, OnDeadline, Plan, Policy, RejectOn};
-use crate::policy::PolicyTests;
-use crate::policy::sequential::{self, SequentialInput, SequentialState};
-use crate::policy::windowed::{self, WindowedTests};
+use crate::exposure::{Exposure, Ledger, StaleSeries};
+use crate::gate::Outcome;
+use crate::plan::{ApprovalPoint, Assignment, Mode, OnDeadline, Plan, Policy};
+use crate::policy::sequential::{self, SequentialState};
+use crate::policy::windowed::WindowedTests;
+use crate::policy::{self, LookInput, Next, PolicyTests};
 use crate::snapshot::Snapshot;
-use crate::stage::{StageKind, StageReason, StageVerdict};
-
-/// Milliseconds since the Unix epoch. The core never reads a clock: the
-/// caller passes `now`.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(transparent)]
-pub struct Timestamp(pub u64);
-
-impl Timestamp {
-    /// Time from `earlier` to `self`; zero if `earlier` is later (a clock
-    /// that stepped back must not make a stage older).
-    pub fn since(self, earlier: Timestamp) -> Duration {
-        Duration::from_millis(self.0.saturating_sub(earlier.0))
-    }
-
-    pub fn plus(self, d: Duration) -> Timestamp {
-        Timestamp(self.0.saturating_add(d.as_millis() as u64))
-    }
-}
-
-/// Why a rollout rolled back.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(tag = "code", rename_all = "snake_case")]
-pub enum RollbackReason {
-    /// The candidate did not report ready within the readiness timeout.
-    ReadinessTimeout,
-    /// Gates breached on `confirmations` consecutive evaluations.
-    Breach {
-        gates: Vec<GateKind>,
-        confirmations: u32,
-    },
-    /// A breach so large it needed no confirmation.
-    GrossBreach { gates: Vec<GateKind> },
-    /// The stage had too little evidence by its deadline.
-    EvidenceTimeout { gates: Vec<GateKind> },
-    /// Traffic was seen but metrics were missing.
-    MetricsMissing { gates: Vec<GateKind> },
-    /// The `sequential` policy's anytime-valid test rejected "no worse than
-    /// the champion" (its error is bounded by `sequential.alpha` over the
-    /// whole rollout, so no confirmation is needed).
-    AnytimeBreach { gates: Vec<GateKind> },
-    /// Nobody approved the step before `before` by its deadline (the
-    /// candidate is not rejected: nothing was shown against it).
-    ApprovalTimeout { before: ApprovalPoint },
-    /// The external data plane did not confirm the routing of `epoch`
-    /// within the stage's evidence timeout (the candidate is not rejected).
-    RoutingNotApplied { epoch: Epoch },
-}
-
-impl RollbackReason {
-    /// A gate showed the candidate worse (as opposed to failing safe for
-    /// lack of readiness, evidence or metrics).
-    pub fn is_breach(&self) -> bool {
-        matches!(
-            self,
-            RollbackReason::Breach { .. }
-                | RollbackReason::GrossBreach { .. }
-                | RollbackReason::AnytimeBreach { .. }
-        )
-    }
-
-    /// Whether this rollback rejects (blocks) the candidate under `plan`:
-    /// by default only when it was shown worse or never became ready; a
-    /// rollout that ended for lack of evidence leaves it startable again.
-    pub fn rejects(&self, plan: &Plan) -> bool {
-        match plan.reject_on {
-            RejectOn::AnyRollback => true,
-            RejectOn::ShownWorse => {
-                self.is_breach() || matches!(self, RollbackReason::ReadinessTimeout)
-            }
-        }
-    }
-
-    /// Every reason's [`code`](Self::code), so a counter by reason can
-    /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 8] = [
-        "readiness_timeout",
-        "breach",
-        "gross_breach",
-        "evidence_timeout",
-        "metrics_missing",
-        "anytime_breach",
-        "approval_timeout",
-        "routing_not_applied",
-    ];
-
-    pub fn code(&self) -> &'static str {
-        match self {
-            RollbackReason::ReadinessTimeout => "readiness_timeout",
-            RollbackReason::Breach { .. } => "breach",
-            RollbackReason::GrossBreach { .. } => "gross_breach",
-            RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
-            RollbackReason::MetricsMissing { .. } => "metrics_missing",
-            RollbackReason::AnytimeBreach { .. } => "anytime_breach",
-            RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
-            RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",
-        }
-    }
-}
+use crate::stage::{RollbackReason, StageKind, StageReason, StageVerdict};
+use crate::types::{Epoch, Timestamp};
 
 /// Where a rollout stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -929,157 +827,40 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
             .note_champion(now, requests, failures, window);
         new
     });
-    if plan.policy == Policy::Sequential {
-        return observe_sequential(spec, t, increments, stale.as_ref(), now, kind);
-    }
-    // The windowed policy judges the stage's own epoch: counts of requests
-    // that arrived under this stage's routing, over every series, which
-    // never go backwards whatever the gateways do.
-    let epoch = t.state.epoch;
-    let stage_epoch = t.state.stage.as_ref().map_or(epoch, |c| c.epoch);
-    let current = increments.map(|_| t.state.evidence.pooled(stage_epoch, epoch));
-    let state = &mut t.state;
-    let started = state
-        .stage
-        .get_or_insert_with(|| StageClock::new(now, epoch))
-        .started_at;
-    let mut tests = match state.tests.take() {
-        Some(PolicyTests::Windowed(w)) => w,
-        _ => WindowedTests::default(),
-    };
-    let windowed::Look {
-        verdict,
-        confirmed,
-        pending_breach,
-        note,
-    } = windowed::look(
-        plan,
-        &mut tests,
-        kind,
-        current.as_ref(),
-        (&spec.champion, &spec.candidate),
-        now.since(started),
-    );
-    state.tests = Some(PolicyTests::Windowed(tests));
-    let verdict = named_stale(verdict, stale.as_ref());
-    let (phase, verdict) = record_evaluation(t, verdict, note, now);
-
-    let gates_of = |r: &StageReason| match r {
-        StageReason::Breach { gates }
-        | StageReason::EvidenceTimeout { gates }
-        | StageReason::MetricsMissing { gates } => gates.clone(),
-        _ => vec![],
-    };
-    if verdict.outcome == Outcome::Fail && verdict.gross {
-        let gates = gates_of(&verdict.reason);
-        return roll_back(
-            plan,
-            t,
-            RollbackReason::GrossBreach { gates },
-            Some(verdict),
-        );
-    }
-    if let Some(reason) = confirmed {
-        return roll_back(plan, t, reason, Some(verdict));
-    }
-    match (verdict.outcome, &verdict.reason) {
-        // A breach on the stage's whole window is not yet confirmed: the
-        // stage neither passes nor rolls back on it.
-        (Outcome::Fail, StageReason::Breach { .. }) | (Outcome::Wait, _) => {}
-        // Starvation and missing metrics are not noise: no confirmation,
-        // but an operator's pause holds them.
-        (Outcome::Fail, reason) => {
-            if !t.state.paused {
-                let gates = gates_of(reason);
-                let reason = match reason {
-                    StageReason::MetricsMissing { .. } => RollbackReason::MetricsMissing { gates },
-                    _ => RollbackReason::EvidenceTimeout { gates },
-                };
-                roll_back(plan, t, reason, Some(verdict));
-            }
-        }
-        (Outcome::Pass, _) => {
-            if t.state.paused || pending_breach {
-                return;
-            }
-            // The next stage is a new epoch: its counts start at zero.
-            advance(spec, t, phase, verdict, Some(Snapshot::default()), now);
-        }
-    }
-}
-
-/// One look of the `sequential` policy: a failing gate rolls back at once.
-fn observe_sequential(
-    spec: &RolloutSpec,
-    t: &mut Transition,
-    increments: Option<BTreeMap<Epoch, Snapshot>>,
-    stale: Option<&StaleSeries>,
-    now: Timestamp,
-    kind: StageKind,
-) {
-    let plan = &spec.plan;
     let state = &mut t.state;
     let epoch = state.epoch;
     let clock = state
         .stage
         .get_or_insert_with(|| StageClock::new(now, epoch));
-    let (started, floor_epoch) = (clock.started_at, clock.floor_epoch.unwrap_or(clock.epoch));
-    let mut seq = match state.tests.take() {
-        Some(PolicyTests::Sequential(s)) => s,
-        _ => SequentialState::default(),
-    };
-    let verdict = sequential::evaluate(
+    let (started, stage_epoch) = (clock.started_at, clock.epoch);
+    let floor_epoch = clock.floor_epoch.unwrap_or(stage_epoch);
+    let judged = policy::look(
         plan,
-        &mut seq,
-        &SequentialInput {
+        &mut state.tests,
+        &LookInput {
             stage: kind,
             evidence: increments.as_ref().map(|inc| (&state.evidence, inc)),
             stage_starts: &state.stage_starts,
             epoch,
+            stage_epoch,
             floor_epoch,
             champion: &spec.champion,
             candidate: &spec.candidate,
             elapsed: now.since(started),
             now,
+            paused: state.paused,
         },
     );
-    let new_epoch = std::mem::take(&mut seq.new_epoch_due);
-    state.tests = Some(PolicyTests::Sequential(seq));
-    let verdict = named_stale(verdict, stale);
-    let (phase, verdict) = record_evaluation(t, verdict, None, now);
-    match (verdict.outcome, &verdict.reason) {
-        (Outcome::Fail, StageReason::Breach { gates }) => {
-            let gates = gates.clone();
-            return roll_back(
-                plan,
-                t,
-                RollbackReason::AnytimeBreach { gates },
-                Some(verdict),
-            );
+    let verdict = named_stale(judged.verdict, stale.as_ref());
+    let (phase, verdict) = record_evaluation(t, verdict, judged.note, now);
+    match judged.next {
+        Next::Stay => {}
+        Next::NewEpoch => restart_epoch(plan, t, now),
+        Next::RollBack(reason) => roll_back(plan, t, reason, Some(verdict)),
+        Next::Advance { fresh_counts } => {
+            let baseline = fresh_counts.then(Snapshot::default);
+            advance(spec, t, phase, verdict, baseline, now);
         }
-        (Outcome::Fail, reason) => {
-            if !t.state.paused {
-                let reason = match reason {
-                    StageReason::MetricsMissing { gates } => RollbackReason::MetricsMissing {
-                        gates: gates.clone(),
-                    },
-                    StageReason::EvidenceTimeout { gates } => RollbackReason::EvidenceTimeout {
-                        gates: gates.clone(),
-                    },
-                    _ => RollbackReason::EvidenceTimeout { gates: vec![] },
-                };
-                return roll_back(plan, t, reason, Some(verdict));
-            }
-        }
-        (Outcome::Wait, _) => {}
-        (Outcome::Pass, _) => {
-            if !t.state.paused {
-                return advance(spec, t, phase, verdict, None, now);
-            }
-        }
-    }
-    if new_epoch {
-        restart_epoch(plan, t, now);
     }
 }
 

@@ -26,27 +26,12 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::gate::{GateKind, GateVerdict, Outcome};
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
 use crate::snapshot::RevisionStats;
-use crate::stage::StageReason;
-use crate::stats::{Interval, wilson, z_two_sided};
-
-/// The champion's own health in the window: the candidate is judged only
-/// against a champion that has a verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ChampionHealth {
-    pub requests: u64,
-    pub failures: u64,
-    pub error_rate: Interval,
-    /// The lower bound of the champion's error rate is above the outage
-    /// threshold (or its p95 lower bound above `max_p95_ms`).
-    pub outage: bool,
-}
+use crate::stage::{ChampionHealth, StageReason};
+use crate::stats::{wilson, z_two_sided};
 
 /// The champion's verdict on itself.
 pub fn champion_health(plan: &Plan, champion: &RevisionStats) -> ChampionHealth {
@@ -200,6 +185,7 @@ pub fn judge(
 mod tests {
     use super::*;
     use crate::gate::{Evidence, Reason};
+    use crate::stats::Interval;
     use proptest::prelude::*;
 
     const KINDS: [GateKind; 5] = [

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use crate::exposure::{Epoch, Exposure, StaleSeries};
 use crate::histogram::LatencyHistogram;
-use crate::rollout::Timestamp;
 use crate::snapshot::{FailureCounts, RevisionStats, Snapshot};
+use crate::types::Timestamp;
 
 /// One counter series' raw samples, oldest first: `(when, value)`.
 pub type Samples = Vec<(Timestamp, f64)>;

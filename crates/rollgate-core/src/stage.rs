@@ -1,12 +1,15 @@
 //! What a stage's judgement is made of: its kind, its verdict and the
-//! reason for it. The verdict is decided by the one safety-model rule chain
+//! reason for it, the champion's health it was judged against, and why a
+//! rollout rolled back. The verdict is decided by the one safety-model rule chain
 //! ([`crate::safety`]) from the gate verdicts of the plan's policy
 //! ([`crate::policy`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::gate::{GateKind, GateVerdict, Outcome};
-use crate::safety::ChampionHealth;
+use crate::plan::{ApprovalPoint, Plan, RejectOn};
+use crate::stats::Interval;
+use crate::types::Epoch;
 
 /// Which kind of stage is being judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,4 +116,98 @@ pub struct WindowCheck {
     /// Consecutive breached windows, including this one.
     pub consecutive_breaches: u32,
     pub needed: u32,
+}
+
+/// The champion's own health in the window: the candidate is judged only
+/// against a champion that has a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChampionHealth {
+    pub requests: u64,
+    pub failures: u64,
+    pub error_rate: Interval,
+    /// The lower bound of the champion's error rate is above the outage
+    /// threshold (or its p95 lower bound above `max_p95_ms`).
+    pub outage: bool,
+}
+
+/// Why a rollout rolled back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum RollbackReason {
+    /// The candidate did not report ready within the readiness timeout.
+    ReadinessTimeout,
+    /// Gates breached on `confirmations` consecutive evaluations.
+    Breach {
+        gates: Vec<GateKind>,
+        confirmations: u32,
+    },
+    /// A breach so large it needed no confirmation.
+    GrossBreach { gates: Vec<GateKind> },
+    /// The stage had too little evidence by its deadline.
+    EvidenceTimeout { gates: Vec<GateKind> },
+    /// Traffic was seen but metrics were missing.
+    MetricsMissing { gates: Vec<GateKind> },
+    /// The `sequential` policy's anytime-valid test rejected "no worse than
+    /// the champion" (its error is bounded by `sequential.alpha` over the
+    /// whole rollout, so no confirmation is needed).
+    AnytimeBreach { gates: Vec<GateKind> },
+    /// Nobody approved the step before `before` by its deadline (the
+    /// candidate is not rejected: nothing was shown against it).
+    ApprovalTimeout { before: ApprovalPoint },
+    /// The external data plane did not confirm the routing of `epoch`
+    /// within the stage's evidence timeout (the candidate is not rejected).
+    RoutingNotApplied { epoch: Epoch },
+}
+
+impl RollbackReason {
+    /// A gate showed the candidate worse (as opposed to failing safe for
+    /// lack of readiness, evidence or metrics).
+    pub fn is_breach(&self) -> bool {
+        matches!(
+            self,
+            RollbackReason::Breach { .. }
+                | RollbackReason::GrossBreach { .. }
+                | RollbackReason::AnytimeBreach { .. }
+        )
+    }
+
+    /// Whether this rollback rejects (blocks) the candidate under `plan`:
+    /// by default only when it was shown worse or never became ready; a
+    /// rollout that ended for lack of evidence leaves it startable again.
+    pub fn rejects(&self, plan: &Plan) -> bool {
+        match plan.reject_on {
+            RejectOn::AnyRollback => true,
+            RejectOn::ShownWorse => {
+                self.is_breach() || matches!(self, RollbackReason::ReadinessTimeout)
+            }
+        }
+    }
+
+    /// Every reason's [`code`](Self::code), so a counter by reason can
+    /// start at zero for each (an alert on its increase fires on the first).
+    pub const CODES: [&'static str; 8] = [
+        "readiness_timeout",
+        "breach",
+        "gross_breach",
+        "evidence_timeout",
+        "metrics_missing",
+        "anytime_breach",
+        "approval_timeout",
+        "routing_not_applied",
+    ];
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            RollbackReason::ReadinessTimeout => "readiness_timeout",
+            RollbackReason::Breach { .. } => "breach",
+            RollbackReason::GrossBreach { .. } => "gross_breach",
+            RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
+            RollbackReason::MetricsMissing { .. } => "metrics_missing",
+            RollbackReason::AnytimeBreach { .. } => "anytime_breach",
+            RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
+            RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",
+        }
+    }
 }

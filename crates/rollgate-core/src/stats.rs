@@ -126,9 +126,11 @@ pub fn nearest_rank(p: f64, n: u64) -> Option<u64> {
 /// with `P(B >= u) <= alpha/2`. A side is `None` when the sample is too small
 /// to bound it (the bound would lie outside the sample).
 pub fn quantile_ci_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {
-    crate::memo::ranks([p.to_bits(), alpha.to_bits(), 0], n, || {
-        binomial_ranks(p, n, alpha)
-    })
+    let (lower, upper) = crate::memo::ranks([p.to_bits(), alpha.to_bits(), 0], n, || {
+        let r = binomial_ranks(p, n, alpha);
+        (r.lower, r.upper)
+    });
+    RankInterval { lower, upper }
 }
 
 fn binomial_ranks(p: f64, n: u64, alpha: f64) -> RankInterval {

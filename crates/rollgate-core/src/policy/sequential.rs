@@ -39,10 +39,10 @@
 //! Bernoulli 2022.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::look::{Judged, LookInput, Next, failed_safe};
 use crate::anytime::{
     ConditionalBinomial, log_sum_exp, quantile_cs_ranks_tempered, rate_exceeds_tempered,
     robbins_cs, robbins_cs_tempered, start_mixture,
@@ -55,10 +55,9 @@ use crate::gate::{
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::Plan;
-use crate::rollout::Timestamp;
-use crate::safety::{ChampionHealth, champion_health_of, judge, stats_unavailable};
+use crate::safety::{champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
-use crate::stage::{StageKind, StageReason, StageVerdict};
+use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
 use crate::stats::Interval;
 use crate::unit::{UnitTotals, count_design_effect, latency_design_effect, ratio_design_effect};
 
@@ -735,31 +734,6 @@ fn guard_gate(plan: &Plan, alpha: f64, pooled: Arms) -> Option<GateVerdict> {
     )
 }
 
-/// What one sequential look is judged on.
-#[derive(Debug, Clone, Copy)]
-pub struct SequentialInput<'a> {
-    pub stage: StageKind,
-    /// The rollout's evidence and this look's new counts per epoch; `None`
-    /// if no stats could be read.
-    pub evidence: Option<(&'a Ledger, &'a BTreeMap<Epoch, Snapshot>)>,
-    /// The first epoch of each stage entered, in order; the last is the
-    /// current stage's. A stage runs in one split, so its epochs are
-    /// compared together.
-    pub stage_starts: &'a [Epoch],
-    /// The epoch in force now.
-    pub epoch: Epoch,
-    /// The epoch from which the current stage's sample floors count: each
-    /// stage must gather its own floor before it may pass (a stage whose
-    /// traffic stopped never passes on earlier stages' evidence), and
-    /// after an outage only what came after it counts.
-    pub floor_epoch: Epoch,
-    pub champion: &'a str,
-    pub candidate: &'a str,
-    /// Time since the current stage's clock started.
-    pub elapsed: Duration,
-    pub now: Timestamp,
-}
-
 /// A two-sample gate judged within each stage (one split): the first
 /// stage whose comparison fails (only stages with new counts can newly
 /// fail), else the current stage's verdict. `stages` are `(stage number
@@ -779,10 +753,36 @@ fn within_stages(
     last
 }
 
+/// One look: the verdict, and what it means for the rollout. A failing
+/// gate rolls back at once (its error is bounded over the whole rollout, so
+/// no confirmation is needed); a pause holds everything but a breach.
+pub fn look(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> Judged {
+    let verdict = evaluate(plan, state, input);
+    let new_epoch = std::mem::take(&mut state.new_epoch_due);
+    let next = match (verdict.outcome, &verdict.reason) {
+        (Outcome::Fail, StageReason::Breach { gates }) => {
+            Next::RollBack(RollbackReason::AnytimeBreach {
+                gates: gates.clone(),
+            })
+        }
+        (Outcome::Fail, reason) if !input.paused => Next::RollBack(failed_safe(reason)),
+        (Outcome::Pass, _) if !input.paused => Next::Advance {
+            fresh_counts: false,
+        },
+        _ if new_epoch => Next::NewEpoch,
+        _ => Next::Stay,
+    };
+    Judged {
+        verdict,
+        note: None,
+        next,
+    }
+}
+
 /// Takes one look: updates the test state and judges the stage.
 /// A `Fail` here is final (its error is controlled by `α`): the caller rolls
 /// back at once.
-pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &SequentialInput) -> StageVerdict {
+pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> StageVerdict {
     let elapsed_ms = input.elapsed.as_millis() as u64;
     let base =
         |outcome, reason: StageReason, champion: Option<ChampionHealth>, gates| StageVerdict {
@@ -984,7 +984,7 @@ mod tests {
         l.absorb(
             &Exposure::default().with_epochs("gw/1", [(1, s)].into()),
             1,
-            crate::rollout::Timestamp(0),
+            crate::types::Timestamp(0),
         );
         l
     }
@@ -1051,7 +1051,7 @@ mod tests {
         l.absorb(
             &Exposure::default().with_epochs("gw/1", map),
             last,
-            crate::rollout::Timestamp(0),
+            crate::types::Timestamp(0),
         );
         l
     }

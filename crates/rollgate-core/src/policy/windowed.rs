@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::look::{Judged, LookInput, Next, failed_safe};
 use crate::gate::{
     Arms, Counts, Evidence, GateKind, GateVerdict, Outcome, QuantileComparison, Reason,
     guard_rail_verdict, judge_quantile, latency_verdict, sample_floor, shadow_verdict,
@@ -22,10 +23,9 @@ use crate::gate::{
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, ErrorRateGate, GuardRails, LatencyGate, Plan, ShadowGate, ShiftGate};
-use crate::rollout::RollbackReason;
 use crate::safety::{champion_health, judge, stats_unavailable};
 use crate::snapshot::{PairStats, Snapshot};
-use crate::stage::{StageKind, StageReason, StageVerdict, WindowCheck};
+use crate::stage::{RollbackReason, StageKind, StageReason, StageVerdict, WindowCheck};
 use crate::stats::{newcombe, wilson, z_two_sided};
 
 /// The windowed policy's state within one stage: where its windows start,
@@ -66,9 +66,61 @@ pub struct Look {
     pub note: Option<String>,
 }
 
+/// One look of the windowed policy, and what it means for the rollout: a
+/// gross breach, or one confirmed on enough disjoint windows, rolls back; a
+/// breach on the stage's whole window alone neither passes nor rolls back;
+/// starvation and missing metrics fail safe unless paused; a pass advances
+/// unless paused or a breach awaits confirmation. The stage judges its own
+/// epoch on: counts of requests that arrived under its routing, over every
+/// series, which never go backwards whatever the gateways do.
+pub fn look(plan: &Plan, tests: &mut WindowedTests, input: &LookInput) -> Judged {
+    let current = input
+        .evidence
+        .map(|(ledger, _)| ledger.pooled(input.stage_epoch, input.epoch));
+    let Look {
+        verdict,
+        confirmed,
+        pending_breach,
+        note,
+    } = look_at_windows(
+        plan,
+        tests,
+        input.stage,
+        current.as_ref(),
+        (input.champion, input.candidate),
+        input.elapsed,
+    );
+    let next = if verdict.outcome == Outcome::Fail && verdict.gross {
+        let gates = match &verdict.reason {
+            StageReason::Breach { gates }
+            | StageReason::EvidenceTimeout { gates }
+            | StageReason::MetricsMissing { gates } => gates.clone(),
+            _ => vec![],
+        };
+        Next::RollBack(RollbackReason::GrossBreach { gates })
+    } else if let Some(reason) = confirmed {
+        Next::RollBack(reason)
+    } else {
+        match (verdict.outcome, &verdict.reason) {
+            (Outcome::Fail, StageReason::Breach { .. }) | (Outcome::Wait, _) => Next::Stay,
+            (Outcome::Fail, reason) if !input.paused => Next::RollBack(failed_safe(reason)),
+            (Outcome::Pass, _) if !input.paused && !pending_breach => Next::Advance {
+                // The next stage is a new epoch: its counts start at zero.
+                fresh_counts: true,
+            },
+            _ => Next::Stay,
+        }
+    };
+    Judged {
+        verdict,
+        note,
+        next,
+    }
+}
+
 /// One look at the stage's counts so far (`current`: everything that
 /// arrived under the stage's routing; `None` when no stats could be read).
-pub fn look(
+pub fn look_at_windows(
     plan: &Plan,
     tests: &mut WindowedTests,
     stage: StageKind,
