@@ -105,6 +105,39 @@ fn no_library_source_file_is_over_a_thousand_lines() {
     );
 }
 
+/// A `tests.rs` beside a module holds its unit tests: it is left out of the
+/// limits above only because its parent declares it `#[cfg(test)]`.
+#[test]
+fn every_tests_file_is_compiled_for_tests_only() {
+    let crates = workspace().join("crates");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&crates).expect("crates dir") {
+        let src = entry.expect("entry").path().join("src");
+        for path in rust_files(&src)
+            .into_iter()
+            .filter(|p| p.file_name().is_some_and(|n| n == "tests.rs"))
+        {
+            let dir = path.parent().expect("a parent");
+            let parent = [
+                dir.with_extension("rs"),
+                dir.join("mod.rs"),
+                dir.join("lib.rs"),
+            ]
+            .into_iter()
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{}: no parent module", relative(&path)));
+            let text = std::fs::read_to_string(&parent).expect("read parent");
+            assert!(
+                text.contains("#[cfg(test)]\nmod tests;"),
+                "{} must declare `#[cfg(test)] mod tests;`",
+                relative(&parent)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no tests.rs found");
+}
+
 /// Functions (free, inherent, trait) of library code, with their line counts.
 #[derive(Default)]
 struct Functions {

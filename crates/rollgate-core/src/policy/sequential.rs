@@ -40,18 +40,25 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+mod budget;
+mod errors;
+mod state;
+
+pub use budget::{metric_alpha, stage_alpha, stage_count};
+use errors::{error_gate, error_tests};
+use state::Counted;
+pub use state::{ArmTally, MAX_CLASSES, SequentialState, Tally};
 
 use super::look::{Judged, LookInput, Next, failed_safe};
 use crate::anytime::{
     ConditionalBinomial, log_sum_exp, quantile_cs_ranks_tempered, rate_exceeds_tempered,
-    robbins_cs, robbins_cs_tempered, start_mixture,
+    robbins_cs, robbins_cs_tempered,
 };
 use crate::exposure::{Epoch, Ledger};
 use crate::gate::{
-    Arms, Counts, EpochCounts, Evidence, GateKind, GateVerdict, Negligible, Outcome,
-    QuantileComparison, Reason, ShadowShown, ShiftJudgement, decide, guard_rail_verdict,
-    judge_quantile, latency_verdict, sample_floor, shadow_verdict, shift_verdict,
+    Arms, GateKind, GateVerdict, Outcome, QuantileComparison, Reason, ShadowShown, ShiftJudgement,
+    guard_rail_verdict, judge_quantile, latency_verdict, sample_floor, shadow_verdict,
+    shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::Plan;
@@ -59,360 +66,11 @@ use crate::safety::{champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
 use crate::stats::Interval;
-use crate::unit::{UnitTotals, count_design_effect, latency_design_effect, ratio_design_effect};
-
-/// The sequential test's state: small, serialisable, restored exactly.
-/// (The evidence itself is the rollout's [`Ledger`]; the error e-process
-/// is recomputed from it at every look.)
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct SequentialState {
-    /// Epochs at which a fresh component of the error e-process starts
-    /// (one after each champion outage), in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub restarts: Vec<Epoch>,
-    /// The champion was in an outage at the last look.
-    #[serde(default)]
-    pub champion_outage: bool,
-    /// An outage ended at this look: the caller starts a new epoch (same
-    /// split), where a fresh component of the e-process and the stage's
-    /// floors start.
-    #[serde(default)]
-    pub new_epoch_due: bool,
-    /// Predicted classes named so far, in order: a class gets its own cell
-    /// in the prediction-shift test once its share of all predictions has
-    /// reached `min_class_share` (and keeps it); rarer ones share the
-    /// "other" cell.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub classes: Vec<String>,
-    /// How many of `classes` were named when each epoch was first looked
-    /// at: that epoch's cells, fixed before any of its data was seen.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub class_cells: BTreeMap<Epoch, usize>,
-}
-
-/// Classes beyond this many are not named (they stay in "other").
-pub const MAX_CLASSES: usize = 1000;
-
-impl SequentialState {
-    /// Names the classes whose share of all predictions in `snapshot` is at
-    /// least `min_share`, in name order among those new at this look.
-    fn note_classes(&mut self, snapshot: &Snapshot, min_share: f64) {
-        let mut counts: BTreeMap<&String, u64> = BTreeMap::new();
-        for r in snapshot.revisions().values() {
-            for (class, n) in r.predictions() {
-                *counts.entry(class).or_default() += n;
-            }
-        }
-        let total: u64 = counts.values().sum();
-        for (class, n) in counts {
-            if self.classes.len() < MAX_CLASSES
-                && n as f64 >= min_share * total as f64
-                && !self.classes.contains(class)
-            {
-                self.classes.push(class.clone());
-            }
-        }
-    }
-
-    /// The named classes of `epoch`'s cells.
-    fn cells_of(&self, epoch: Epoch) -> &[String] {
-        let n = self.class_cells.get(&epoch).copied().unwrap_or(0);
-        &self.classes[..n.min(self.classes.len())]
-    }
-}
+use crate::unit::{count_design_effect, latency_design_effect};
 
 /// Restarts beyond this many are not taken (their weight is left unused,
 /// which only makes the test more conservative).
 pub const MAX_RESTARTS: usize = 16;
-
-/// Counts of both arms: what each stage's sample floors count.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tally {
-    pub candidate: ArmTally,
-    pub champion: ArmTally,
-    /// Compared champion/shadow pairs.
-    pub pairs: u64,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ArmTally {
-    pub requests: u64,
-    pub failures: u64,
-    pub latencies: u64,
-    pub predictions: u64,
-}
-
-impl ArmTally {
-    fn of(s: &RevisionStats) -> Self {
-        ArmTally {
-            requests: s.requests(),
-            failures: s.failure_count(),
-            latencies: s.latency().len(),
-            predictions: s.predictions().values().sum(),
-        }
-    }
-}
-
-impl Tally {
-    fn of(s: &Snapshot, champion: &str, candidate: &str) -> Self {
-        Tally {
-            candidate: ArmTally::of(s.revision(candidate)),
-            champion: ArmTally::of(s.revision(champion)),
-            pairs: s.pairs_for(candidate).map_or(0, |p| p.pairs()),
-        }
-    }
-}
-
-/// What an error e-process counts against a revision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Counted {
-    /// Failures (5xx, timeouts, connect errors, unreadable output) among
-    /// requests with an outcome.
-    Failures,
-    /// Client errors (4xx) among all answered requests: a candidate that
-    /// answers 4xx where the champion answers 2xx to the same traffic is
-    /// worse; a client that sends garbage to both moves neither.
-    ClientErrors,
-}
-
-impl Counted {
-    /// A unit group's `(trials, count)`.
-    fn in_unit(self) -> fn(&UnitTotals) -> (u64, u64) {
-        match self {
-            Counted::Failures => |u| (u.requests, u.failures),
-            Counted::ClientErrors => |u| (u.requests + u.client_errors, u.client_errors),
-        }
-    }
-}
-
-/// Which side an e-process tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    /// Null "the candidate is no worse" (up to the margin): rejecting it
-    /// fails the gate.
-    Worse,
-    /// Null "the candidate is worse by the non-inferiority ratio":
-    /// rejecting it passes the gate.
-    NotWorse,
-}
-
-/// The design effect of comparing the arms' counts over the whole
-/// rollout: the same users stay in their arm across stages, so their
-/// correlation spans every epoch (see [`crate::unit`]).
-fn error_design_effect(ledger: &Ledger, ids: (&str, &str), what: Counted) -> f64 {
-    let (champion, candidate) = ids;
-    let all = ledger.pooled(0, Epoch::MAX);
-    ratio_design_effect(
-        all.revision(candidate).units(),
-        all.revision(champion).units(),
-        what.in_unit(),
-    )
-}
-
-/// One epoch's counts for an error e-process, with every request that has
-/// no outcome yet (in flight, abandoned by its client, lost with a killed
-/// gateway) taken at its worst for a rejection: to show the candidate
-/// worse, the champion's as counted against it and the candidate's as
-/// not; to show it not worse, the other way round. This factor is at most
-/// the one the epoch's final counts will give, whatever those outcomes
-/// turn out to be and whenever they arrive. Returns `(champion's,
-/// candidate's, candidate share)`.
-fn pessimistic(s: &Snapshot, ids: (&str, &str), what: Counted, side: Side) -> (u64, u64, f64) {
-    let (champion, candidate) = ids;
-    let (c, h) = (s.revision(candidate), s.revision(champion));
-    let (uc, uh) = (c.unresolved(), h.unresolved());
-    let (kc, kh, nc, nh) = match what {
-        Counted::Failures => (
-            c.failure_count(),
-            h.failure_count(),
-            c.requests(),
-            h.requests(),
-        ),
-        Counted::ClientErrors => (
-            c.client_errors(),
-            h.client_errors(),
-            c.requests() + c.client_errors(),
-            h.requests() + h.client_errors(),
-        ),
-    };
-    let (nc, nh) = (nc + uc, nh + uh);
-    let share = if nc + nh == 0 {
-        0.0
-    } else {
-        nc as f64 / (nc + nh) as f64
-    };
-    match side {
-        Side::Worse => (kh + uh, kc, share),
-        Side::NotWorse => (kh, kc + uc, share),
-    }
-}
-
-/// `ln` of an error e-process: every epoch of the rollout is one factor of
-/// the conditional-binomial e-process (its cumulative counts, unresolved
-/// requests at their worst), mixed over start times — the origin, and each
-/// restart epoch after an outage ([`start_mixture`]).
-///
-/// Why per epoch and not per look: within an epoch, *when* a request's
-/// outcome is counted depends on its latency, and a candidate that fails
-/// fast beside a champion that times out (equal rates) would show its
-/// failures first. Epochs are fixed in advance of their data, so the
-/// product over epochs of their final factors is a test supermartingale;
-/// at any look each factor is bounded above by its final value, so a
-/// rejection implies the final product crossed `1/α` (Ville's inequality
-/// bounds that by `α`).
-fn error_log_e(
-    plan: &Plan,
-    state: &SequentialState,
-    ledger: &Ledger,
-    ids: (&str, &str),
-    what: Counted,
-    design_effect: f64,
-) -> f64 {
-    let factors: Vec<(Epoch, (u64, u64, f64))> = ledger
-        .epochs()
-        .into_iter()
-        .map(|e| (e, pessimistic(&ledger.epoch(e), ids, what, Side::Worse)))
-        .collect();
-    let component = |from: Epoch| {
-        let mut cb = ConditionalBinomial::new(plan.sequential.max_error_ratio);
-        for &(_, (kh, kc, share)) in factors.iter().filter(|(e, _)| *e >= from) {
-            cb.update(kh, kc, share);
-        }
-        cb.log_e_value_tempered(1.0 / design_effect)
-    };
-    start_mixture(
-        std::iter::once(0)
-            .chain(state.restarts.iter().copied())
-            .map(component),
-    )
-}
-
-/// `ln` of the non-inferiority e-process: null "the candidate's failure
-/// rate is at least `non_inferiority_ratio` times the champion's", one
-/// factor per epoch (unresolved requests at their worst for a pass),
-/// tempered by the design effect like the failing side.
-fn pass_log_e(plan: &Plan, ledger: &Ledger, ids: (&str, &str), design_effect: f64) -> f64 {
-    let mut cb = ConditionalBinomial::below(plan.sequential.non_inferiority_ratio);
-    for e in ledger.epochs() {
-        let (kh, kc, share) = pessimistic(&ledger.epoch(e), ids, Counted::Failures, Side::NotWorse);
-        cb.update(kh, kc, share);
-    }
-    cb.log_e_value_tempered(1.0 / design_effect)
-}
-
-/// The error tests' `ln` e-values at one look, and the design effect they
-/// were tempered by.
-#[derive(Debug, Clone, Copy)]
-struct ErrorTests {
-    failures: f64,
-    client_errors: f64,
-    not_worse: f64,
-    design_effect: f64,
-    client_design_effect: f64,
-}
-
-/// Error rate: two e-processes to fail, on failures and on client errors,
-/// each at `alpha / 2`. To pass (what `on_evidence` waits for): the
-/// non-inferiority e-process at `alpha`, or the candidate's own failure
-/// rate shown below `negligible_error_rate`. The rates and difference
-/// shown are for reading, and do not pool arms across time: the
-/// candidate's pooled rate is its own exposure-weighted average over the
-/// epochs, compared with the champion's rates *reweighted to the
-/// candidate's exposure* (each epoch's champion sequence at
-/// `alpha / stages`, so that all epochs hold at once).
-fn error_gate(
-    plan: &Plan,
-    tests: ErrorTests,
-    alpha: f64,
-    epochs: &[(Epoch, &Snapshot)],
-    ids: (&str, &str),
-    stage: Arms,
-) -> GateVerdict {
-    let cfg = &plan.gates.error_rate;
-    let (champion_id, candidate_id) = ids;
-    let (mut c_all, mut h_all) = (RevisionStats::default(), RevisionStats::default());
-    for (_, s) in epochs {
-        c_all.merge(s.revision(candidate_id));
-        h_all.merge(s.revision(champion_id));
-    }
-    let d = tests.design_effect;
-    let own_d = count_design_effect(c_all.units(), Counted::Failures.in_unit());
-    let cand = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha / 2.0);
-    let per_epoch = alpha / 2.0 / stage_count(plan).max(epochs.len()).max(1) as f64;
-    let champ = if c_all.requests() == 0 {
-        robbins_cs_tempered(h_all.failure_count(), h_all.requests(), d, alpha / 2.0)
-    } else {
-        let mut champ = Interval {
-            lower: 0.0,
-            upper: 0.0,
-        };
-        for (_, s) in epochs {
-            let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
-            let w = c.requests() as f64 / c_all.requests() as f64;
-            let i = robbins_cs_tempered(h.failure_count(), h.requests(), d, per_epoch);
-            champ.lower += w * i.lower;
-            champ.upper += w * i.upper;
-        }
-        champ
-    };
-    let difference = Interval {
-        lower: (cand.lower - champ.upper).max(-1.0),
-        upper: (cand.upper - champ.lower).min(1.0),
-    };
-    let own = robbins_cs_tempered(c_all.failure_count(), c_all.requests(), own_d, alpha).upper;
-    let negligible = own < plan.sequential.negligible_error_rate;
-    let evidence = Evidence::ErrorRate {
-        candidate: Counts::of(&c_all),
-        champion: Counts::of(&h_all),
-        difference,
-        margin: cfg.margin,
-        candidate_rate: cand,
-        champion_rate: champ,
-        e_value: Some(tests.failures.exp()),
-        client_error_e_value: Some(tests.client_errors.exp()),
-        pass_e_value: Some(tests.not_worse.exp()),
-        design_effect: Some(d),
-        client_error_design_effect: Some(tests.client_design_effect),
-        fail_at: Some(2.0 / alpha),
-        pass_at: Some(1.0 / alpha),
-        negligible: Some(Negligible {
-            upper: own,
-            limit: plan.sequential.negligible_error_rate,
-        }),
-        // Every epoch the tests counted anything in (an unresolved request
-        // is counted, at its worst).
-        epochs: epochs
-            .iter()
-            .filter(|(_, s)| {
-                let (c, h) = (s.revision(candidate_id), s.revision(champion_id));
-                c.arrived()
-                    + c.requests()
-                    + c.client_errors()
-                    + h.arrived()
-                    + h.requests()
-                    + h.client_errors()
-                    > 0
-            })
-            .map(|(e, s)| EpochCounts {
-                epoch: *e,
-                candidate: Counts::of(s.revision(candidate_id)),
-                champion: Counts::of(s.revision(champion_id)),
-            })
-            .collect(),
-    };
-    let (outcome, reason) = decide(
-        None,
-        sample_floor(
-            stage.candidate.requests(),
-            stage.champion.requests(),
-            cfg.min_requests,
-        ),
-        tests.failures.max(tests.client_errors) >= (2.0 / alpha).ln(),
-        tests.not_worse >= (1.0 / alpha).ln() || negligible,
-        true,
-    );
-    GateVerdict::new(GateKind::ErrorRate, outcome, reason, evidence)
-}
 
 /// Observations around which the mixture boundaries are tightest: rollouts
 /// are decided on tens to hundreds of requests or pairs per arm.
@@ -679,35 +337,6 @@ fn stage_floor(plan: &Plan, gate: GateKind, w: &Tally) -> Option<Reason> {
     }
 }
 
-/// `α` per metric: the plan's `α` split evenly (Bonferroni) over every
-/// metric that can fail anywhere in the rollout — fixed for the whole
-/// rollout, so the chance of any false failure stays at most `α` however
-/// the stages run.
-pub fn metric_alpha(plan: &Plan) -> f64 {
-    let g = &plan.gates;
-    let shadow = usize::from(plan.shadow.enabled);
-    let rails =
-        usize::from(g.guard_rails.max_error_rate.is_some() || g.guard_rails.max_p95_ms.is_some());
-    let metrics = usize::from(g.error_rate.enabled)
-        + usize::from(g.latency.enabled)
-        + shadow * (1 + usize::from(g.shadow.max_flip_rate < 1.0))
-        + usize::from(g.prediction_shift.enabled)
-        + rails;
-    plan.sequential.alpha / metrics.max(1) as f64
-}
-
-/// The plan's stages: one routing epoch each.
-pub fn stage_count(plan: &Plan) -> usize {
-    usize::from(plan.shadow.enabled) + plan.steps.len()
-}
-
-/// `α` of one stage's two-sample comparison: a metric compared within
-/// stages fails when any stage's comparison fails, so its `α` is split over
-/// the plan's stages.
-pub fn stage_alpha(plan: &Plan, stage: usize) -> f64 {
-    metric_alpha(plan) / stage_count(plan).max(stage).max(1) as f64
-}
-
 /// Guard rails: absolute limits on the candidate over its whole exposure
 /// (no comparison, so pooling across epochs is sound), with anytime-valid
 /// bounds at the metric's `α`.
@@ -799,19 +428,8 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         let (outcome, reason) = stats_unavailable(plan, input.elapsed);
         return base(outcome, reason, None, vec![]);
     };
-    let (champion_id, candidate_id) = (input.champion, input.candidate);
-    let ids = (champion_id, candidate_id);
-    let (df, dc) = (
-        error_design_effect(ledger, ids, Counted::Failures),
-        error_design_effect(ledger, ids, Counted::ClientErrors),
-    );
-    let tests = ErrorTests {
-        failures: error_log_e(plan, state, ledger, ids, Counted::Failures, df),
-        client_errors: error_log_e(plan, state, ledger, ids, Counted::ClientErrors, dc),
-        not_worse: pass_log_e(plan, ledger, ids, df),
-        design_effect: df,
-        client_design_effect: dc,
-    };
+    let ids = (input.champion, input.candidate);
+    let tests = error_tests(plan, state, ledger, ids);
 
     let g = &plan.gates;
     // This epoch's cells are the classes named before this look: fixed
@@ -822,33 +440,11 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         .or_insert(state.classes.len());
     let stage_epoch = input.stage_starts.last().copied().unwrap_or(input.epoch);
     let stage_snap = ledger.pooled(stage_epoch, input.epoch);
-    let arms_of = |s: &'_ Snapshot| -> (RevisionStats, RevisionStats) {
-        (
-            s.revision(candidate_id).clone(),
-            s.revision(champion_id).clone(),
-        )
-    };
-    let (c, h) = arms_of(&stage_snap);
+    let (c, h) = arms_of(&stage_snap, ids);
     let arms = Arms {
         champion: &h,
         candidate: &c,
     };
-    // The stages a comparison may newly fail in: those with new counts, and
-    // the current one (whose verdict is shown), each with its evidence.
-    let stages: Vec<(usize, Snapshot)> = input
-        .stage_starts
-        .iter()
-        .enumerate()
-        .filter_map(|(i, &from)| {
-            let to = input
-                .stage_starts
-                .get(i + 1)
-                .map_or(input.epoch, |&next| next.saturating_sub(1));
-            let current = i + 1 == input.stage_starts.len();
-            let touched = increments.keys().any(|e| (from..=to).contains(e));
-            (current || touched).then(|| (i + 1, ledger.pooled(from, to)))
-        })
-        .collect();
     let alpha = metric_alpha(plan);
     let mut gates = Vec::new();
     if g.error_rate.enabled {
@@ -858,31 +454,14 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
             .map(|e| (e, ledger.epoch(e)))
             .collect();
         let all: Vec<(Epoch, &Snapshot)> = all.iter().map(|(e, s)| (*e, s)).collect();
-        gates.push(error_gate(
-            plan,
-            tests,
-            alpha,
-            &all,
-            (champion_id, candidate_id),
-            arms,
-        ));
+        gates.push(error_gate(plan, tests, alpha, &all, ids, arms));
     }
     if g.latency.enabled {
-        gates.extend(within_stages(&stages, |i, s| {
-            let (c, h) = arms_of(s);
-            Some(latency_gate(
-                plan,
-                stage_alpha(plan, i),
-                Arms {
-                    champion: &h,
-                    candidate: &c,
-                },
-            ))
-        }));
+        gates.extend(latency_within_stages(plan, input, ledger, increments));
     }
     match input.stage {
         StageKind::Shadow => {
-            gates.push(shadow_gate(plan, alpha, &stage_snap, candidate_id, arms));
+            gates.push(shadow_gate(plan, alpha, &stage_snap, input.candidate, arms));
         }
         StageKind::Canary if g.prediction_shift.enabled => {
             let canary_from = input
@@ -898,8 +477,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         let min_share = g.prediction_shift.min_class_share;
         state.note_classes(&ledger.pooled(0, Epoch::MAX), min_share);
     }
-    let pooled = ledger.pooled(1, input.epoch.max(1));
-    let (pc, ph) = arms_of(&pooled);
+    let (pc, ph) = arms_of(&ledger.pooled(1, input.epoch.max(1)), ids);
     gates.extend(guard_gate(
         plan,
         alpha,
@@ -908,25 +486,36 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
             candidate: &pc,
         },
     ));
-    // The champion is judged on recent evidence: totals since the rollout
-    // began would dilute an outage that starts late. When an outage ends,
-    // a new epoch starts (a fresh component of the error e-process and the
-    // stage's floors start there), so this look cannot pass.
-    let window = plan.outage_window.as_millis() as u64;
-    let (recent_requests, recent_failures) = ledger.recent_champion(input.now, window);
-    let champion = champion_health_of(plan, recent_requests, recent_failures, h.latency());
-    let outage_ended = state.champion_outage && !champion.outage;
-    state.new_epoch_due = outage_ended;
-    state.champion_outage = champion.outage;
-    // Each stage needs its own sample floor before it may pass, whatever the
-    // cumulative evidence says (a stage nobody exercised proved nothing).
+    let (champion, outage_ended) = champion_now(plan, state, ledger, input.now, h.latency());
+    hold_below_stage_floors(plan, &mut gates, ledger, input, outage_ended);
+    let (outcome, reason) = judge(
+        plan,
+        plan.sequential.advance,
+        &champion,
+        &gates,
+        input.elapsed,
+    );
+    base(outcome, reason, Some(champion), gates)
+}
+
+/// Each stage needs its own sample floor before it may pass, whatever the
+/// cumulative evidence says (a stage nobody exercised proved nothing): a
+/// gate not failing waits until the stage's own counts reach it (counted
+/// afresh after an outage ended).
+fn hold_below_stage_floors(
+    plan: &Plan,
+    gates: &mut [GateVerdict],
+    ledger: &Ledger,
+    input: &LookInput,
+    outage_ended: bool,
+) {
     let stage_window = if outage_ended {
         Tally::default()
     } else {
         Tally::of(
             &ledger.pooled(input.floor_epoch, input.epoch),
-            champion_id,
-            candidate_id,
+            input.champion,
+            input.candidate,
         )
     };
     for v in gates
@@ -938,290 +527,68 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
             v.reason = r;
         }
     }
-    let (outcome, reason) = judge(
-        plan,
-        plan.sequential.advance,
-        &champion,
-        &gates,
-        input.elapsed,
-    );
-    base(outcome, reason, Some(champion), gates)
+}
+
+/// The candidate's and the champion's stats in `s`.
+fn arms_of(s: &Snapshot, (champion, candidate): (&str, &str)) -> (RevisionStats, RevisionStats) {
+    (s.revision(candidate).clone(), s.revision(champion).clone())
+}
+
+/// The latency gate, judged within each stage that may newly fail (those
+/// with new counts, and the current one, whose verdict is shown).
+fn latency_within_stages(
+    plan: &Plan,
+    input: &LookInput,
+    ledger: &Ledger,
+    increments: &BTreeMap<Epoch, Snapshot>,
+) -> Option<GateVerdict> {
+    let stages: Vec<(usize, Snapshot)> = input
+        .stage_starts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &from)| {
+            let to = input
+                .stage_starts
+                .get(i + 1)
+                .map_or(input.epoch, |&next| next.saturating_sub(1));
+            let current = i + 1 == input.stage_starts.len();
+            let touched = increments.keys().any(|e| (from..=to).contains(e));
+            (current || touched).then(|| (i + 1, ledger.pooled(from, to)))
+        })
+        .collect();
+    within_stages(&stages, |i, s| {
+        let (c, h) = arms_of(s, (input.champion, input.candidate));
+        Some(latency_gate(
+            plan,
+            stage_alpha(plan, i),
+            Arms {
+                champion: &h,
+                candidate: &c,
+            },
+        ))
+    })
+}
+
+/// The champion's health on recent evidence (totals since the rollout
+/// began would dilute an outage that starts late), and whether an outage
+/// just ended. When one ends, a new epoch starts (a fresh component of the
+/// error e-process and the stage's floors start there), so this look
+/// cannot pass.
+fn champion_now(
+    plan: &Plan,
+    state: &mut SequentialState,
+    ledger: &Ledger,
+    now: crate::types::Timestamp,
+    latency: &LatencyHistogram,
+) -> (ChampionHealth, bool) {
+    let window = plan.outage_window.as_millis() as u64;
+    let (recent_requests, recent_failures) = ledger.recent_champion(now, window);
+    let champion = champion_health_of(plan, recent_requests, recent_failures, latency);
+    let outage_ended = state.champion_outage && !champion.outage;
+    state.new_epoch_due = outage_ended;
+    state.champion_outage = champion.outage;
+    (champion, outage_ended)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::exposure::Exposure;
-    use crate::snapshot::FailureClass;
-
-    /// One epoch in which the champion fails 0.5% of 64,000 requests, evenly
-    /// over its unit groups, and the candidate fails `per_group[u]` of 50
-    /// requests in group `u`.
-    fn ledger(per_group: &[u64]) -> Ledger {
-        let mut s = Snapshot::default();
-        let h = s.revision_mut("h");
-        for u in 0..64u16 {
-            h.record_latencies(std::iter::repeat_n(20_000, 995));
-            h.record_failures(FailureClass::Upstream5xx, 5);
-            h.unit_mut(u).record_latency(20_000, 995);
-            h.unit_mut(u).requests += 995;
-            h.unit_mut(u).record_failures(5);
-        }
-        let c = s.revision_mut("c");
-        for (u, &k) in per_group.iter().enumerate() {
-            c.record_latency_counts([(20_000, 50 - k)]);
-            c.record_failures(FailureClass::Upstream5xx, k);
-            let t = c.unit_mut(u as u16);
-            t.requests += 50 - k;
-            t.record_latency(20_000, 50 - k);
-            t.record_failures(k);
-        }
-        for r in ["h", "c"] {
-            let n = s.revision(r).requests();
-            s.revision_mut(r).record_arrivals(n);
-        }
-        let mut l = Ledger::default();
-        l.absorb(
-            &Exposure::default().with_epochs("gw/1", [(1, s)].into()),
-            1,
-            crate::types::Timestamp(0),
-        );
-        l
-    }
-
-    fn log_e(l: &Ledger) -> (f64, f64) {
-        let plan = Plan::default();
-        let state = SequentialState::default();
-        let ids = ("h", "c");
-        let d = error_design_effect(l, ids, Counted::Failures);
-        (
-            error_log_e(&plan, &state, l, ids, Counted::Failures, 1.0),
-            error_log_e(&plan, &state, l, ids, Counted::Failures, d),
-        )
-    }
-
-    /// The same 70 candidate failures (expected: 16): spread over every
-    /// key group they show a regression; from three groups of keys (a few
-    /// users) they are what users who differ produce, and the unit's
-    /// design effect keeps them from showing one.
-    #[test]
-    fn failures_from_a_few_keys_are_weak_evidence_and_from_every_key_strong() {
-        let threshold = (2.0 / metric_alpha(&Plan::default())).ln();
-        let mut few = vec![0u64; 64];
-        few[..3].fill(20);
-        few[3..13].fill(1);
-        let (raw, tempered) = log_e(&ledger(&few));
-        assert!(raw >= threshold, "requests as units: {raw} < {threshold}");
-        assert!(
-            tempered < threshold,
-            "keys as units: {tempered} >= {threshold}"
-        );
-
-        let mut spread = vec![1u64; 64];
-        spread[..6].fill(2);
-        assert_eq!(spread.iter().sum::<u64>(), 70);
-        let (raw, tempered) = log_e(&ledger(&spread));
-        assert!(
-            tempered >= threshold,
-            "{tempered} < {threshold} (raw {raw})"
-        );
-        assert!(
-            (raw - tempered).abs() < 1e-9,
-            "no design effect: {raw} vs {tempered}"
-        );
-    }
-
-    /// One epoch's cumulative class counts: `(epoch, [(class, candidate,
-    /// champion)])`.
-    type ClassCounts<'a> = (Epoch, Vec<(&'a str, u64, u64)>);
-
-    /// Class counts per epoch, read into a fresh ledger.
-    fn class_ledger(epochs: &[ClassCounts]) -> Ledger {
-        let mut map = BTreeMap::new();
-        for (e, classes) in epochs {
-            let mut s = Snapshot::default();
-            for &(class, kc, kh) in classes {
-                s.revision_mut("c").record_predictions(class, kc);
-                s.revision_mut("h").record_predictions(class, kh);
-            }
-            map.insert(*e, s);
-        }
-        let last = epochs.iter().map(|(e, _)| *e).max().unwrap_or(1);
-        let mut l = Ledger::default();
-        l.absorb(
-            &Exposure::default().with_epochs("gw/1", map),
-            last,
-            crate::types::Timestamp(0),
-        );
-        l
-    }
-
-    fn shift_plan() -> Plan {
-        let mut plan = Plan::default();
-        plan.gates.prediction_shift.enabled = true;
-        plan
-    }
-
-    /// Named classes for epochs 1.. (every epoch sees `named`).
-    fn named(classes: &[&str], epochs: std::ops::RangeInclusive<Epoch>) -> SequentialState {
-        SequentialState {
-            classes: classes.iter().map(|c| c.to_string()).collect(),
-            class_cells: epochs.map(|e| (e, classes.len())).collect(),
-            ..SequentialState::default()
-        }
-    }
-
-    #[test]
-    fn classes_are_named_once_common_enough_and_an_epoch_keeps_the_cells_it_began_with() {
-        let mut state = SequentialState::default();
-        let mut s = Snapshot::default();
-        s.revision_mut("h").record_predictions("ok", 980);
-        s.revision_mut("c").record_predictions("rare", 5);
-        s.revision_mut("c").record_predictions("fraud", 15);
-        state.class_cells.insert(1, state.classes.len());
-        state.note_classes(&s, 0.01);
-        assert_eq!(state.classes, ["fraud", "ok"], "rare is 0.5%");
-        state.class_cells.insert(2, state.classes.len());
-        s.revision_mut("c").record_predictions("rare", 30);
-        state.note_classes(&s, 0.01);
-        assert_eq!(state.classes, ["fraud", "ok", "rare"]);
-        assert!(state.cells_of(1).is_empty());
-        assert_eq!(state.cells_of(2), ["fraud", "ok"]);
-        assert_eq!(
-            state.cells_of(9),
-            [] as [String; 0],
-            "never looked at: all other"
-        );
-    }
-
-    #[test]
-    fn a_shifted_class_mix_fails_an_identical_one_passes_and_a_new_class_fails() {
-        let plan = shift_plan();
-        let alpha = metric_alpha(&plan);
-        let tests = |epochs: &[ClassCounts]| {
-            let state = named(&["fraud", "ok"], 1..=3);
-            shift_tests(
-                &plan,
-                &state,
-                &class_ledger(epochs),
-                ("h", "c"),
-                Some(2),
-                alpha,
-            )
-        };
-        // 5% then 25% canary: fraud 30% -> 60% in the candidate.
-        let shifted = tests(&[
-            (2, vec![("fraud", 60, 570), ("ok", 40, 1330)]),
-            (3, vec![("fraud", 600, 900), ("ok", 400, 2100)]),
-        ]);
-        assert!(shifted.fail >= (1.0 / alpha).ln(), "{}", shifted.fail);
-        assert!(!shifted.within);
-        // The same mix in both arms, and a shadow epoch (1) that is ignored.
-        let same = tests(&[
-            (1, vec![("fraud", 0, 900)]),
-            (2, vec![("fraud", 300, 5700), ("ok", 700, 13300)]),
-            (3, vec![("fraud", 3000, 9000), ("ok", 7000, 21000)]),
-        ]);
-        assert!(same.fail < 1.0, "{}", same.fail);
-        assert!(same.within);
-        // A class only the candidate predicts, 10% of its answers, in the
-        // "other" cell: shown at once.
-        let new = tests(&[(
-            2,
-            vec![
-                ("fraud", 30, 570),
-                ("ok", 60, 1330),
-                ("hallucinated", 10, 0),
-            ],
-        )]);
-        assert!(new.fail >= (1.0 / alpha).ln(), "{}", new.fail);
-        // Before any canary epoch there is nothing to judge.
-        let none = shift_tests(
-            &plan,
-            &named(&["fraud"], 1..=1),
-            &class_ledger(&[(1, vec![("fraud", 900, 0)])]),
-            ("h", "c"),
-            None,
-            alpha,
-        );
-        assert_eq!((none.fail, none.within), (0.0, false));
-    }
-
-    /// Class mixes identical, or at the null's edge (one class at exactly
-    /// `1/ρ` of the champion's rate), over three canary epochs at 5, 25 and
-    /// 50% with a look every 200 predictions: the test fails at most `α`
-    /// of the rollouts (here `α = 0.05` per rollout, 400 rollouts; seen:
-    /// 0 of 400 for both).
-    #[test]
-    fn the_class_mix_test_keeps_its_alpha_under_the_null() {
-        use rand::{Rng, SeedableRng, rngs::StdRng};
-        let plan = shift_plan();
-        let alpha = 0.05;
-        let champion = [("a", 0.3), ("b", 0.6), ("c", 0.095), ("rare", 0.005)];
-        // The last is no null: `a` doubles. The test sees it in nearly every
-        // run, so the silence under the nulls is not a blind test's.
-        for (candidate, null) in [
-            (champion, true),
-            (
-                [("a", 0.2), ("b", 0.7), ("c", 0.095), ("rare", 0.005)],
-                true,
-            ),
-            (
-                [("a", 0.6), ("b", 0.3), ("c", 0.095), ("rare", 0.005)],
-                false,
-            ),
-        ] {
-            let mut rng = StdRng::seed_from_u64(7);
-            let mut failed = 0;
-            for _ in 0..400 {
-                let state = named(&["a", "b", "c"], 1..=4);
-                let mut counts: Vec<ClassCounts> = Vec::new();
-                let mut rejected = false;
-                'run: for (e, w) in [(2, 0.05), (3, 0.25), (4, 0.5)] {
-                    counts.push((e, champion.iter().map(|(k, _)| (*k, 0, 0)).collect()));
-                    for _look in 0..10 {
-                        let cell = counts.last_mut().expect("pushed");
-                        for _ in 0..200 {
-                            let to_candidate = rng.random::<f64>() < w;
-                            let dist = if to_candidate { &candidate } else { &champion };
-                            let mut u = rng.random::<f64>();
-                            let i = dist
-                                .iter()
-                                .position(|(_, p)| {
-                                    u -= p;
-                                    u < 0.0
-                                })
-                                .unwrap_or(dist.len() - 1);
-                            if to_candidate {
-                                cell.1[i].1 += 1;
-                            } else {
-                                cell.1[i].2 += 1;
-                            }
-                        }
-                        let t = shift_tests(
-                            &plan,
-                            &state,
-                            &class_ledger(&counts),
-                            ("h", "c"),
-                            Some(2),
-                            alpha,
-                        );
-                        if t.fail >= (1.0 / alpha).ln() {
-                            rejected = true;
-                            break 'run;
-                        }
-                    }
-                }
-                failed += u32::from(rejected);
-            }
-            if null {
-                assert!(
-                    failed <= 20,
-                    "{failed}/400 false failures for {candidate:?}"
-                );
-            } else {
-                assert!(failed >= 360, "{failed}/400 shifts seen");
-            }
-        }
-    }
-}
+mod tests;
