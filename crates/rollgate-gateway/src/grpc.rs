@@ -1,95 +1,21 @@
-//! gRPC inference: the Open Inference Protocol's `GRPCInferenceService`
-//! over HTTP/2, routed, split, mirrored and measured like its REST twin
-//! (`POST /v2/models/{name}/infer`): the same route, the same sticky key
-//! (a metadata header), the same counts. Only the wire differs: the model's
-//! name is in the request message, the outcome in the `grpc-status`
-//! trailer, the predictions in the protobuf answer.
-
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+//! gRPC's side of the wire: the Open Inference Protocol's
+//! `GRPCInferenceService` over HTTP/2 is routed, split, mirrored and
+//! measured like its REST twin (`POST /v2/models/{name}/infer`; the request
+//! path takes a call in at `proxy::endpoint`). Only the wire differs, and
+//! this is it: the gateway's own answers and statuses, the model's name
+//! rewritten in a request message, the outcome read from the `grpc-status`
+//! trailer, the predictions from the protobuf answer.
 
 use bytes::Bytes;
 use http::header::HeaderMap;
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
-use rollgate_core::Protocol;
-use rollgate_oip::{self as oip, Code, GRPC_STATUS, Method};
+use http::{Response, StatusCode};
+use rollgate_oip::{self as oip, Code, GRPC_STATUS};
 
-use crate::Inner;
+use crate::body::Body;
 use crate::extract::{ExtractError, Prediction};
-use crate::proxy::{Body, Wire};
-
-pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
-    let Some(method) = Method::of_path(req.uri().path()) else {
-        return status(
-            Code::Unimplemented,
-            "rollgate serves the Open Inference Protocol's inference.GRPCInferenceService only",
-        );
-    };
-    // The server's own health is the gateway's, as over REST.
-    match method {
-        Method::ServerLive => return answer(&oip::ServerLiveResponse { live: true }),
-        Method::ServerReady => return answer(&oip::ServerReadyResponse { ready: true }),
-        Method::ServerMetadata => {
-            return answer(&oip::ServerMetadataResponse {
-                name: "rollgate".into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                extensions: Vec::new(),
-            });
-        }
-        Method::ModelReady | Method::ModelMetadata | Method::ModelInfer => {}
-    }
-    let (parts, body) = req.into_parts();
-    // Held whole: the model's name is in it.
-    let body = match crate::proxy::read_body(&inner, body, Wire::Grpc, false).await {
-        Ok(crate::stream::Read::Whole(body, _)) => body,
-        Ok(crate::stream::Read::Partial(..)) => {
-            return status(Code::Internal, "a gRPC message is read whole");
-        }
-        Err(refused) => return refused,
-    };
-    let limit = inner.limits.max_body_bytes;
-    let model = match oip::read_message(&parts.headers, &body, limit)
-        .map_err(|e| e.to_string())
-        .and_then(|m| oip::model_name(&m).map_err(|e| e.to_string()))
-    {
-        Ok(model) => model,
-        Err(e) => return status(Code::InvalidArgument, &format!("unreadable request: {e}")),
-    };
-    let table = inner.routes.load();
-    let route = match table.model(&model).cloned() {
-        Some(route) if route.protocol == Protocol::OipV2 => route,
-        Some(_) => {
-            // Never forwarded, so never held against a revision.
-            inner
-                .counters
-                .wrong_protocol
-                .fetch_add(1, Ordering::Relaxed);
-            return status(
-                Code::InvalidArgument,
-                &format!("model {model:?} does not speak the Open Inference Protocol (oip_v2)"),
-            );
-        }
-        None => {
-            let why = match table.unroutable(&model) {
-                Some(reason) => format!("{model:?} cannot be routed: {reason}"),
-                None => format!("no model {model:?}"),
-            };
-            return status(Code::NotFound, &why);
-        }
-    };
-    drop(table);
-    match method {
-        Method::ModelInfer => {
-            let body = crate::proxy::Sent::Whole(body);
-            crate::proxy::predict_admitted(inner, route, parts, body, Wire::Grpc).await
-        }
-        _ => crate::proxy::passthrough(&inner, &route, &parts, body, Wire::Grpc).await,
-    }
-}
 
 /// A gRPC answer of the gateway's own: `message`, then status OK.
-fn answer(message: &impl prost::Message) -> Response<Body> {
+pub(crate) fn answer(message: &impl prost::Message) -> Response<Body> {
     oip::answer(Body::with_trailers(
         oip::encode(message),
         Some(oip::ok_trailers()),

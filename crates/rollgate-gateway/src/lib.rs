@@ -8,6 +8,7 @@
 //! bounded by a semaphore, and dropped (and counted) when it is exhausted.
 
 pub mod assign;
+mod body;
 pub mod config;
 pub mod extract;
 mod grpc;
@@ -194,63 +195,10 @@ impl Gateway {
     /// only once it serves.
     pub fn new(config: &GatewayConfig) -> Result<Gateway, ConfigError> {
         config.validate()?;
-        let key_header = HeaderName::from_bytes(config.key_header.to_ascii_lowercase().as_bytes())
-            .map_err(|_| ConfigError {
-                field: "key_header".into(),
-                message: format!("{:?} is not a valid header name", config.key_header),
-            })?;
-        // A pin header is the gateway's own: never one HTTP or the
-        // request's routing already gives a meaning.
-        const TAKEN: &[&str] = &[
-            "accept",
-            "accept-encoding",
-            "authorization",
-            "connection",
-            "content-encoding",
-            "content-length",
-            "content-type",
-            "cookie",
-            "host",
-            "keep-alive",
-            "proxy-connection",
-            "te",
-            "trailer",
-            "transfer-encoding",
-            "upgrade",
-            "user-agent",
-        ];
-        let pin_header = HeaderName::from_bytes(config.pin_header.to_ascii_lowercase().as_bytes())
-            .ok()
-            .filter(|h| {
-                *h != key_header && !TAKEN.contains(&h.as_str()) && !h.as_str().starts_with("grpc-")
-            })
-            .ok_or_else(|| ConfigError {
-                field: "pin_header".into(),
-                message: format!(
-                    "{:?} is not a header name of its own (not key_header, not one HTTP \
-                     or gRPC uses)",
-                    config.pin_header
-                ),
-            })?;
-        if let Some(c) = &config.pin_cookie
-            && (c.is_empty()
-                || !c
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
-        {
-            return Err(ConfigError {
-                field: "pin_cookie".into(),
-                message: format!("{c:?} is not a valid cookie name"),
-            });
-        }
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(config.limits.connect_timeout));
-        let connector =
-            rollgate_net::connector(http, &config.upstream_tls).map_err(|e| ConfigError {
-                field: "upstream_tls".into(),
-                message: e.to_string(),
-            })?;
+        let key_header = key_header(config)?;
+        let pin_header = pin_header(config, &key_header)?;
+        check_pin_cookie(config)?;
+        let clients = Clients::new(config)?;
         let tls = match &config.tls {
             None => None,
             Some(t) => Some(t.server().map_err(|e| ConfigError {
@@ -258,17 +206,6 @@ impl Gateway {
                 message: e.to_string(),
             })?),
         };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.limits.pool_idle_timeout)
-            .pool_max_idle_per_host(1024)
-            .build(connector.clone());
-        let fresh = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(0)
-            .build(connector.clone());
-        let h2 = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .pool_idle_timeout(config.limits.pool_idle_timeout)
-            .build(connector);
         let recorders = Recorders::default();
         let table = RoutingTable::compile(
             &config.models,
@@ -287,9 +224,9 @@ impl Gateway {
                 routes: ArcSwap::from_pointee(table),
                 route_writes: Mutex::new(()),
                 recorders,
-                client,
-                fresh,
-                h2,
+                client: clients.pooled,
+                fresh: clients.fresh,
+                h2: clients.h2,
                 tls,
                 pools: Mutex::new(HashMap::new()),
                 capacity: Arc::new(Semaphore::new(config.limits.max_concurrent)),
@@ -370,5 +307,104 @@ impl Gateway {
     /// that does not ask for OpenMetrics.
     pub fn metrics_text(&self) -> String {
         metrics::expose(&self.inner, None).0
+    }
+}
+
+/// The sticky key's header, as configured.
+fn key_header(config: &GatewayConfig) -> Result<HeaderName, ConfigError> {
+    HeaderName::from_bytes(config.key_header.to_ascii_lowercase().as_bytes()).map_err(|_| {
+        ConfigError {
+            field: "key_header".into(),
+            message: format!("{:?} is not a valid header name", config.key_header),
+        }
+    })
+}
+
+/// The pin header, as configured: the gateway's own, never one HTTP or the
+/// request's routing already gives a meaning.
+fn pin_header(config: &GatewayConfig, key_header: &HeaderName) -> Result<HeaderName, ConfigError> {
+    const TAKEN: &[&str] = &[
+        "accept",
+        "accept-encoding",
+        "authorization",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "cookie",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "user-agent",
+    ];
+    HeaderName::from_bytes(config.pin_header.to_ascii_lowercase().as_bytes())
+        .ok()
+        .filter(|h| {
+            h != key_header && !TAKEN.contains(&h.as_str()) && !h.as_str().starts_with("grpc-")
+        })
+        .ok_or_else(|| ConfigError {
+            field: "pin_header".into(),
+            message: format!(
+                "{:?} is not a header name of its own (not key_header, not one HTTP \
+                 or gRPC uses)",
+                config.pin_header
+            ),
+        })
+}
+
+/// The pin cookie's name, if one is configured, is a valid cookie name.
+fn check_pin_cookie(config: &GatewayConfig) -> Result<(), ConfigError> {
+    if let Some(c) = &config.pin_cookie
+        && (c.is_empty()
+            || !c
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
+    {
+        return Err(ConfigError {
+            field: "pin_cookie".into(),
+            message: format!("{c:?} is not a valid cookie name"),
+        });
+    }
+    Ok(())
+}
+
+/// The clients upstreams are reached with (beyond plain-HTTP REST
+/// upstreams' own pools), all over one connector: TLS to `https://`
+/// upstreams as configured, `TCP_NODELAY`, the connect timeout.
+struct Clients {
+    /// Pooled.
+    pooled: Client<Connector, stream::Outgoing>,
+    /// Never pools: for sending a request again on a fresh connection.
+    fresh: Client<Connector, stream::Outgoing>,
+    /// HTTP/2 only, for gRPC upstreams.
+    h2: Client<Connector, stream::Outgoing>,
+}
+
+impl Clients {
+    fn new(config: &GatewayConfig) -> Result<Clients, ConfigError> {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.limits.connect_timeout));
+        let connector =
+            rollgate_net::connector(http, &config.upstream_tls).map_err(|e| ConfigError {
+                field: "upstream_tls".into(),
+                message: e.to_string(),
+            })?;
+        let pooled = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.limits.pool_idle_timeout)
+            .pool_max_idle_per_host(1024)
+            .build(connector.clone());
+        let fresh = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(connector.clone());
+        let h2 = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .pool_idle_timeout(config.limits.pool_idle_timeout)
+            .build(connector);
+        Ok(Clients { pooled, fresh, h2 })
     }
 }

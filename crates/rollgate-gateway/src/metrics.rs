@@ -92,7 +92,26 @@ fn family<M: EncodeMetric>(
 
 impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = &self.0;
+        RevisionRows::of(&self.0, &self.1).encode(&mut enc)?;
+        encode_gateway_families(&self.0, &mut enc)
+    }
+}
+
+/// The rows of each revision's families (and each shadow's pairs), for the
+/// `(model, revision)` pairs routed now.
+struct RevisionRows {
+    requests: Vec<(Labels, ConstCounter)>,
+    failures: Vec<(Labels, ConstCounter)>,
+    client_errors: Vec<(Labels, ConstCounter)>,
+    latency: Vec<(Labels, LatencyBuckets)>,
+    pairs: Vec<(Labels, ConstCounter)>,
+    agreements: Vec<(Labels, ConstCounter)>,
+    flips: Vec<(Labels, ConstCounter)>,
+    drops: Vec<(Labels, ConstCounter)>,
+}
+
+impl RevisionRows {
+    fn of(s: &GatewaySnapshot, routed_now: &BTreeSet<(String, String)>) -> RevisionRows {
         let rev =
             |model: &str, r: &str| vec![("model", model.to_string()), ("revision", r.to_string())];
         let mut requests = Vec::new();
@@ -103,7 +122,7 @@ impl Collector for SnapshotCollector {
         let mut agreements = Vec::new();
         let mut flips = Vec::new();
         let mut drops = Vec::new();
-        let routed = |model: &String, r: &String| self.1.contains(&(model.clone(), r.clone()));
+        let routed = |model: &String, r: &String| routed_now.contains(&(model.clone(), r.clone()));
         for (model, snap) in &s.models {
             for (r, st) in snap.revisions().iter().filter(|(r, _)| routed(model, r)) {
                 requests.push((rev(model, r), ConstCounter::new(st.requests())));
@@ -122,132 +141,154 @@ impl Collector for SnapshotCollector {
                 drops.push((rev(model, shadow), ConstCounter::new(p.mirror_dropped())));
             }
         }
+        RevisionRows {
+            requests,
+            failures,
+            client_errors,
+            latency,
+            pairs,
+            agreements,
+            flips,
+            drops,
+        }
+    }
+
+    fn encode(self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         family(
-            &mut enc,
+            enc,
             "rollgate_requests",
             "Requests counted for a revision (successes and failures).",
-            requests,
+            self.requests,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_failures",
             "Failures counted against a revision, by class.",
-            failures,
+            self.failures,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_client_errors",
             "Client errors (4xx), never counted against a revision.",
-            client_errors,
+            self.client_errors,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_latency_seconds",
             "Latency of successes since start.",
-            latency,
+            self.latency,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_shadow_pairs",
             "Mirrored requests answered by both champion and shadow.",
-            pairs,
+            self.pairs,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_shadow_agreements",
             "Pairs whose answers agreed.",
-            agreements,
+            self.agreements,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_shadow_confident_flips",
             "Disagreements on the champion's high-confidence answers.",
-            flips,
+            self.flips,
         )?;
         family(
-            &mut enc,
+            enc,
             "rollgate_mirror_dropped",
             "Mirrors dropped because the mirror pool was full.",
-            drops,
-        )?;
-        let fallbacks = s
-            .fallbacks
-            .iter()
-            .map(|(m, n)| (vec![("model", m.clone())], ConstCounter::new(*n)))
-            .collect();
-        family(
-            &mut enc,
-            "rollgate_fallbacks",
-            "Unreachable-candidate requests retried on the champion.",
-            fallbacks,
-        )?;
-        let pinned = s
-            .pinned
-            .iter()
-            .flat_map(|(m, revs)| {
-                revs.iter().map(move |(r, n)| {
-                    (
-                        vec![("model", m.clone()), ("revision", r.clone())],
-                        ConstCounter::new(*n),
-                    )
-                })
-            })
-            .collect();
-        family(
-            &mut enc,
-            "rollgate_pinned_requests",
-            "Requests a tester pinned to a revision (served; never evidence for a gate).",
-            pinned,
-        )?;
-        family(
-            &mut enc,
-            "rollgate_overloaded",
-            "Requests refused at capacity (503).",
-            vec![(vec![], ConstCounter::new(s.overloaded))],
-        )?;
-        family(
-            &mut enc,
-            "rollgate_upstream_retries",
-            "Requests sent again because the upstream closed a pooled connection before answering.",
-            vec![(vec![], ConstCounter::new(s.retried))],
-        )?;
-        family(
-            &mut enc,
-            "rollgate_slow_clients",
-            "Requests whose body did not arrive within the body timeout (408).",
-            vec![(vec![], ConstCounter::new(s.slow_clients))],
-        )?;
-        family(
-            &mut enc,
-            "rollgate_streamed_requests",
-            "Requests whose body was beyond the body limit and was streamed to the revision serving it.",
-            vec![(vec![], ConstCounter::new(s.streamed_requests))],
-        )?;
-        family(
-            &mut enc,
-            "rollgate_wrong_protocol",
-            "Requests in another protocol than their model's (400, never forwarded).",
-            vec![(vec![], ConstCounter::new(s.wrong_protocol))],
-        )?;
-        let unroutable = s
-            .unroutable
-            .keys()
-            .map(|m| (vec![("model", m.clone())], ConstGauge::new(1i64)))
-            .collect();
-        family(
-            &mut enc,
-            "rollgate_model_unroutable",
-            "Models the gateway cannot route (1 while so; see the log or /rollgate/stats for why).",
-            unroutable,
-        )?;
-        family(
-            &mut enc,
-            "rollgate_in_flight",
-            "Requests in flight.",
-            vec![(vec![], ConstGauge::new(s.in_flight))],
+            self.drops,
         )?;
         Ok(())
     }
+}
+
+/// The gateway's own families: fallbacks and pins per model, its refusals
+/// and retries, the models it cannot route, requests in flight.
+fn encode_gateway_families(
+    s: &GatewaySnapshot,
+    enc: &mut DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    let fallbacks = s
+        .fallbacks
+        .iter()
+        .map(|(m, n)| (vec![("model", m.clone())], ConstCounter::new(*n)))
+        .collect();
+    family(
+        enc,
+        "rollgate_fallbacks",
+        "Unreachable-candidate requests retried on the champion.",
+        fallbacks,
+    )?;
+    let pinned = s
+        .pinned
+        .iter()
+        .flat_map(|(m, revs)| {
+            revs.iter().map(move |(r, n)| {
+                (
+                    vec![("model", m.clone()), ("revision", r.clone())],
+                    ConstCounter::new(*n),
+                )
+            })
+        })
+        .collect();
+    family(
+        enc,
+        "rollgate_pinned_requests",
+        "Requests a tester pinned to a revision (served; never evidence for a gate).",
+        pinned,
+    )?;
+    family(
+        enc,
+        "rollgate_overloaded",
+        "Requests refused at capacity (503).",
+        vec![(vec![], ConstCounter::new(s.overloaded))],
+    )?;
+    family(
+        enc,
+        "rollgate_upstream_retries",
+        "Requests sent again because the upstream closed a pooled connection before answering.",
+        vec![(vec![], ConstCounter::new(s.retried))],
+    )?;
+    family(
+        enc,
+        "rollgate_slow_clients",
+        "Requests whose body did not arrive within the body timeout (408).",
+        vec![(vec![], ConstCounter::new(s.slow_clients))],
+    )?;
+    family(
+        enc,
+        "rollgate_streamed_requests",
+        "Requests whose body was beyond the body limit and was streamed to the revision serving it.",
+        vec![(vec![], ConstCounter::new(s.streamed_requests))],
+    )?;
+    family(
+        enc,
+        "rollgate_wrong_protocol",
+        "Requests in another protocol than their model's (400, never forwarded).",
+        vec![(vec![], ConstCounter::new(s.wrong_protocol))],
+    )?;
+    let unroutable = s
+        .unroutable
+        .keys()
+        .map(|m| (vec![("model", m.clone())], ConstGauge::new(1i64)))
+        .collect();
+    family(
+        enc,
+        "rollgate_model_unroutable",
+        "Models the gateway cannot route (1 while so; see the log or /rollgate/stats for why).",
+        unroutable,
+    )?;
+    family(
+        enc,
+        "rollgate_in_flight",
+        "Requests in flight.",
+        vec![(vec![], ConstGauge::new(s.in_flight))],
+    )?;
+    Ok(())
 }
 
 pub(crate) fn expose(inner: &Inner, accept: Option<&str>) -> (String, &'static str) {

@@ -190,8 +190,8 @@ pub(crate) fn config(models: Vec<ModelRoute>) -> GatewayConfig {
 }
 
 pub(crate) struct Reply {
-    status: StatusCode,
-    revision: Option<String>,
+    pub(crate) status: StatusCode,
+    pub(crate) revision: Option<String>,
     pub(crate) body: String,
 }
 
@@ -199,20 +199,22 @@ pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
+/// `method path` with a JSON `body` and `headers` (beside its content
+/// type): what the gateway answered, within 10 s.
 pub(crate) async fn call(
     c: &Client<HttpConnector, Full<Bytes>>,
     addr: SocketAddr,
     method: &str,
     path: &str,
-    key: Option<&str>,
+    headers: &[(&str, &str)],
     body: &str,
 ) -> Reply {
     let mut b = Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
         .header("content-type", "application/json");
-    if let Some(k) = key {
-        b = b.header("x-rollgate-key", k);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
     }
     let req = b
         .body(Full::new(Bytes::from(body.to_string())))
@@ -240,12 +242,13 @@ async fn predict(
     addr: SocketAddr,
     key: Option<&str>,
 ) -> Reply {
+    let key = key.map(|k| ("x-rollgate-key", k));
     call(
         c,
         addr,
         "POST",
         "/v1/models/m:predict",
-        key,
+        key.as_slice(),
         r#"{"instances":[[1,2]]}"#,
     )
     .await
@@ -604,7 +607,7 @@ async fn oversized_bodies_a_shadow_needs_get_413_and_never_reach_a_model() {
     let gw = start(cfg).await;
     let c = client();
     let big = format!(r#"{{"instances":["{}"]}}"#, "x".repeat(4096));
-    let r = call(&c, gw.addr, "POST", "/v1/models/m:predict", None, &big).await;
+    let r = call(&c, gw.addr, "POST", "/v1/models/m:predict", &[], &big).await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(r.body.contains("body_too_large"));
     assert_eq!(champ.hits.load(Ordering::SeqCst), 0);
@@ -715,7 +718,7 @@ async fn v2_json_routes_metadata_stats_and_metrics() {
         gw.addr,
         "POST",
         "/v2/models/v2model/infer",
-        None,
+        &[],
         r#"{"inputs":[]}"#,
     )
     .await;
@@ -725,7 +728,7 @@ async fn v2_json_routes_metadata_stats_and_metrics() {
         gw.addr,
         "POST",
         "/score",
-        None,
+        &[],
         r#"{"user":"u1","x":[1]}"#,
     )
     .await;
@@ -733,13 +736,13 @@ async fn v2_json_routes_metadata_stats_and_metrics() {
         (r.status, r.revision.as_deref()),
         (StatusCode::OK, Some("champ"))
     );
-    let meta = call(&c, gw.addr, "GET", "/v2/models/v2model", None, "").await;
+    let meta = call(&c, gw.addr, "GET", "/v2/models/v2model", &[], "").await;
     assert_eq!(meta.status, StatusCode::OK);
-    let missing = call(&c, gw.addr, "POST", "/v1/models/nope:predict", None, "{}").await;
+    let missing = call(&c, gw.addr, "POST", "/v1/models/nope:predict", &[], "{}").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert!(missing.body.contains("unknown_model"));
 
-    let stats = call(&c, gw.addr, "GET", "/rollgate/stats", None, "").await;
+    let stats = call(&c, gw.addr, "GET", "/rollgate/stats", &[], "").await;
     let snap: GatewaySnapshot = serde_json::from_str(&stats.body).expect("stats are a snapshot");
     assert_eq!(
         snap.models["v2model"]
@@ -755,7 +758,7 @@ async fn v2_json_routes_metadata_stats_and_metrics() {
             .get("fraud"),
         Some(&1)
     );
-    let metrics = call(&c, gw.addr, "GET", "/metrics", None, "").await;
+    let metrics = call(&c, gw.addr, "GET", "/metrics", &[], "").await;
     assert!(
         metrics
             .body
@@ -810,12 +813,12 @@ async fn metrics_stop_when_a_revision_leaves_the_routing_table() {
             .filter(|l| !l.starts_with('#') && l.contains(&format!("revision=\"{revision}\"")))
             .count()
     };
-    let before = call(&c, gw.addr, "GET", "/metrics", None, "").await.body;
+    let before = call(&c, gw.addr, "GET", "/metrics", &[], "").await.body;
     for r in ["champ", "cand", "shadow"] {
         assert!(series(&before, r) > 0, "{r} not exported:\n{before}");
     }
     gw.gateway.set_routes(&[route(&champ.url)]);
-    let after = call(&c, gw.addr, "GET", "/metrics", None, "").await.body;
+    let after = call(&c, gw.addr, "GET", "/metrics", &[], "").await.body;
     assert!(series(&after, "champ") > 0, "{after}");
     assert_eq!(series(&after, "cand"), 0, "{after}");
     assert_eq!(series(&after, "shadow"), 0, "{after}");
@@ -949,15 +952,7 @@ async fn an_answer_that_decodes_beyond_the_limit_is_the_upstreams_failure() {
     let mut cfg = config(vec![route(&url)]);
     cfg.limits.max_response_bytes = 16 << 10;
     let g = start(cfg).await;
-    let r = call(
-        &client(),
-        g.addr,
-        "POST",
-        "/v1/models/m:predict",
-        None,
-        "{}",
-    )
-    .await;
+    let r = call(&client(), g.addr, "POST", "/v1/models/m:predict", &[], "{}").await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.body);
     let s = eventually(&g.gateway, |s| rev(s, "champ").requests() == 1).await;
     assert_eq!(
@@ -1071,7 +1066,7 @@ async fn a_connection_closed_after_a_500_never_fails_the_next_good_request() {
         } else {
             r#"{"instances":[[1]]}"#
         };
-        let r = call(&c, g.addr, "POST", "/v1/models/m:predict", None, body).await;
+        let r = call(&c, g.addr, "POST", "/v1/models/m:predict", &[], body).await;
         if i % 2 == 0 {
             assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
             bad += 1;
@@ -1319,7 +1314,7 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
         gw.addr,
         "POST",
         "/v1/models/bad:predict",
-        None,
+        &[],
         r#"{"instances":[1]}"#,
     )
     .await;
@@ -1329,9 +1324,9 @@ async fn a_model_that_cannot_be_routed_is_isolated_and_the_others_keep_routing()
         "{}",
         r.body
     );
-    let r = call(&c, gw.addr, "POST", "/score", None, "{}").await;
+    let r = call(&c, gw.addr, "POST", "/score", &[], "{}").await;
     assert_eq!(r.status, StatusCode::OK, "the first model keeps its path");
-    let r = call(&c, gw.addr, "POST", "/v1/models/nope:predict", None, "{}").await;
+    let r = call(&c, gw.addr, "POST", "/v1/models/nope:predict", &[], "{}").await;
     assert!(r.body.contains("unknown_model"), "{}", r.body);
 
     let s = gw.gateway.snapshot();
@@ -1393,7 +1388,7 @@ async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_ref
         gw.addr,
         "POST",
         "/v2/models/m/infer",
-        None,
+        &[],
         r#"{"inputs":[]}"#,
     )
     .await;
@@ -1411,7 +1406,7 @@ async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_ref
         0,
         "not held against a revision"
     );
-    let r = call(&c, gw.addr, "GET", "/v2/models/m/versions/3", None, "").await;
+    let r = call(&c, gw.addr, "GET", "/v2/models/m/versions/3", &[], "").await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(
         log.lock().expect("log")[1].path,

@@ -6,46 +6,29 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt as _, Full};
+use http::StatusCode;
 
 use rollgate_gateway::ModelRoute;
 
 use crate::common::route;
 use crate::it::{
-    Behaviour, ONE, client, config, rev, start, upstream, with_candidate, with_shadow,
+    Behaviour, ONE, call, client, config, rev, start, upstream, with_candidate, with_shadow,
 };
 
 /// A prediction for model `m` with `headers`: its status, the revision
 /// that answered, its body.
 async fn ask(addr: SocketAddr, headers: &[(&str, &str)]) -> (StatusCode, Option<String>, String) {
-    let mut b = Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/v1/models/m:predict"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let req = b
-        .body(Full::new(Bytes::from_static(br#"{"instances":[[1.0]]}"#)))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(10), client().request(req))
-        .await
-        .expect("answered within 10 s")
-        .expect("http");
-    let status = resp.status();
-    let revision = resp
-        .headers()
-        .get("x-rollgate-revision")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let body = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        revision,
-        String::from_utf8_lossy(&body).into_owned(),
+    let path = "/v1/models/m:predict";
+    let r = call(
+        &client(),
+        addr,
+        "POST",
+        path,
+        headers,
+        r#"{"instances":[[1.0]]}"#,
     )
+    .await;
+    (r.status, r.revision, r.body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,7 +113,7 @@ async fn a_pinned_request_reaches_its_revision_and_is_never_evidence() {
     assert_eq!((st.arrived(), st.requests()), (0, 0), "{st:?}");
     assert_eq!(rev(&snap, "shadow").requests(), mirrored);
     assert_eq!(rev(&snap, "champ").requests(), 1);
-    let metrics = crate::it::call(&client(), gw.addr, "GET", "/metrics", None, "")
+    let metrics = call(&client(), gw.addr, "GET", "/metrics", &[], "")
         .await
         .body;
     assert!(

@@ -11,7 +11,7 @@ use prost::Message;
 use rollgate_net::WholeBody;
 use rollgate_oip::{self as oip, Code, Method};
 
-use crate::server::{Fault, ServerConfig};
+use crate::config::{Fault, ServerConfig};
 
 /// Answers a gRPC call: the response, its status, and whether it was an
 /// inference of the served model.

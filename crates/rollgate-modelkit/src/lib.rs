@@ -10,6 +10,7 @@
 //! - [`traffic`]: an open-loop load generator with sticky keys.
 //! - [`metrics`]: the server's Prometheus metrics, in MLServer's shape.
 
+mod config;
 mod grpc;
 pub mod metrics;
 pub mod model;

@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rollgate_core::LatencyHistogram;
 use serde::Serialize;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::task;
 
@@ -83,22 +83,13 @@ pub fn body_of(n: u64, v2: bool) -> String {
 
 /// Sends traffic until the duration ends or `stop` resolves.
 pub async fn run(cfg: TrafficConfig, stop: impl Future<Output = ()>) -> TrafficReport {
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+    let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(cfg.max_in_flight.max(1))
         .build(HttpConnector::new());
     let tally = Arc::new(Mutex::new(Tally::default()));
     let slots = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
     let mut rng = StdRng::seed_from_u64(cfg.seed);
-    let bar = cfg.progress.then(|| {
-        let b = indicatif::ProgressBar::new(cfg.duration.as_secs().max(1));
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len}s {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
+    let bar = cfg.progress.then(|| progress_bar(cfg.duration));
     let (mut sent, mut skipped) = (0u64, 0u64);
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(1));
@@ -120,45 +111,11 @@ pub async fn run(cfg: TrafficConfig, stop: impl Future<Output = ()>) -> TrafficR
                 continue;
             };
             sent += 1;
-            let key = rng.random_range(0..cfg.keys.max(1));
-            let req = http::Request::builder()
-                .method("POST")
-                .uri(&cfg.url)
-                .header("content-type", "application/json")
-                .header("x-rollgate-key", format!("user-{key}"))
-                .body(Full::new(Bytes::from(body(&mut rng, cfg.v2))));
-            let (client, tally) = (client.clone(), Arc::clone(&tally));
-            tokio::spawn(async move {
-                let _slot = slot;
-                let Ok(req) = req else { return };
-                let t0 = Instant::now();
-                let result = tokio::time::timeout(Duration::from_secs(30), async {
-                    let resp = client.request(req).await.ok()?;
-                    let status = resp.status().as_u16();
-                    resp.into_body().collect().await.ok()?;
-                    Some(status)
-                })
-                .await;
-                let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                match result {
-                    Ok(Some(s)) if (200..300).contains(&s) => {
-                        t.ok += 1;
-                        t.latency.record(t0.elapsed().as_micros() as u64);
-                    }
-                    Ok(Some(s)) => *t.statuses.entry(s).or_default() += 1,
-                    _ => t.errors += 1,
-                }
-            });
+            let req = request(&cfg, &mut rng);
+            tokio::spawn(send(client.clone(), req, Arc::clone(&tally), slot));
         }
         if let Some(b) = &bar {
-            b.set_position(elapsed.as_secs());
-            let t = tally.lock().unwrap_or_else(|p| p.into_inner());
-            b.set_message(format!(
-                "sent {sent}  ok {}  non-2xx {}  errors {}",
-                t.ok,
-                t.statuses.values().sum::<u64>(),
-                t.errors
-            ));
+            show_progress(b, elapsed, sent, &tally);
         }
     }
     // Let requests in flight finish (bounded).
@@ -170,6 +127,75 @@ pub async fn run(cfg: TrafficConfig, stop: impl Future<Output = ()>) -> TrafficR
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    report(&tally, sent, skipped, started)
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The next request: a sticky key drawn among `cfg.keys`, then its
+/// features.
+fn request(cfg: &TrafficConfig, rng: &mut StdRng) -> http::Result<http::Request<Full<Bytes>>> {
+    let key = rng.random_range(0..cfg.keys.max(1));
+    http::Request::builder()
+        .method("POST")
+        .uri(&cfg.url)
+        .header("content-type", "application/json")
+        .header("x-rollgate-key", format!("user-{key}"))
+        .body(Full::new(Bytes::from(body(rng, cfg.v2))))
+}
+
+/// Sends one request and counts what came of it (within 30 s), holding
+/// its in-flight slot until then.
+async fn send(
+    client: HttpClient,
+    req: http::Result<http::Request<Full<Bytes>>>,
+    tally: Arc<Mutex<Tally>>,
+    slot: OwnedSemaphorePermit,
+) {
+    let _slot = slot;
+    let Ok(req) = req else { return };
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(30), async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await.ok()?;
+        Some(status)
+    })
+    .await;
+    let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
+    match result {
+        Ok(Some(s)) if (200..300).contains(&s) => {
+            t.ok += 1;
+            t.latency.record(t0.elapsed().as_micros() as u64);
+        }
+        Ok(Some(s)) => *t.statuses.entry(s).or_default() += 1,
+        _ => t.errors += 1,
+    }
+}
+
+/// A progress bar over the run's seconds.
+fn progress_bar(duration: Duration) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new(duration.as_secs().max(1));
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len}s {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b
+}
+
+fn show_progress(b: &indicatif::ProgressBar, elapsed: Duration, sent: u64, tally: &Mutex<Tally>) {
+    b.set_position(elapsed.as_secs());
+    let t = tally.lock().unwrap_or_else(|p| p.into_inner());
+    b.set_message(format!(
+        "sent {sent}  ok {}  non-2xx {}  errors {}",
+        t.ok,
+        t.statuses.values().sum::<u64>(),
+        t.errors
+    ));
+}
+
+/// What happened, once the run is over.
+fn report(tally: &Mutex<Tally>, sent: u64, skipped: u64, started: Instant) -> TrafficReport {
     let t = tally.lock().unwrap_or_else(|p| p.into_inner());
     let ms = |q| t.latency.percentile_us(q).map(|us| us as f64 / 1000.0);
     TrafficReport {
