@@ -221,20 +221,30 @@ pub async fn sync_data_planes(ctx: &Context) {
     futures::future::join_all(
         planes
             .iter()
-            .map(|(plane, r)| ctx.adapters.sync(&ctx.http, plane, r, false)),
+            .map(|(plane, r)| ctx.adapters.sync(&ctx.http, plane, r, version, false)),
     )
     .await;
     ctx.adapters.synced(version);
 }
 
-/// Sends one model's routes to its external data plane, if it has one, and
-/// to the in-process gateway: read once, given to both.
-async fn route(ctx: &Context, model: &str, routes: Option<ModelRoutes>) {
+/// The store's `routes_version`, then one model's routes: the version is
+/// read first, so the routes are at least as new as the generation their
+/// routing is sent to a data plane under.
+fn versioned_routes(s: &dyn Store, model: &str) -> Result<(u64, Option<ModelRoutes>), StoreError> {
+    Ok((s.routes_version()?, s.model_routes(model)?))
+}
+
+/// Sends one model's routes (as of `generation`) to its external data
+/// plane, if it has one, and to the in-process gateway: read once, given
+/// to both.
+async fn route(ctx: &Context, model: &str, routes: Option<ModelRoutes>, generation: u64) {
     if let Some(routes) = &routes
         && let Some(named) = &routes.model.spec.data_plane
         && let Some(plane) = ctx.host.data_plane_or_isolate(model, named)
     {
-        ctx.adapters.sync(&ctx.http, &plane, routes, true).await;
+        ctx.adapters
+            .sync(&ctx.http, &plane, routes, generation, true)
+            .await;
     }
     if let Some(g) = ctx.local_gateway.clone() {
         let model = model.to_string();
@@ -246,8 +256,10 @@ async fn route(ctx: &Context, model: &str, routes: Option<ModelRoutes>) {
 /// and to the in-process gateway.
 pub async fn push_model(ctx: &Context, model: &str) {
     let name = model.to_string();
-    if let Ok(routes) = blocking(&ctx.store, move |s| s.model_routes(&name)).await {
-        route(ctx, model, routes).await;
+    if let Ok((generation, routes)) =
+        blocking(&ctx.store, move |s| versioned_routes(s, &name)).await
+    {
+        route(ctx, model, routes, generation).await;
     }
 }
 
@@ -448,9 +460,11 @@ async fn pre_route_to_champion(
         return;
     }
     let model = rec.spec.model.clone();
-    if let Ok(Some(mut routes)) = blocking(&ctx.store, move |s| s.model_routes(&model)).await {
+    if let Ok((generation, Some(mut routes))) =
+        blocking(&ctx.store, move |s| versioned_routes(s, &model)).await
+    {
         routes.rollout = None;
-        route(ctx, &rec.spec.model, Some(routes)).await;
+        route(ctx, &rec.spec.model, Some(routes), generation).await;
     }
 }
 

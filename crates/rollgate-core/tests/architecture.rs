@@ -2,7 +2,8 @@
 //! depends on no async runtime, network, database or filesystem crate, and
 //! its source reads no clock, touches no file or socket and uses no global
 //! random number generator. Time and randomness are parameters. And the
-//! gateway and the controller never depend on each other.
+//! gateway and the controller never depend on each other, and the
+//! data-plane adapters sit below the controller.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -140,6 +141,34 @@ fn the_gateway_and_the_controller_never_depend_on_each_other() {
         let ours: Vec<_> = deps.iter().filter(|d| d.starts_with("rollgate-")).collect();
         assert!(ours.is_empty(), "{leaf} depends on {ours:?}");
     }
+}
+
+/// The data-plane adapters sit below the controller: it depends on them
+/// (and calls them through their trait), they depend on neither the
+/// controller nor the gateway (the store only for the declaration and the
+/// routes they are given), and the gateway knows none. A kind whose client
+/// is heavy (Kubernetes) comes behind a feature, never in the default
+/// build of the controller.
+#[test]
+fn the_adapters_sit_below_the_controller() {
+    let adapters = normal_dependency_closure("rollgate-adapters");
+    assert!(adapters.contains("rollgate-net"), "{adapters:?}");
+    for other in ["rollgate-controller", "rollgate-gateway"] {
+        assert!(!adapters.contains(other), "the adapters depend on {other}");
+    }
+    let controller = normal_dependency_closure("rollgate-controller");
+    assert!(controller.contains("rollgate-adapters"), "{controller:?}");
+    for heavy in ["kube", "kube-client", "k8s-openapi"] {
+        assert!(
+            !controller.contains(heavy),
+            "the controller's default build pulls {heavy}: put it behind a feature"
+        );
+    }
+    let gateway = normal_dependency_closure("rollgate-gateway");
+    assert!(
+        !gateway.contains("rollgate-adapters"),
+        "the gateway depends on the adapters"
+    );
 }
 
 /// A crate with one test binary (`autotests = false`) compiles only the

@@ -1,10 +1,12 @@
 //! Connections in and out, shared by the gateway, the admin API and the
 //! model server (which may not depend on each other, so this is its own
 //! crate): TLS with rustls ([`tls`]), the accept loop that serves
-//! HTTP/1.1 and HTTP/2 on every listener ([`serve`]), and the connector
-//! every outbound client uses ([`connector`]).
+//! HTTP/1.1 and HTTP/2 on every listener ([`serve`]), the connector
+//! every outbound client uses ([`connector`]), and the small client of
+//! the control plane and the adapters ([`HttpClient`]).
 
 mod body;
+pub mod client;
 pub mod refusal;
 pub mod serve;
 #[cfg(feature = "testing")]
@@ -12,6 +14,7 @@ pub mod testing;
 pub mod tls;
 
 pub use body::WholeBody;
+pub use client::{HttpClient, bearer_token};
 pub use serve::{Serving, serve};
 pub use tls::{ClientTls, ListenerTls, ServerTls, TlsError};
 

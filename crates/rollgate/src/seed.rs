@@ -61,7 +61,7 @@ pub fn run(cmd: &DataPlaneCmd) -> anyhow::Result<ExitCode> {
         Ok(p) => p,
         Err(e) => return input(e.to_string()),
     };
-    let files = match rollgate_controller::adapter::seed(&plane, &args.model, &args.upstream) {
+    let files = match rollgate_adapters::seed(&plane, &args.model, &args.upstream) {
         Ok(f) => f,
         Err(e) => return input(format!("--upstream: {e}")),
     };

@@ -5,16 +5,19 @@
 //! chosen by a hash of the sticky key header, so a user stays on one arm
 //! while the weights hold), each replaced in one rename for Envoy's file
 //! watch. Confirmed from the admin's `/config_dump`: the clusters active
-//! before the routes name them, then the routes' `version_info`.
+//! before the routes name them, then the routes' `version_info`. The
+//! routes file records the routing's generation in the route
+//! configuration's metadata, read back before each write.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use serde_json::{Value, json};
 
-use super::{AdapterError, Desired, ident, write_atomically};
-use crate::http::HttpClient;
+use crate::error::not_older;
+use crate::{Adapter, AdapterError, Desired, HttpClient, ident, write_atomically};
 
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
@@ -23,22 +26,39 @@ const ROUTES_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfig
 /// one at a time.
 static CLUSTERS_FILE: Mutex<()> = Mutex::new(());
 
-/// Where one model's routing goes in Envoy.
-pub(super) struct Files<'a> {
-    pub routes_file: &'a str,
-    pub clusters_file: &'a str,
-    pub admin_url: &'a str,
-    pub route_config_name: Option<&'a str>,
-    pub key_header: &'a str,
+/// A model's Envoy, as its `DataPlane::Envoy` declares it: where its
+/// routing goes.
+#[derive(Debug)]
+pub(crate) struct Envoy {
+    pub http: HttpClient,
+    pub routes_file: String,
+    pub clusters_file: String,
+    /// Without a trailing `/`.
+    pub admin_url: String,
+    pub route_config_name: Option<String>,
+    pub key_header: String,
     /// Every request mirrored to this cluster (rollgate's gateway).
-    pub mirror_cluster: Option<&'a str>,
+    pub mirror_cluster: Option<String>,
 }
 
-/// The name of the route configuration of `model`.
-fn route_config_name(files: &Files, model: &str) -> String {
-    files
-        .route_config_name
-        .map_or_else(|| format!("rollgate_{}", ident(model)), str::to_string)
+impl Adapter for Envoy {
+    fn kind(&self) -> &'static str {
+        "envoy"
+    }
+
+    fn send<'a>(&'a self, desired: &'a Desired) -> BoxFuture<'a, Result<(), AdapterError>> {
+        Box::pin(self.apply_and_confirm(desired))
+    }
+
+    /// The routes file, then the clusters file.
+    fn seed_files(&self, desired: &Desired) -> Result<Vec<(String, String)>, AdapterError> {
+        let (routes, clusters) =
+            seed(desired, self.route_config_name.as_deref(), &self.key_header)?;
+        Ok(vec![
+            (self.routes_file.clone(), format!("{routes:#}\n")),
+            (self.clusters_file.clone(), format!("{clusters:#}\n")),
+        ])
+    }
 }
 
 fn cluster_name(model: &str, revision: &str) -> String {
@@ -80,8 +100,9 @@ fn cluster(name: &str, upstream: &str) -> Result<Value, AdapterError> {
 /// request without it is placed at random); each answer names the
 /// revision that served it in `x-rollgate-revision`, as rollgate's
 /// gateway does, and the routing version in `x-rollgate-routing`; every
-/// request is mirrored to `mirror_cluster` if given.
-pub fn render_routes(
+/// request is mirrored to `mirror_cluster` if given. The generation is
+/// recorded in the configuration's metadata (`filter_metadata.rollgate`).
+fn render_routes(
     desired: &Desired,
     name: &str,
     key_header: &str,
@@ -114,6 +135,7 @@ pub fn render_routes(
         "resources": [{
             "@type": ROUTES_TYPE,
             "name": name,
+            "metadata": {"filter_metadata": {"rollgate": {"generation": desired.generation}}},
             // The version in the configuration itself, not only beside it:
             // Envoy keeps a configuration whose content did not change
             // (SHADOW's routing is the champion's, under a new version),
@@ -133,7 +155,7 @@ pub fn render_routes(
 /// The files a data plane needs before it first starts, routing `desired`
 /// (the champion, before rollgate writes them): the routes file, then the
 /// clusters file.
-pub fn seed(
+fn seed(
     desired: &Desired,
     route_config_name: Option<&str>,
     key_header: &str,
@@ -145,6 +167,18 @@ pub fn seed(
     let routes = render_routes(desired, &name, key_header, None);
     let clusters = merge_clusters(None, desired, &BTreeSet::new())?;
     Ok((routes, clusters))
+}
+
+/// The generation a routes file records (0 if it records none: a seed
+/// from before generations, or a file that is not one of rollgate's).
+fn generation_of(routes: &Value) -> u64 {
+    routes["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["metadata"]["filter_metadata"]["rollgate"]["generation"].as_u64())
+        .max()
+        .unwrap_or(0)
 }
 
 /// The cluster names a routes file routes to.
@@ -218,61 +252,85 @@ fn read_clusters(path: &str) -> Result<Option<Value>, AdapterError> {
     })
 }
 
-pub(super) async fn apply(
-    http: &HttpClient,
-    files: &Files<'_>,
-    desired: &Desired,
-) -> Result<(), AdapterError> {
-    let io = |what: &str, e: std::io::Error| AdapterError::Io(format!("{what}: {e}"));
-    let name = route_config_name(files, &desired.model);
-    let wanted: BTreeSet<String> = desired
-        .arms
-        .iter()
-        .map(|a| cluster_name(&desired.model, &a.revision))
-        .collect();
-    {
-        let _one = CLUSTERS_FILE.lock().unwrap_or_else(|p| p.into_inner());
-        let still_routed = read_json(files.routes_file)
-            .map(|r| routed_clusters(&r))
-            .unwrap_or_default();
-        let clusters = merge_clusters(read_clusters(files.clusters_file)?, desired, &still_routed)?;
-        write_atomically(files.clusters_file, clusters.to_string().as_bytes())
-            .map_err(|e| io(files.clusters_file, e))?;
+impl Envoy {
+    /// The name of the route configuration of `model`.
+    fn route_config_name(&self, model: &str) -> String {
+        self.route_config_name
+            .as_deref()
+            .map_or_else(|| format!("rollgate_{}", ident(model)), str::to_string)
     }
-    // Routes that name a cluster Envoy does not have yet answer 503: wait
-    // for the clusters first.
-    let url = format!(
-        "{}/config_dump?resource=dynamic_active_clusters",
-        files.admin_url
-    );
-    confirm(http, &url, |dump| {
-        let active: BTreeSet<&str> = configs(dump)
-            .filter_map(|c| c["cluster"]["name"].as_str())
+
+    /// The routing's clusters written and active, then its routes written
+    /// and in force; nothing written over routes of a higher generation
+    /// (checked before each write).
+    async fn apply_and_confirm(&self, desired: &Desired) -> Result<(), AdapterError> {
+        let wanted: BTreeSet<String> = desired
+            .arms
+            .iter()
+            .map(|a| cluster_name(&desired.model, &a.revision))
             .collect();
-        wanted.iter().all(|w| active.contains(w.as_str()))
-    })
-    .await
-    .map_err(|got| AdapterError::OtherVersion {
-        want: format!("clusters {wanted:?}"),
-        got,
-    })?;
-    let routes = render_routes(desired, &name, files.key_header, files.mirror_cluster);
-    write_atomically(files.routes_file, routes.to_string().as_bytes())
-        .map_err(|e| io(files.routes_file, e))?;
-    let url = format!(
-        "{}/config_dump?resource=dynamic_route_configs",
-        files.admin_url
-    );
-    confirm(http, &url, |dump| {
-        configs(dump).any(|c| {
-            c["route_config"]["name"] == name.as_str() && c["version_info"] == desired.version
+        self.write_clusters(desired)?;
+        // Routes that name a cluster Envoy does not have yet answer 503:
+        // wait for the clusters first.
+        let url = format!(
+            "{}/config_dump?resource=dynamic_active_clusters",
+            self.admin_url
+        );
+        confirm(&self.http, &url, |dump| {
+            let active: BTreeSet<&str> = configs(dump)
+                .filter_map(|c| c["cluster"]["name"].as_str())
+                .collect();
+            wanted.iter().all(|w| active.contains(w.as_str()))
         })
-    })
-    .await
-    .map_err(|got| AdapterError::OtherVersion {
-        want: desired.version.clone(),
-        got,
-    })
+        .await
+        .map_err(|got| AdapterError::OtherVersion {
+            want: format!("clusters {wanted:?}"),
+            got,
+        })?;
+        let name = self.route_config_name(&desired.model);
+        self.write_routes(desired, &name)?;
+        let url = format!(
+            "{}/config_dump?resource=dynamic_route_configs",
+            self.admin_url
+        );
+        confirm(&self.http, &url, |dump| {
+            configs(dump).any(|c| {
+                c["route_config"]["name"] == name.as_str() && c["version_info"] == desired.version
+            })
+        })
+        .await
+        .map_err(|got| AdapterError::OtherVersion {
+            want: desired.version.clone(),
+            got,
+        })
+    }
+
+    /// This model's clusters into the shared CDS file (one model at a
+    /// time), unless its routes file holds a higher generation.
+    fn write_clusters(&self, desired: &Desired) -> Result<(), AdapterError> {
+        let _one = CLUSTERS_FILE.lock().unwrap_or_else(|p| p.into_inner());
+        let routes = read_json(&self.routes_file);
+        not_older(routes.as_ref().map_or(0, generation_of), desired.generation)?;
+        let still_routed = routes.map(|r| routed_clusters(&r)).unwrap_or_default();
+        let clusters = merge_clusters(read_clusters(&self.clusters_file)?, desired, &still_routed)?;
+        write_atomically(&self.clusters_file, clusters.to_string().as_bytes())
+            .map_err(|e| AdapterError::Io(format!("{}: {e}", self.clusters_file)))
+    }
+
+    /// The model's routes file, unless it holds a higher generation by
+    /// now.
+    fn write_routes(&self, desired: &Desired, name: &str) -> Result<(), AdapterError> {
+        let have = read_json(&self.routes_file).map_or(0, |r| generation_of(&r));
+        not_older(have, desired.generation)?;
+        let routes = render_routes(
+            desired,
+            name,
+            &self.key_header,
+            self.mirror_cluster.as_deref(),
+        );
+        write_atomically(&self.routes_file, routes.to_string().as_bytes())
+            .map_err(|e| AdapterError::Io(format!("{}: {e}", self.routes_file)))
+    }
 }
 
 fn configs(dump: &Value) -> impl Iterator<Item = &Value> {
@@ -304,8 +362,8 @@ async fn confirm(
 
 #[cfg(test)]
 mod tests {
-    use super::super::Arm;
     use super::*;
+    use crate::Arm;
 
     fn desired(model: &str, candidate: Option<(&str, u32)>) -> Desired {
         let share = candidate.map_or(0, |(_, w)| w);
@@ -328,6 +386,7 @@ mod tests {
             version: "7.3".into(),
             rollout: Some(7),
             epoch: 3,
+            generation: 41,
             arms,
         }
     }
@@ -420,6 +479,16 @@ mod tests {
         assert!(matches!(read_clusters(&path), Err(AdapterError::Io(_))));
         std::fs::write(&*path, r#"{"resources": []}"#).expect("write");
         assert!(matches!(read_clusters(&path), Ok(Some(_))));
+    }
+
+    #[test]
+    fn the_routes_record_their_generation() {
+        let r = render_routes(&desired("fraud", None), "rc", "x-user", None);
+        assert_eq!(generation_of(&r), 41);
+        // A seed's routes from before generations: 0.
+        let seed =
+            json!({"version_info": "seed", "resources": [{"@type": ROUTES_TYPE, "name": "rc"}]});
+        assert_eq!(generation_of(&seed), 0);
     }
 
     #[test]

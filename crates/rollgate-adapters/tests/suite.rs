@@ -1,0 +1,6 @@
+//! Every adapter passes the kit (`rollgate_adapters::kit`) against its
+//! real peer on 127.0.0.1. A new adapter adds its module here.
+
+mod envoy;
+mod nginx;
+mod webhook;
