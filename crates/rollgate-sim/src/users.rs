@@ -13,7 +13,7 @@ use rand_distr::{Beta, Distribution, LogNormal};
 use rollgate_core::{RevisionStats, UNITS, UnitTotals};
 use serde::{Deserialize, Serialize};
 
-use crate::{AliasTable, Rng};
+use crate::draw::{AliasTable, Rng};
 
 /// How the users of a scenario differ.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -200,5 +200,5 @@ pub(crate) fn beta_binomial(rng: &mut Rng, n: u64, p: f64, rho: f64) -> u64 {
     } else {
         p
     };
-    crate::binomial(rng, n, q)
+    crate::draw::binomial(rng, n, q)
 }
