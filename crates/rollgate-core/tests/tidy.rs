@@ -229,8 +229,8 @@ fn long_functions_are_few_and_each_says_why() {
 
 /// A module of the core: its path from the crate root (`policy::sequential`)
 /// and the file that holds it.
-fn core_modules() -> BTreeMap<Vec<String>, PathBuf> {
-    let src = workspace().join("crates/rollgate-core/src");
+fn modules_of(krate: &str) -> BTreeMap<Vec<String>, PathBuf> {
+    let src = workspace().join("crates").join(krate).join("src");
     rust_files(&src)
         .into_iter()
         .filter_map(|path| {
@@ -239,7 +239,10 @@ fn core_modules() -> BTreeMap<Vec<String>, PathBuf> {
                 .components()
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect();
-            if segments.last().is_some_and(|s| s == "mod" || s == "lib") {
+            if segments
+                .last()
+                .is_some_and(|s| s == "mod" || s == "lib" || s == "main")
+            {
                 segments.pop();
             }
             if segments.last().is_some_and(|s| s == "tests") {
@@ -453,10 +456,10 @@ fn circles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Stri
     search.found
 }
 
-/// Which core module imports which, in library code. The crate root is a
+/// Which module of `krate` imports which, in library code. The crate root is a
 /// façade (it declares and re-exports), not a node.
-fn core_imports() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
-    let modules = core_modules();
+fn imports_of(krate: &str) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let modules = modules_of(krate);
     let reexports = root_reexports(&parse(&modules[&Vec::new()]));
     let mut graph = BTreeMap::new();
     for (here, path) in &modules {
@@ -478,11 +481,11 @@ fn core_imports() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
 
 #[test]
 fn the_core_has_no_circle_of_files() {
-    let graph = core_imports();
-    // `TIDY_GRAPH=1 cargo test -p rollgate-core --test suite tidy -- --nocapture`
-    // prints who imports whom.
-    if std::env::var_os("TIDY_GRAPH").is_some() {
-        for (module, imports) in &graph {
+    let graph = imports_of("rollgate-core");
+    // `TIDY_GRAPH=rollgate-store cargo test -p rollgate-core --test suite
+    // tidy -- --nocapture` prints who imports whom in that crate.
+    if let Some(krate) = std::env::var_os("TIDY_GRAPH") {
+        for (module, imports) in &imports_of(&krate.to_string_lossy()) {
             let names: Vec<String> = imports.iter().map(|m| m.join("::")).collect();
             eprintln!("{} -> {}", module.join("::"), names.join(", "));
         }
@@ -497,6 +500,26 @@ fn the_core_has_no_circle_of_files() {
         circles.is_empty(),
         "modules of rollgate-core that import each other (the core reads top-down: types → statistics → evidence → policies → safety → state machine → words): {circles:#?}"
     );
+}
+
+/// The other crates keep their files in one direction too: a circle is
+/// where a reader cannot start.
+#[test]
+fn no_crate_has_a_circle_of_files() {
+    let crates = workspace().join("crates");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&crates).expect("crates dir") {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        for circle in circles(&imports_of(&name)) {
+            found.push(format!("{name}: {}", circle.join(" <-> ")));
+        }
+    }
+    found.sort();
+    assert!(found.is_empty(), "files that import each other: {found:#?}");
 }
 
 /// The check itself finds a circle when there is one.

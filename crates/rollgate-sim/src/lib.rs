@@ -27,7 +27,6 @@ mod users;
 
 pub use decider::{CoreDecider, Decider, pooled};
 pub use run::{SimResult, TimedEvent, simulate, simulate_with};
-pub use scenario::{ArmModel, CANDIDATE, CHAMPION, Expect, Scenario, Slowdown};
-pub use scrape::ScrapeModel;
+pub use scenario::{ArmModel, CANDIDATE, CHAMPION, Expect, Scenario, ScrapeModel, Slowdown};
 pub use traffic::Traffic;
 pub use users::{Assignment, Users};

@@ -7,7 +7,6 @@ use std::time::Duration;
 use rollgate_core::Plan;
 use serde::{Deserialize, Serialize};
 
-use crate::scrape::ScrapeModel;
 use crate::users::{Assignment, Users};
 
 /// The champion's revision name in every simulated rollout.
@@ -234,6 +233,40 @@ impl Slowdown {
             self.factor
         } else {
             1.0 + (self.factor - 1.0) * (t - self.from_s) / (self.to_s - self.from_s)
+        }
+    }
+}
+
+/// How the model servers are scraped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrapeModel {
+    /// Prometheus's scrape interval.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The model's `horizon_ms`: how long after an epoch began its counts
+    /// start.
+    #[serde(with = "humantime_serde")]
+    pub horizon: Duration,
+    /// Seconds at which the candidate's model server restarts: its
+    /// counters start again from zero.
+    pub target_restarts: Vec<u64>,
+    /// Seconds `[from, to)` during which the candidate's target is not
+    /// scraped (it went stale; `to` past the run's end: it disappeared).
+    pub stale: Option<(u64, u64)>,
+    /// Seconds `[from, to)` during which nothing is scraped (Prometheus
+    /// paused).
+    pub paused: Option<(u64, u64)>,
+}
+
+impl Default for ScrapeModel {
+    fn default() -> Self {
+        ScrapeModel {
+            interval: Duration::from_secs(15),
+            horizon: Duration::from_secs(35),
+            target_restarts: Vec::new(),
+            stale: None,
+            paused: None,
         }
     }
 }

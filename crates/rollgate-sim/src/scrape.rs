@@ -11,43 +11,8 @@ use std::time::Duration;
 
 use rollgate_core::scraped::{self, Samples, Scrape, TargetSamples};
 use rollgate_core::{Epoch, Exposure, RevisionStats, Snapshot, Timestamp};
-use serde::{Deserialize, Serialize};
 
-use crate::{CANDIDATE, CHAMPION};
-
-/// How the model servers are scraped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ScrapeModel {
-    /// Prometheus's scrape interval.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// The model's `horizon_ms`: how long after an epoch began its counts
-    /// start.
-    #[serde(with = "humantime_serde")]
-    pub horizon: Duration,
-    /// Seconds at which the candidate's model server restarts: its
-    /// counters start again from zero.
-    pub target_restarts: Vec<u64>,
-    /// Seconds `[from, to)` during which the candidate's target is not
-    /// scraped (it went stale; `to` past the run's end: it disappeared).
-    pub stale: Option<(u64, u64)>,
-    /// Seconds `[from, to)` during which nothing is scraped (Prometheus
-    /// paused).
-    pub paused: Option<(u64, u64)>,
-}
-
-impl Default for ScrapeModel {
-    fn default() -> Self {
-        ScrapeModel {
-            interval: Duration::from_secs(15),
-            horizon: Duration::from_secs(35),
-            target_restarts: Vec::new(),
-            stale: None,
-            paused: None,
-        }
-    }
-}
+use crate::scenario::{CANDIDATE, CHAMPION, ScrapeModel};
 
 /// MLServer's latency buckets (seconds): the `le` of the scraped
 /// histogram.
