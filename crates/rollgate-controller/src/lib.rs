@@ -11,6 +11,7 @@
 
 pub mod adapter;
 pub mod api;
+pub mod context;
 pub mod dashboard;
 pub mod host;
 pub mod http;
@@ -22,10 +23,10 @@ pub mod prometheus;
 pub mod reconcile;
 
 pub use api::{ApiState, router};
+pub use context::{Anchor, Context, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush};
 pub use http::HttpClient;
 pub use lead::{CONTROLLER_LEASE, Leader, holder_id};
 pub use metrics::ControllerMetrics;
 pub use reconcile::{
-    Action, Anchor, Context, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush, Schedule,
-    checkpoint, error_policy, pass, prune, push_model, reconcile, run,
+    Action, Schedule, checkpoint, error_policy, pass, prune, push_model, reconcile, run,
 };

@@ -16,12 +16,14 @@ use rollgate_core::{
     Timestamp, step,
 };
 use rollgate_store::{
-    Fence, Model, ModelRoutes, Revision, RolloutRecord, Store, StoreError, TransitionWrite,
+    Fence, Model, ModelRoutes, Revision, RolloutRecord, StoreError, TransitionWrite,
 };
 
-use crate::http::HttpClient;
-use crate::lead::Leader;
-use crate::metrics::ControllerMetrics;
+// What a pass shares moved to `context` (which imports none of the tasks
+// that take it); named here too, where it was.
+pub use crate::context::{
+    Anchor, Context, Error, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush, blocking,
+};
 
 /// What to do after a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,73 +44,6 @@ impl Action {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("store task failed: {0}")]
-    Join(String),
-}
-
-/// What a pass needs. Cheap to clone.
-#[derive(Clone)]
-pub struct Context {
-    pub store: Arc<dyn Store>,
-    pub http: HttpClient,
-    /// Gateways whose heartbeat is older than this are not merged.
-    pub gateway_ttl: Duration,
-    /// How often an active rollout is reconciled.
-    pub tick: Duration,
-    pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
-    /// The in-process gateway of `rollgate up`: it gets routing pushed at
-    /// once instead of at its next poll.
-    pub local_gateway: Option<Arc<dyn RoutePush>>,
-    pub metrics: Arc<ControllerMetrics>,
-    /// Signs the audit chain's head after every pass that moved it.
-    pub anchor: Option<Arc<Anchor>>,
-    /// Prunes old evaluation records' bodies.
-    pub retention: Option<Arc<Retention>>,
-    /// Whether this controller leads (holds the store's lease); only the
-    /// leader reconciles, and its commits carry the lease's fence.
-    pub leader: Arc<Leader>,
-    /// At most this many rollouts are reconciled at once.
-    pub concurrency: usize,
-    /// Gateway stats, fetched once per pass and shared by its rollouts.
-    pub stats: Arc<PassStats>,
-    /// Webhook receivers of every decision (their delivery is shown by the
-    /// API); none configured: `None`.
-    pub notify: Option<Arc<crate::notify::Notifier>>,
-    /// The routing each external data plane confirmed
-    /// (`ModelSpec::data_plane`).
-    pub adapters: Arc<crate::adapter::Applier>,
-    /// The data planes and credentials the operator's config declares: all
-    /// a model spec may name of the host.
-    pub host: Arc<crate::host::Host>,
-}
-
-/// The gateways' stats as fetched in one pass: `(stats URL, snapshot if it
-/// answered)`.
-pub type GatewayStats = Arc<Vec<(String, Option<rollgate_core::GatewaySnapshot>)>>;
-
-/// Gateway stats fetched once per pass of the run loop and shared by every
-/// rollout reconciled in it: one fetch and one parse per gateway per pass,
-/// not per rollout (with 1,000 rollouts that is the difference between
-/// 1,000 snapshots of every model and one).
-#[derive(Debug, Default)]
-pub struct PassStats {
-    /// The run loop's pass; 0 outside it (a reconcile called on its own
-    /// always fetches fresh stats).
-    pass: std::sync::atomic::AtomicU64,
-    cached: tokio::sync::Mutex<Option<(u64, GatewayStats)>>,
-}
-
-impl PassStats {
-    /// Starts a new pass: stats are fetched afresh for it.
-    pub fn next_pass(&self) {
-        self.pass.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// Every live gateway's stats, fetched concurrently.
 async fn fetch_stats(ctx: &Context) -> Result<GatewayStats, Error> {
     let ttl = ctx.gateway_ttl;
@@ -126,41 +61,7 @@ async fn fetch_stats(ctx: &Context) -> Result<GatewayStats, Error> {
 
 /// The gateways' stats for this pass (fetched once per pass).
 async fn gateway_stats(ctx: &Context) -> Result<GatewayStats, Error> {
-    let pass = ctx.stats.pass.load(std::sync::atomic::Ordering::SeqCst);
-    if pass == 0 {
-        return fetch_stats(ctx).await;
-    }
-    // Held while fetching: the pass's other rollouts wait for this fetch
-    // instead of starting their own.
-    let mut cached = ctx.stats.cached.lock().await;
-    if let Some((p, stats)) = cached.as_ref()
-        && *p == pass
-    {
-        return Ok(Arc::clone(stats));
-    }
-    let stats = fetch_stats(ctx).await?;
-    *cached = Some((pass, Arc::clone(&stats)));
-    Ok(stats)
-}
-
-/// Audit retention: evaluation records older than `keep` lose their bodies
-/// (their digests keep the chain whole; decisions are never pruned).
-#[derive(Debug)]
-pub struct Retention {
-    pub keep: Duration,
-    last: std::sync::Mutex<Option<tokio::time::Instant>>,
-}
-
-/// Retention runs at most this often.
-pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
-impl Retention {
-    pub fn new(keep: Duration) -> Retention {
-        Retention {
-            keep,
-            last: std::sync::Mutex::new(None),
-        }
-    }
+    ctx.stats.for_pass(|| fetch_stats(ctx)).await
 }
 
 /// Prunes evaluations past retention, at most once per [`PRUNE_EVERY`].
@@ -168,15 +69,8 @@ pub async fn prune(ctx: &Context) {
     let Some(r) = &ctx.retention else {
         return;
     };
-    {
-        let Ok(mut last) = r.last.lock() else {
-            return;
-        };
-        let now = tokio::time::Instant::now();
-        if last.is_some_and(|t| now.duration_since(t) < PRUNE_EVERY) {
-            return;
-        }
-        *last = Some(now);
+    if !r.due() {
+        return;
     }
     let before = Timestamp((ctx.clock)().0.saturating_sub(r.keep.as_millis() as u64));
     match blocking(&ctx.store, move |s| s.prune_evaluations(before)).await {
@@ -184,16 +78,6 @@ pub async fn prune(ctx: &Context) {
         Ok(n) => tracing::info!(records = n, "pruned evaluation records past retention"),
         Err(e) => tracing::warn!(error = %e, "pruning the audit log failed"),
     }
-}
-
-/// Where the controller pushes routing at once, beside what gateways read
-/// from the store (the binary implements it for its in-process gateway:
-/// the controller knows no gateway).
-pub trait RoutePush: Send + Sync {
-    /// Applies one model's routes (`None`: it is no longer routed), as
-    /// read from the store or about to be, leaving every other model as
-    /// it is: a commit changes one model, so it costs one.
-    fn push_model(&self, model: &str, routes: Option<&ModelRoutes>);
 }
 
 /// Brings every external data plane to the routing the store holds (each
@@ -263,32 +147,6 @@ pub async fn push_model(ctx: &Context, model: &str) {
     }
 }
 
-/// Signed checkpoints of the audit chain (see `rollgate_store::Checkpoint`):
-/// the key, the sink outside the store, and the last seq signed.
-#[derive(Debug)]
-pub struct Anchor {
-    pub key: rollgate_store::CheckpointKey,
-    pub sink: Option<std::path::PathBuf>,
-    pub last: std::sync::Mutex<Option<u64>>,
-}
-
-impl Anchor {
-    /// An anchor that resumes after the store's latest checkpoint.
-    pub fn new(
-        store: &dyn Store,
-        key: rollgate_store::CheckpointKey,
-        sink: Option<std::path::PathBuf>,
-    ) -> Result<Anchor, StoreError> {
-        rollgate_store::key_fits_store(store, &key).map_err(StoreError::Invalid)?;
-        let last = store.latest_checkpoint()?.map(|c| c.seq);
-        Ok(Anchor {
-            key,
-            sink,
-            last: std::sync::Mutex::new(last),
-        })
-    }
-}
-
 /// Signs the chain's head if it moved since the last checkpoint: every
 /// decision (and every audited evaluation) is anchored within one pass.
 pub async fn checkpoint(ctx: &Context) {
@@ -317,26 +175,6 @@ pub async fn checkpoint(ctx: &Context) {
         Ok(Err(e)) => tracing::warn!(error = %e, "audit checkpoint failed"),
         Err(e) => tracing::warn!(error = %e, "audit checkpoint task failed"),
     }
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("tick", &self.tick)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Runs a blocking store call off the async runtime.
-pub async fn blocking<T: Send + 'static>(
-    store: &Arc<dyn Store>,
-    f: impl FnOnce(&dyn Store) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, Error> {
-    let s = Arc::clone(store);
-    tokio::task::spawn_blocking(move || f(s.as_ref()))
-        .await
-        .map_err(|e| Error::Join(e.to_string()))?
-        .map_err(Error::from)
 }
 
 /// The readiness URL of a revision: its configured path, or the protocol's.

@@ -97,128 +97,173 @@ where
     // pushes to the in-process gateway too.
     let withheld = crate::follow::Withheld::default();
     if let Some(g) = a.gateway {
-        let addr = g.listener.local_addr()?;
-        let id = g.id.unwrap_or_else(|| format!("gateway-{addr}"));
-        let tls = g.config.tls.is_some();
-        let gw = Gateway::new(&GatewayConfig {
-            id: id.clone(),
-            models: vec![],
-            ..g.config
-        })?;
-        // Serve only once the routes are loaded: a restarted gateway must
-        // not answer 404 for models the store routes.
-        // (Store calls block: off the async workers, as everywhere.)
-        let (store, g2) = (Arc::clone(&a.store), gw.clone());
-        let loaded =
-            tokio::task::spawn_blocking(move || crate::follow::sync_once(store.as_ref(), &g2))
-                .await?;
-        if let Err(e) = loaded {
-            tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
-        }
-        let base = match g.advertise {
-            Some(url) => url.trim_end_matches('/').to_string(),
-            None => {
-                if addr.ip().is_unspecified() {
-                    tracing::warn!(%addr, "listening on every address: set --advertise so controllers on other hosts reach this gateway's stats");
-                }
-                format!("{}://{addr}", scheme(tls))
-            }
-        };
-        tasks.push(tokio::spawn(crate::follow::follow(
-            Arc::clone(&a.store),
-            gw.clone(),
-            id,
-            format!("{base}/rollgate/stats"),
-            g.follow_every,
-            crate::follow::Withheld::clone(&withheld),
-            wait(),
-        )));
-        tasks.push(tokio::spawn(logged(
-            "gateway",
-            rollgate_gateway::serve(g.listener, gw.clone(), wait()),
-        )));
-        gateway = Some((addr, gw));
+        gateway = Some(start_gateway(g, &a.store, &withheld, &wait, &mut tasks).await?);
     }
     let mut api = None;
     if let Some(c) = a.control {
-        let addr = c.listener.local_addr()?;
-        let api_tls = match &c.api.tls {
-            Some(t) => Some(t.server().map_err(|e| anyhow::anyhow!("[api.tls] {e}"))?),
-            None => None,
-        };
-        let ctx = Context {
-            anchor: {
-                let (audit, data, store) =
-                    (c.audit.clone(), a.data.to_path_buf(), Arc::clone(&a.store));
-                tokio::task::spawn_blocking(move || {
-                    crate::serve::anchor(&audit, &data, store.as_ref())
-                })
-                .await??
-            },
-            store: Arc::clone(&a.store),
-            http: HttpClient::with_tls(Duration::from_secs(2), &c.upstream_tls)
-                .map_err(|e| anyhow::anyhow!("[gateway.upstream_tls] {e}"))?,
-            gateway_ttl: c.controller.gateway_ttl,
-            tick: c.controller.tick,
-            clock: c.clock,
-            local_gateway: gateway.as_ref().map(|(_, g)| {
-                Arc::new(PushToGateway(
-                    g.clone(),
-                    crate::follow::Withheld::clone(&withheld),
-                )) as _
-            }),
-            metrics: Arc::new(ControllerMetrics::default()),
-            retention: c
-                .audit
-                .retain_evaluations
-                .map(|keep| Arc::new(rollgate_controller::Retention::new(keep))),
-            leader: Arc::new(rollgate_controller::Leader::new(
-                rollgate_controller::holder_id(),
-                c.controller.lease_ttl,
-            )),
-            concurrency: c.controller.concurrency,
-            stats: Default::default(),
-            notify: if c.notify.webhooks.is_empty() {
-                None
-            } else {
-                Some(Arc::new(
-                    rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
-                        .map_err(anyhow::Error::msg)?,
-                ))
-            },
-            adapters: Default::default(),
-            host: Arc::clone(&c.host),
-        };
-        let state = ApiState {
-            ctx: ctx.clone(),
-            token: crate::serve::token(&c.api)?,
-            require_token: c.api.require_token,
-            oidc: match &c.api.oidc {
-                Some(o) => Some(Arc::new(
-                    rollgate_controller::oidc::Oidc::new(o.clone()).map_err(anyhow::Error::msg)?,
-                )),
-                None => None,
-            },
-            allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &c.api.allowed_hosts),
-        };
-        rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
-        if let Some(n) = ctx.notify.clone() {
-            tasks.push(tokio::spawn(rollgate_controller::notify::run(
-                ctx.clone(),
-                n,
-                wait(),
-            )));
-        }
-        tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
-        tasks.push(tokio::spawn(logged(
-            "admin API",
-            rollgate_controller::api::serve(c.listener, state, api_tls, wait()),
-        )));
-        api = Some(addr);
+        let local = gateway
+            .as_ref()
+            .map(|(_, g)| PushToGateway(g.clone(), withheld));
+        api = Some(start_control(c, &a.store, a.data, local, &wait, &mut tasks).await?);
     }
     Ok(Running {
         gateway,
         api,
         tasks,
+    })
+}
+
+/// Starts a gateway that follows the store (serving once the store's
+/// routes are loaded) and its follower; returns its address and handle.
+async fn start_gateway<W, F>(
+    g: GatewayPart,
+    store: &Arc<dyn Store>,
+    withheld: &crate::follow::Withheld,
+    wait: &W,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<(SocketAddr, Gateway)>
+where
+    W: Fn() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let addr = g.listener.local_addr()?;
+    let id = g.id.unwrap_or_else(|| format!("gateway-{addr}"));
+    let tls = g.config.tls.is_some();
+    let gw = Gateway::new(&GatewayConfig {
+        id: id.clone(),
+        models: vec![],
+        ..g.config
+    })?;
+    // Serve only once the routes are loaded: a restarted gateway must
+    // not answer 404 for models the store routes.
+    // (Store calls block: off the async workers, as everywhere.)
+    let (s, g2) = (Arc::clone(store), gw.clone());
+    let loaded =
+        tokio::task::spawn_blocking(move || crate::follow::sync_once(s.as_ref(), &g2)).await?;
+    if let Err(e) = loaded {
+        tracing::warn!(error = %e, "loading routes from the store failed; following it will retry");
+    }
+    let base = match g.advertise {
+        Some(url) => url.trim_end_matches('/').to_string(),
+        None => {
+            if addr.ip().is_unspecified() {
+                tracing::warn!(%addr, "listening on every address: set --advertise so controllers on other hosts reach this gateway's stats");
+            }
+            format!("{}://{addr}", scheme(tls))
+        }
+    };
+    tasks.push(tokio::spawn(crate::follow::follow(
+        Arc::clone(store),
+        gw.clone(),
+        id,
+        format!("{base}/rollgate/stats"),
+        g.follow_every,
+        crate::follow::Withheld::clone(withheld),
+        wait(),
+    )));
+    tasks.push(tokio::spawn(logged(
+        "gateway",
+        rollgate_gateway::serve(g.listener, gw.clone(), wait()),
+    )));
+    Ok((addr, gw))
+}
+
+/// Starts the controller (its notifications too, if any receiver is
+/// configured) and the admin API; returns the API's address. `local`: the
+/// in-process gateway, if one runs, for the controller's route pushes.
+async fn start_control<W, F>(
+    c: ControlPart,
+    store: &Arc<dyn Store>,
+    data: &Path,
+    local: Option<PushToGateway>,
+    wait: &W,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<SocketAddr>
+where
+    W: Fn() -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let addr = c.listener.local_addr()?;
+    let api_tls = match &c.api.tls {
+        Some(t) => Some(t.server().map_err(|e| anyhow::anyhow!("[api.tls] {e}"))?),
+        None => None,
+    };
+    let ctx = context(&c, store, data, local).await?;
+    let state = api_state(&c, ctx.clone(), addr)?;
+    rollgate_controller::api::check_binding(addr, &state).map_err(anyhow::Error::msg)?;
+    if let Some(n) = ctx.notify.clone() {
+        tasks.push(tokio::spawn(rollgate_controller::notify::run(
+            ctx.clone(),
+            n,
+            wait(),
+        )));
+    }
+    tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
+    tasks.push(tokio::spawn(logged(
+        "admin API",
+        rollgate_controller::api::serve(c.listener, state, api_tls, wait()),
+    )));
+    Ok(addr)
+}
+
+/// The controller's context from its config: the audit anchor (resumed
+/// from the store), the HTTP client, retention, the lease, the notifier.
+async fn context(
+    c: &ControlPart,
+    store: &Arc<dyn Store>,
+    data: &Path,
+    local: Option<PushToGateway>,
+) -> anyhow::Result<Context> {
+    Ok(Context {
+        anchor: {
+            let (audit, data, store) = (c.audit.clone(), data.to_path_buf(), Arc::clone(store));
+            tokio::task::spawn_blocking(move || crate::serve::anchor(&audit, &data, store.as_ref()))
+                .await??
+        },
+        store: Arc::clone(store),
+        http: HttpClient::with_tls(Duration::from_secs(2), &c.upstream_tls)
+            .map_err(|e| anyhow::anyhow!("[gateway.upstream_tls] {e}"))?,
+        gateway_ttl: c.controller.gateway_ttl,
+        tick: c.controller.tick,
+        clock: Arc::clone(&c.clock),
+        local_gateway: local.map(|push| Arc::new(push) as _),
+        metrics: Arc::new(ControllerMetrics::default()),
+        retention: c
+            .audit
+            .retain_evaluations
+            .map(|keep| Arc::new(rollgate_controller::Retention::new(keep))),
+        leader: Arc::new(rollgate_controller::Leader::new(
+            rollgate_controller::holder_id(),
+            c.controller.lease_ttl,
+        )),
+        concurrency: c.controller.concurrency,
+        stats: Default::default(),
+        notify: if c.notify.webhooks.is_empty() {
+            None
+        } else {
+            Some(Arc::new(
+                rollgate_controller::notify::Notifier::new(&c.notify.webhooks)
+                    .map_err(anyhow::Error::msg)?,
+            ))
+        },
+        adapters: Default::default(),
+        host: Arc::clone(&c.host),
+    })
+}
+
+/// The admin API's state: who may call it (tokens, OIDC) and the names it
+/// answers to at `addr`.
+fn api_state(c: &ControlPart, ctx: Context, addr: SocketAddr) -> anyhow::Result<ApiState> {
+    Ok(ApiState {
+        ctx,
+        token: crate::serve::token(&c.api)?,
+        require_token: c.api.require_token,
+        oidc: match &c.api.oidc {
+            Some(o) => Some(Arc::new(
+                rollgate_controller::oidc::Oidc::new(o.clone()).map_err(anyhow::Error::msg)?,
+            )),
+            None => None,
+        },
+        allowed_hosts: rollgate_controller::api::allowed_hosts(addr, &c.api.allowed_hosts),
     })
 }

@@ -647,79 +647,12 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
             model,
             revision,
             plan,
-        } => {
-            let plan: Option<Plan> = match plan {
-                Some(p) => Some(
-                    crate::serve::read_toml(p).map_err(|e| CallError::Input(format!("{e:#}")))?,
-                ),
-                None => None,
-            };
-            if let Some(p) = &plan {
-                p.validate().map_err(|e| CallError::Input(e.to_string()))?;
-            }
-            let r = a.call(
-                "POST",
-                "/api/v1/rollouts",
-                Some(&json!({ "model": model, "revision": revision, "plan": plan })),
-            )?;
-            print(g, &r, |r| println!("rollout {} started", s(r, "id")));
-            Ok(ExitCode::SUCCESS)
-        }
+        } => start_rollout(g, &a, model, revision, plan.as_deref()),
         RolloutCmd::Status {
             id: Some(id),
             watch,
-        } => {
-            let mut last_version = None;
-            loop {
-                let r = a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?;
-                let rec = rollout_record(r.clone())?;
-                if *watch {
-                    // A screen redrawn on a terminal; elsewhere (a file, a
-                    // pipe) one view, or one JSON line, per change.
-                    use std::io::IsTerminal as _;
-                    let changed = last_version != Some(rec.version);
-                    last_version = Some(rec.version);
-                    match g.output {
-                        Output::Json if changed => println!("{r}"),
-                        Output::Table if std::io::stdout().is_terminal() => {
-                            print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
-                        }
-                        Output::Table if changed => println!("{}", rollout_view(&rec)),
-                        _ => {}
-                    }
-                    if rec.state.phase.is_terminal() {
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    std::thread::sleep(Duration::from_secs(1));
-                } else {
-                    print(g, &r, |_| print!("{}", rollout_view(&rec)));
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
-        }
-        RolloutCmd::Status { id: None, .. } => {
-            let rs = a.call("GET", "/api/v1/rollouts", None)?;
-            print(g, &rs, |rs| {
-                table(
-                    &["ID", "MODEL", "CANDIDATE", "PHASE", "EVALUATIONS"],
-                    rs.as_array().into_iter().flatten().filter_map(|r| {
-                        let phase = serde_json::from_value::<Phase>(r["phase"].clone()).ok()?;
-                        Some(vec![
-                            r["id"].to_string(),
-                            words::clean(&s(r, "model")).into_owned(),
-                            s(r, "candidate"),
-                            if r["dry_run"] == true {
-                                format!("{} (dry run)", words::stage_label(&phase))
-                            } else {
-                                words::stage_label(&phase)
-                            },
-                            r["evaluations"].to_string(),
-                        ])
-                    }),
-                );
-            });
-            Ok(ExitCode::SUCCESS)
-        }
+        } => show_rollout(g, &a, *id, *watch),
+        RolloutCmd::Status { id: None, .. } => list_rollouts(g, &a),
         RolloutCmd::Pause { id } => action(*id, "pause", None),
         RolloutCmd::Resume { id } => action(*id, "resume", None),
         RolloutCmd::Abort { id, reason } => action(*id, "abort", Some(json!({ "reason": reason }))),
@@ -738,35 +671,122 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
             print(g, &r, |r| println!("revision {} unblocked", s(r, "id")));
             Ok(ExitCode::SUCCESS)
         }
-        RolloutCmd::Wait { id, timeout } => {
-            let started = Instant::now();
-            loop {
-                let rec =
-                    rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
-                match &rec.state.phase {
-                    Phase::Promoted { .. } => {
-                        println!(
-                            "{}",
-                            words::rollout_phase_line(&rec.spec.plan, &rec.state.phase)
-                        );
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    p @ (Phase::RolledBack { .. } | Phase::Aborted) => {
-                        println!("{}", words::rollout_phase_line(&rec.spec.plan, p));
-                        return Ok(ExitCode::from(3));
-                    }
-                    _ => {}
-                }
-                if timeout.is_some_and(|t| started.elapsed() >= t) {
-                    return Err(CallError::Other(format!(
-                        "rollout {id} still {} after the timeout",
-                        words::stage_label(&rec.state.phase)
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        }
+        RolloutCmd::Wait { id, timeout } => wait_rollout(&a, *id, *timeout),
     })()))
+}
+
+/// `rollout start`: the plan file read and checked here, so a mistake in
+/// it is the user's input, said before anything is sent.
+fn start_rollout(
+    g: &Global,
+    a: &Api,
+    model: &str,
+    revision: &str,
+    plan: Option<&std::path::Path>,
+) -> Result<ExitCode, CallError> {
+    let plan: Option<Plan> = match plan {
+        Some(p) => {
+            Some(crate::serve::read_toml(p).map_err(|e| CallError::Input(format!("{e:#}")))?)
+        }
+        None => None,
+    };
+    if let Some(p) = &plan {
+        p.validate().map_err(|e| CallError::Input(e.to_string()))?;
+    }
+    let r = a.call(
+        "POST",
+        "/api/v1/rollouts",
+        Some(&json!({ "model": model, "revision": revision, "plan": plan })),
+    )?;
+    print(g, &r, |r| println!("rollout {} started", s(r, "id")));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollout status ID`: the rollout's view once, or with `--watch` until
+/// it ends.
+fn show_rollout(g: &Global, a: &Api, id: i64, watch: bool) -> Result<ExitCode, CallError> {
+    let mut last_version = None;
+    loop {
+        let r = a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?;
+        let rec = rollout_record(r.clone())?;
+        if watch {
+            // A screen redrawn on a terminal; elsewhere (a file, a
+            // pipe) one view, or one JSON line, per change.
+            use std::io::IsTerminal as _;
+            let changed = last_version != Some(rec.version);
+            last_version = Some(rec.version);
+            match g.output {
+                Output::Json if changed => println!("{r}"),
+                Output::Table if std::io::stdout().is_terminal() => {
+                    print!("\x1b[2J\x1b[H{}", rollout_view(&rec));
+                }
+                Output::Table if changed => println!("{}", rollout_view(&rec)),
+                _ => {}
+            }
+            if rec.state.phase.is_terminal() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        } else {
+            print(g, &r, |_| print!("{}", rollout_view(&rec)));
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}
+
+/// `rollout status`: the rollouts, newest first, a line each.
+fn list_rollouts(g: &Global, a: &Api) -> Result<ExitCode, CallError> {
+    let rs = a.call("GET", "/api/v1/rollouts", None)?;
+    print(g, &rs, |rs| {
+        table(
+            &["ID", "MODEL", "CANDIDATE", "PHASE", "EVALUATIONS"],
+            rs.as_array().into_iter().flatten().filter_map(|r| {
+                let phase = serde_json::from_value::<Phase>(r["phase"].clone()).ok()?;
+                Some(vec![
+                    r["id"].to_string(),
+                    words::clean(&s(r, "model")).into_owned(),
+                    s(r, "candidate"),
+                    if r["dry_run"] == true {
+                        format!("{} (dry run)", words::stage_label(&phase))
+                    } else {
+                        words::stage_label(&phase)
+                    },
+                    r["evaluations"].to_string(),
+                ])
+            }),
+        );
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rollout wait`: polls until the rollout ends; exit 0 when promoted, 3
+/// when rolled back or aborted, an error after `timeout`.
+fn wait_rollout(a: &Api, id: i64, timeout: Option<Duration>) -> Result<ExitCode, CallError> {
+    let started = Instant::now();
+    loop {
+        let rec = rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
+        match &rec.state.phase {
+            Phase::Promoted { .. } => {
+                println!(
+                    "{}",
+                    words::rollout_phase_line(&rec.spec.plan, &rec.state.phase)
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            p @ (Phase::RolledBack { .. } | Phase::Aborted) => {
+                println!("{}", words::rollout_phase_line(&rec.spec.plan, p));
+                return Ok(ExitCode::from(3));
+            }
+            _ => {}
+        }
+        if timeout.is_some_and(|t| started.elapsed() >= t) {
+            return Err(CallError::Other(format!(
+                "rollout {id} still {} after the timeout",
+                words::stage_label(&rec.state.phase)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// A store timestamp as RFC 3339 to the millisecond: in UTC (`Z`), or

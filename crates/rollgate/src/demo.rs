@@ -226,6 +226,25 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         broken,
     ))?;
 
+    let ok = print_summary(&outcomes);
+    let db = dir.join("data").join("rollgate.db");
+    println!("\nThe audit log (every evaluation, its counts, bounds and reasons, hash-chained):");
+    println!("  exported:  {}", dir.join("audit.jsonl").display());
+    println!("  database:  {}", db.display());
+    println!(
+        "  inspect:   rollgate up --data {} &  then  rollgate audit --rollout 2",
+        dir.join("data").display()
+    );
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Prints each rollout's end and its live exposure; whether each ended as
+/// the demo expects (`retrained` promoted, the other two rolled back).
+fn print_summary(outcomes: &[Outcome]) -> bool {
     println!("\n-- summary");
     let expected = [
         ("retrained", "PROMOTED"),
@@ -247,21 +266,13 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         );
         ok &= o.name == name && o.phase.name() == want;
     }
-    let db = dir.join("data").join("rollgate.db");
-    println!("\nThe audit log (every evaluation, its counts, bounds and reasons, hash-chained):");
-    println!("  exported:  {}", dir.join("audit.jsonl").display());
-    println!("  database:  {}", db.display());
-    println!(
-        "  inspect:   rollgate up --data {} &  then  rollgate audit --rollout 2",
-        dir.join("data").display()
-    );
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    ok
 }
 
+/// The demo after training: the model servers and rollgate (and with
+/// `--data-plane`, nginx and Prometheus) started, the model registered,
+/// traffic driven through the three rollouts, everything stopped and the
+/// audit log exported.
 async fn demo(
     args: &DemoArgs,
     dir: &Path,
@@ -276,16 +287,82 @@ async fn demo(
         Some(t) => Some(crate::demo_plane::layout(t, dir)?),
         None => None,
     };
-    let host = rollgate_controller::host::Host::new(
+    let host = declared_host(layout.as_ref())?;
+    println!("\n-- starting model servers, gateway, controller and admin API on 127.0.0.1");
+    let urls = start_model_servers(champion, retrained, broken, &rx).await?;
+    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(&dir.join("data"))?);
+    let running = start_rollgate(&store, dir, host, &rx).await?;
+    let Some((gw_addr, gateway)) = running.gateway.clone() else {
+        anyhow::bail!("the demo's gateway did not start");
+    };
+    let api_addr = running.api.map_or(String::new(), |a| a.to_string());
+    println!("  model servers {}", urls.join(" "));
+    println!("  gateway http://{gw_addr}   admin API http://{api_addr}");
+    // Another data plane serves the users: the model's evidence comes from
+    // Prometheus and its weights go to nginx; the gateway only measures
+    // SHADOW on the copies nginx mirrors to it.
+    let authority = |u: &String| u.trim_start_matches("http://").to_string();
+    let plane = match (tools, &layout) {
+        (Some(tools), Some(layout)) => Some(crate::demo_plane::start(
+            tools,
+            layout,
+            &authority(&urls[0]),
+            &urls.iter().map(authority).collect::<Vec<_>>(),
+            &gw_addr.to_string(),
+        )?),
+        _ => None,
+    };
+    let model_spec = model_spec(plane.as_ref());
+
+    let servers = urls.len();
+    let ids = register(&store, model_spec, urls).await?;
+    wait_until_routed(&gateway).await;
+    if let Some(p) = &plane {
+        p.scraped(servers).await?;
+    }
+    let users = plane
+        .as_ref()
+        .map_or_else(|| gw_addr.to_string(), |p| p.users.clone());
+    let traffic = start_traffic(args, &users, &stop);
+
+    let outcomes = three_rollouts(&store, &ids, args.quick).await?;
+
+    let _ = stop.send(true);
+    if let Ok(report) = traffic.await {
+        print!("\n-- traffic: ");
+        crate::kit::print_report(&report);
+    }
+    // nginx and Prometheus stopped.
+    drop(plane);
+    running.join().await;
+    export_audit(&store, dir).await?;
+    Ok(outcomes)
+}
+
+/// What the demo's controller may route through: the nginx data plane when
+/// there is one, nothing else.
+fn declared_host(
+    layout: Option<&crate::demo_plane::Layout>,
+) -> anyhow::Result<rollgate_controller::host::Host> {
+    rollgate_controller::host::Host::new(
         layout
             .iter()
             .map(|l| (crate::demo_plane::PLANE.to_string(), l.data_plane.clone()))
             .collect(),
         Default::default(),
     )
-    .map_err(anyhow::Error::msg)?;
-    println!("\n-- starting model servers, gateway, controller and admin API on 127.0.0.1");
-    let urls = [
+    .map_err(anyhow::Error::msg)
+}
+
+/// The four model servers, by URL: the champion, `retrained`,
+/// `broken-feature`, and the champion's model behind a ready-then-503 server.
+async fn start_model_servers(
+    champion: LinearModel,
+    retrained: LinearModel,
+    broken: LinearModel,
+    rx: &watch::Receiver<bool>,
+) -> anyhow::Result<[String; 4]> {
+    Ok([
         model_server(champion.clone(), Faults::default(), rx.clone()).await?,
         model_server(retrained, Faults::default(), rx.clone()).await?,
         model_server(broken, Faults::default(), rx.clone()).await?,
@@ -298,12 +375,21 @@ async fn demo(
             rx.clone(),
         )
         .await?,
-    ];
-    let store: Arc<dyn Store> = Arc::new(SqlStore::open_dir(&dir.join("data"))?);
+    ])
+}
+
+/// rollgate on `store`: a gateway following it, the controller (ticking
+/// every 250 ms) and the admin API, each on a free loopback port.
+async fn start_rollgate(
+    store: &Arc<dyn Store>,
+    dir: &Path,
+    host: rollgate_controller::host::Host,
+    rx: &watch::Receiver<bool>,
+) -> anyhow::Result<crate::assemble::Running> {
     let data = dir.join("data");
-    let running = crate::assemble::start(
+    crate::assemble::start(
         crate::assemble::Assembly {
-            store: Arc::clone(&store),
+            store: Arc::clone(store),
             data: &data,
             gateway: Some(crate::assemble::GatewayPart {
                 listener: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
@@ -331,29 +417,13 @@ async fn demo(
         },
         || wait(rx.clone()),
     )
-    .await?;
-    let Some((gw_addr, gateway)) = running.gateway.clone() else {
-        anyhow::bail!("the demo's gateway did not start");
-    };
-    let api_addr = running.api.map_or(String::new(), |a| a.to_string());
-    let routed = Some(gateway);
-    println!("  model servers {}", urls.join(" "));
-    println!("  gateway http://{gw_addr}   admin API http://{api_addr}");
-    // Another data plane serves the users: the model's evidence comes from
-    // Prometheus and its weights go to nginx; the gateway only measures
-    // SHADOW on the copies nginx mirrors to it.
-    let authority = |u: &String| u.trim_start_matches("http://").to_string();
-    let plane = match (tools, &layout) {
-        (Some(tools), Some(layout)) => Some(crate::demo_plane::start(
-            tools,
-            layout,
-            &authority(&urls[0]),
-            &urls.iter().map(authority).collect::<Vec<_>>(),
-            &gw_addr.to_string(),
-        )?),
-        _ => None,
-    };
-    let model_spec = match &plane {
+    .await
+}
+
+/// The model's spec: rollgate's defaults, or with another data plane its
+/// name and Prometheus as the evidence.
+fn model_spec(plane: Option<&crate::demo_plane::ExternalPlane>) -> ModelSpec {
+    match plane {
         Some(p) => {
             println!(
                 "  nginx http://{} (serves the users; mirrors to the gateway)   Prometheus {}",
@@ -366,12 +436,18 @@ async fn demo(
             }
         }
         None => ModelSpec::default(),
-    };
+    }
+}
 
-    // Registry: the model, four immutable revisions, the champion.
-    let servers = urls.len();
-    let s = Arc::clone(&store);
-    let ids = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+/// Registry: the model, a revision for each server (immutable), the first
+/// one champion. Returns the revisions' ids.
+async fn register(
+    store: &Arc<dyn Store>,
+    model_spec: ModelSpec,
+    urls: [String; 4],
+) -> anyhow::Result<Vec<String>> {
+    let s = Arc::clone(store);
+    tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
         s.create_model("fraud", &model_spec, "demo")?;
         let ids = urls
             .iter()
@@ -386,30 +462,32 @@ async fn demo(
         s.set_champion("fraud", &ids[0], "demo", "the demo's first champion")?;
         Ok(ids)
     })
-    .await??;
+    .await?
+}
 
-    // The gateway picks its routes up from the store within its follow
-    // interval: start traffic once it serves the model, so that no request
-    // meets a 404 (bounded: after 5 s traffic starts regardless).
+/// The gateway picks its routes up from the store within its follow
+/// interval: traffic starts once it serves the model, so that no request
+/// meets a 404 (bounded: after 5 s traffic starts regardless).
+async fn wait_until_routed(gateway: &rollgate_gateway::Gateway) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while routed
-        .as_ref()
-        .is_some_and(|g| !g.snapshot().models.contains_key("fraud"))
-        && tokio::time::Instant::now() < deadline
+    while !gateway.snapshot().models.contains_key("fraud") && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    if let Some(p) = &plane {
-        p.scraped(servers).await?;
-    }
-    let users = plane
-        .as_ref()
-        .map_or_else(|| gw_addr.to_string(), |p| p.users.clone());
+}
+
+/// The users: `--rps` requests a second to `users` (host:port) over 10,000
+/// sticky keys, until `stop` (at most 600 s).
+fn start_traffic(
+    args: &DemoArgs,
+    users: &str,
+    stop: &watch::Sender<bool>,
+) -> tokio::task::JoinHandle<rollgate_modelkit::traffic::TrafficReport> {
     println!(
         "  traffic: {} requests/s to http://{users}/v1/models/fraud:predict, 10,000 sticky keys",
         args.rps
     );
-    let traffic = tokio::spawn(run_traffic(
+    tokio::spawn(run_traffic(
         TrafficConfig {
             url: format!("http://{users}/v1/models/fraud:predict"),
             rps: args.rps,
@@ -421,49 +499,54 @@ async fn demo(
             progress: false,
         },
         wait(stop.subscribe()),
-    ));
+    ))
+}
 
+/// The three rollouts, one after the other: `retrained`, `broken-feature`
+/// and `ready-then-503` (`ids`: the revisions as registered).
+async fn three_rollouts(
+    store: &Arc<dyn Store>,
+    ids: &[String],
+    quick: bool,
+) -> anyhow::Result<Vec<Outcome>> {
     let mut outcomes = Vec::new();
     outcomes.push(
         rollout(
-            &store,
+            store,
             "retrained",
             "same recipe, another sample: a healthy new version",
             &ids[1],
-            &demo_plan(args.quick, true),
+            &demo_plan(quick, true),
         )
         .await?,
     );
     outcomes.push(
         rollout(
-            &store,
+            store,
             "broken-feature",
             "trained with its strongest feature dead: plausible accuracy, different answers",
             &ids[2],
-            &demo_plan(args.quick, true),
+            &demo_plan(quick, true),
         )
         .await?,
     );
     outcomes.push(
         rollout(
-            &store,
+            store,
             "ready-then-503",
             "the champion's model behind a server that passes readiness, then answers 503 (plan without SHADOW)",
             &ids[3],
-            &demo_plan(args.quick, false),
+            &demo_plan(quick, false),
         )
         .await?,
     );
+    Ok(outcomes)
+}
 
-    let _ = stop.send(true);
-    if let Ok(report) = traffic.await {
-        print!("\n-- traffic: ");
-        crate::kit::print_report(&report);
-    }
-    // nginx and Prometheus stopped.
-    drop(plane);
-    running.join().await;
-    let s = Arc::clone(&store);
+/// Exports the audit log to `audit.jsonl` under `dir` and says whether its
+/// chain is intact.
+async fn export_audit(store: &Arc<dyn Store>, dir: &Path) -> anyhow::Result<()> {
+    let s = Arc::clone(store);
     let out = dir.join("audit.jsonl");
     let verified =
         tokio::task::spawn_blocking(move || -> anyhow::Result<rollgate_store::ChainReport> {
@@ -482,5 +565,5 @@ async fn demo(
             "BROKEN"
         }
     );
-    Ok(outcomes)
+    Ok(())
 }

@@ -330,20 +330,80 @@ pub async fn follow(
         format!("{}/{}", snap.gateway, snap.boot),
     );
     state.withheld = withheld;
-    let mut known: Option<u64> = None;
-    let mut read_at = tokio::time::Instant::now();
+    let mut calls = StoreCalls::new(store, id, stats_url);
     let mut applied = None;
-    let mut resync = true;
-    // One store call at a time: a store that hangs (a held lock, a stuck
-    // disk) is a cycle that did not confirm, not a follower that stops.
-    let mut pending = None;
     loop {
-        let call = pending.get_or_insert_with(|| {
-            let (s, i, u) = (Arc::clone(&store), id.clone(), stats_url.clone());
+        let (read, beat) = calls.cycle(state.watching_rollouts()).await;
+        let was_held = state.held;
+        if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
+            if calls.resync {
+                // A full apply: whatever was pushed to this gateway besides
+                // the follower is replaced by the store's routing.
+                applied = None;
+            }
+            apply(&gateway, &mut applied, r);
+        }
+        log_hold_change(was_held, state.held);
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = &mut shutdown => return,
+        }
+    }
+}
+
+/// What one store call of the follower answers: the routes' version with
+/// the routes if they were read, and whether the heartbeat was written.
+type Answer = (
+    rollgate_store::Result<(u64, Option<Vec<ModelRoutes>>)>,
+    rollgate_store::Result<()>,
+);
+
+/// The follower's store calls. One at a time: a store that hangs (a held
+/// lock, a stuck disk) is a cycle that did not confirm, not a follower that
+/// stops.
+struct StoreCalls {
+    store: Arc<dyn Store>,
+    id: String,
+    stats_url: String,
+    /// The routes' version as last read.
+    known: Option<u64>,
+    /// When the routes were last read.
+    read_at: tokio::time::Instant,
+    /// Whether the call made last replaces the whole table.
+    resync: bool,
+    /// A call that has not returned yet.
+    pending: Option<tokio::task::JoinHandle<Answer>>,
+}
+
+impl StoreCalls {
+    fn new(store: Arc<dyn Store>, id: String, stats_url: String) -> Self {
+        StoreCalls {
+            store,
+            id,
+            stats_url,
+            known: None,
+            read_at: tokio::time::Instant::now(),
+            resync: true,
+            pending: None,
+        }
+    }
+
+    /// One cycle: heartbeats and polls the routes' version, reading the
+    /// routes when it moved, a resync is due or `watching_rollouts` (or
+    /// waits on the call still pending). Returns what was read and whether
+    /// the heartbeat was written; a call not back within [`STALLED_AFTER`]
+    /// read nothing and wrote nothing.
+    async fn cycle(&mut self, watching_rollouts: bool) -> (Read, bool) {
+        let call = self.pending.get_or_insert_with(|| {
+            let (s, i, u) = (
+                Arc::clone(&self.store),
+                self.id.clone(),
+                self.stats_url.clone(),
+            );
             // A resync replaces the whole table; reads forced only to watch
             // held rollouts apply model by model, like any other read.
-            resync = known.is_none() || read_at.elapsed() >= RESYNC_EVERY;
-            let current = known.filter(|_| !resync && !state.watching_rollouts());
+            self.resync = self.known.is_none() || self.read_at.elapsed() >= RESYNC_EVERY;
+            let current = self.known.filter(|_| !self.resync && !watching_rollouts);
             tokio::task::spawn_blocking(move || {
                 let beat = s.heartbeat(&i, &u);
                 let read = s.routes_version().and_then(|v| match current {
@@ -353,16 +413,16 @@ pub async fn follow(
                 (read, beat)
             })
         });
-        let (read, beat) = match tokio::time::timeout(STALLED_AFTER, call).await {
+        match tokio::time::timeout(STALLED_AFTER, call).await {
             Ok(Ok((read, beat))) => {
-                pending = None;
+                self.pending = None;
                 if let Err(e) = &beat {
                     tracing::warn!(error = %e, "writing the heartbeat failed");
                 }
                 let read = match read {
                     Ok((v, Some(routes))) => {
-                        known = Some(v);
-                        read_at = tokio::time::Instant::now();
+                        self.known = Some(v);
+                        self.read_at = tokio::time::Instant::now();
                         Read::Routes(routes)
                     }
                     Ok((_, None)) => Read::Unchanged,
@@ -374,7 +434,7 @@ pub async fn follow(
                 (read, beat.is_ok())
             }
             Ok(Err(e)) => {
-                pending = None;
+                self.pending = None;
                 tracing::warn!(error = %e, "route follower task failed");
                 (Read::Failed, false)
             }
@@ -382,30 +442,22 @@ pub async fn follow(
                 tracing::warn!("the store has not answered for {STALLED_AFTER:?}");
                 (Read::Failed, false)
             }
-        };
-        let was_held = state.held;
-        if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
-            if resync {
-                // A full apply: whatever was pushed to this gateway besides
-                // the follower is replaced by the store's routing.
-                applied = None;
-            }
-            apply(&gateway, &mut applied, r);
         }
-        if state.held != was_held {
-            if state.held {
-                tracing::warn!(
-                    "the store has not confirmed for {UNCONFIRMED_AFTER:?}: candidates are out of live traffic"
-                );
-            } else {
-                tracing::info!(
-                    "the store confirms again: each candidate gets its share back once the controller has judged its rollout on this gateway's counts"
-                );
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = &mut shutdown => return,
+    }
+}
+
+/// Says when candidates leave live traffic because the store stopped
+/// confirming, and when they may come back.
+fn log_hold_change(was_held: bool, held: bool) {
+    if held != was_held {
+        if held {
+            tracing::warn!(
+                "the store has not confirmed for {UNCONFIRMED_AFTER:?}: candidates are out of live traffic"
+            );
+        } else {
+            tracing::info!(
+                "the store confirms again: each candidate gets its share back once the controller has judged its rollout on this gateway's counts"
+            );
         }
     }
 }

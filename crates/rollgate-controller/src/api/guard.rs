@@ -1,6 +1,6 @@
-//! Who may reach the admin API and as whom: the host guard (the API's own
-//! names only; no writes from web pages), bounded body reads, and
-//! authentication with roles.
+//! Who may reach the admin API at all: the host guard (the API's own names
+//! only; no writes from web pages), and bounded body reads. (Who a request
+//! is, and what its role allows, is `auth`.)
 
 use std::time::Duration;
 
@@ -9,22 +9,21 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rollgate_store::{Role, secret_hash};
 
-use super::{ApiError, ApiState, Identity, required_role};
-use crate::reconcile::blocking;
+use super::error::{ApiError, ErrorBody, ErrorDetail};
+use super::state::ApiState;
 
 /// The API answers only to its own names, and web pages cannot change it.
 ///
 /// A DNS-rebinding page reaches the API under the page's own name, in
 /// `Host` (HTTP/1.1) or `:authority` (HTTP/2, no `Host`). So that name
-/// must be one the API answers to ([`allowed_hosts`](super::allowed_hosts)): for every request
+/// must be one the API answers to ([`allowed_hosts`](super::state::allowed_hosts)): for every request
 /// but the health checks when no token is required (else a page could
 /// read the tokenless loopback API: the audit log, the models), and for
 /// every write always. A write also needs no foreign `Origin` and a body
 /// declared JSON (a page can send that cross-site only after a CORS
 /// preflight, which this API never grants; checked where the body is read:
-/// [`JsonBody`](super::JsonBody), [`require_json`](super::require_json)).
+/// [`JsonBody`](super::extract::JsonBody), [`require_json`](super::extract::require_json)).
 pub(super) async fn guard_host(
     State(s): State<ApiState>,
     req: Request<Body>,
@@ -132,8 +131,8 @@ pub(super) fn refusal_body(status: u16) -> Option<String> {
         400 => ("bad_request", "the request's head is not valid HTTP/1.1"),
         _ => return None,
     };
-    serde_json::to_string(&super::ErrorBody {
-        error: super::ErrorDetail {
+    serde_json::to_string(&ErrorBody {
+        error: ErrorDetail {
             code: code.into(),
             message: message.into(),
         },
@@ -151,96 +150,4 @@ fn is_too_large(e: &axum::Error) -> bool {
         source = err.source();
     }
     false
-}
-
-/// Authenticates every request but the health checks, and refuses one
-/// whose identity's role is below what it needs (401, 403).
-pub(super) async fn authorize(
-    State(s): State<ApiState>,
-    mut req: Request<Body>,
-    next: Next,
-) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/readyz")
-        || crate::dashboard::is_dashboard(req.uri().path())
-    {
-        return next.run(req).await;
-    }
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
-    let identity = match bearer {
-        Some(t)
-            if s.token
-                .as_ref()
-                .is_some_and(|shared| constant_time_eq(t.as_bytes(), shared.as_bytes())) =>
-        {
-            Some(Identity {
-                name: "token".into(),
-                role: Role::Admin,
-            })
-        }
-        Some(t) => {
-            let hash = secret_hash(&t);
-            let named = match blocking(&s.ctx.store, move |st| st.token_by_hash(&hash)).await {
-                Ok(found) => found.map(|t| Identity {
-                    name: t.name,
-                    role: t.role,
-                }),
-                Err(e) => return ApiError::from(e).into_response(),
-            };
-            match (named, &s.oidc) {
-                (Some(id), _) => Some(id),
-                // A JWT: three dot-separated parts.
-                (None, Some(oidc)) if t.split('.').count() == 3 => match oidc.identity(&t).await {
-                    Ok((name, role)) => Some(Identity { name, role }),
-                    Err(e) => {
-                        return ApiError::new(
-                            StatusCode::UNAUTHORIZED,
-                            "unauthorized",
-                            format!("OIDC token refused: {e}"),
-                        )
-                        .into_response();
-                    }
-                },
-                (None, _) => None,
-            }
-        }
-        None if !s.token_required() => Some(Identity {
-            name: "local".into(),
-            role: Role::Admin,
-        }),
-        None => None,
-    };
-    let Some(identity) = identity else {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        )
-        .into_response();
-    };
-    let need = required_role(req.method(), req.uri().path());
-    if identity.role < need {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_role",
-            format!(
-                "{} has role {}; this needs {}",
-                identity.name,
-                identity.role.as_str(),
-                need.as_str()
-            ),
-        )
-        .into_response();
-    }
-    req.extensions_mut().insert(identity);
-    next.run(req).await
-}
-
-/// Compares without an early exit, so timing does not reveal the prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -14,8 +14,10 @@ use rollgate_store::AuditRecord;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{ApiError, ApiResult, ApiState, Path, Query};
-use crate::reconcile::blocking;
+use super::error::{ApiError, ApiResult};
+use super::extract::{Path, Query};
+use super::state::ApiState;
+use crate::context::blocking;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
