@@ -16,7 +16,7 @@ use rollgate_core::{
     Timestamp, step,
 };
 use rollgate_store::{
-    Fence, Model, ModelRoutes, Revision, RolloutRecord, StoreError, TransitionWrite,
+    Fence, Model, ModelRoutes, Revision, RolloutRecord, Store, StoreError, TransitionWrite,
 };
 
 // What a pass shares moved to `context` (which imports none of the tasks
