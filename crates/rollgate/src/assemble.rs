@@ -16,8 +16,8 @@ use rollgate_store::Store;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::config::{ApiConfig, AuditConfig, ControllerConfig};
 use crate::follow::PushToGateway;
-use crate::serve::{ApiConfig, AuditConfig, ControllerConfig};
 
 /// A gateway that follows the store.
 pub struct GatewayPart {
@@ -37,7 +37,7 @@ pub struct ControlPart {
     pub api: ApiConfig,
     pub controller: ControllerConfig,
     pub audit: AuditConfig,
-    pub notify: crate::serve::NotifyConfig,
+    pub notify: crate::config::NotifyConfig,
     /// The data planes and credentials model specs may name.
     pub host: Arc<rollgate_controller::host::Host>,
     /// What readiness probes and gateway stats calls trust and present
@@ -217,8 +217,10 @@ async fn context(
     Ok(Context {
         anchor: {
             let (audit, data, store) = (c.audit.clone(), data.to_path_buf(), Arc::clone(store));
-            tokio::task::spawn_blocking(move || crate::serve::anchor(&audit, &data, store.as_ref()))
-                .await??
+            tokio::task::spawn_blocking(move || {
+                crate::config::anchor(&audit, &data, store.as_ref())
+            })
+            .await??
         },
         store: Arc::clone(store),
         http: HttpClient::with_tls(Duration::from_secs(2), &c.upstream_tls)
@@ -256,7 +258,7 @@ async fn context(
 fn api_state(c: &ControlPart, ctx: Context, addr: SocketAddr) -> anyhow::Result<ApiState> {
     Ok(ApiState {
         ctx,
-        token: crate::serve::token(&c.api)?,
+        token: crate::config::token(&c.api)?,
         require_token: c.api.require_token,
         oidc: match &c.api.oidc {
             Some(o) => Some(Arc::new(

@@ -12,7 +12,7 @@ use rollgate_store::{AuditRecord, RolloutRecord};
 use serde_json::{Value, json};
 
 use crate::client::{Api, CallError};
-use crate::status::rollout_view;
+use crate::status::{rfc3339, rollout_view};
 use rollgate_core::words;
 
 #[derive(Args, Debug, Clone)]
@@ -686,7 +686,7 @@ fn start_rollout(
 ) -> Result<ExitCode, CallError> {
     let plan: Option<Plan> = match plan {
         Some(p) => {
-            Some(crate::serve::read_toml(p).map_err(|e| CallError::Input(format!("{e:#}")))?)
+            Some(crate::config::read_toml(p).map_err(|e| CallError::Input(format!("{e:#}")))?)
         }
         None => None,
     };
@@ -789,26 +789,6 @@ fn wait_rollout(a: &Api, id: i64, timeout: Option<Duration>) -> Result<ExitCode,
     }
 }
 
-/// A store timestamp as RFC 3339 to the millisecond: in UTC (`Z`), or
-/// with `local` in the local time zone (its offset).
-pub(crate) fn rfc3339(t: rollgate_core::Timestamp, local: bool) -> String {
-    rfc3339_in(t, local.then(jiff::tz::TimeZone::system).as_ref())
-}
-
-fn rfc3339_in(t: rollgate_core::Timestamp, zone: Option<&jiff::tz::TimeZone>) -> String {
-    let at = i64::try_from(t.0)
-        .ok()
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());
-    match (at, zone) {
-        (None, _) => format!("{} ms", t.0),
-        (Some(at), None) => at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
-        (Some(at), Some(z)) => at
-            .to_zoned(z.clone())
-            .strftime("%Y-%m-%dT%H:%M:%S%.3f%:z")
-            .to_string(),
-    }
-}
-
 fn audit_line(r: &AuditRecord, local: bool) -> String {
     let mut line = format!(
         "#{:<5} {} {:<12} {:<20} {}",
@@ -896,24 +876,6 @@ pub fn audit(g: &Global, args: &AuditArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::SUCCESS)
     })()))
-}
-
-#[cfg(test)]
-mod time_tests {
-    use super::*;
-
-    #[test]
-    fn times_are_rfc3339_in_utc_or_the_zone_asked_for() {
-        let t = rollgate_core::Timestamp(1_767_225_600_123);
-        assert_eq!(rfc3339_in(t, None), "2026-01-01T00:00:00.123Z");
-        let kolkata = jiff::tz::TimeZone::get("Asia/Kolkata").expect("tzdata");
-        assert_eq!(
-            rfc3339_in(t, Some(&kolkata)),
-            "2026-01-01T05:30:00.123+05:30"
-        );
-        let far = rollgate_core::Timestamp(u64::MAX);
-        assert_eq!(rfc3339_in(far, None), format!("{} ms", u64::MAX));
-    }
 }
 
 #[cfg(test)]

@@ -181,7 +181,7 @@ async fn rollout(
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     if args.simulated {
-        return crate::sim_demo::run(args);
+        return crate::sim_demo::run(args.rps, args.seed);
     }
     let tools = match args.data_plane.map(|_| crate::demo_plane::tools()) {
         None => None,
@@ -400,12 +400,12 @@ async fn start_rollgate(
             }),
             control: Some(crate::assemble::ControlPart {
                 listener: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
-                api: crate::serve::ApiConfig::default(),
-                controller: crate::serve::ControllerConfig {
+                api: crate::config::ApiConfig::default(),
+                controller: crate::config::ControllerConfig {
                     tick: Duration::from_millis(250),
                     ..Default::default()
                 },
-                audit: crate::serve::AuditConfig {
+                audit: crate::config::AuditConfig {
                     checkpoints: false,
                     ..Default::default()
                 },

@@ -2,10 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use rollgate_gateway::{Gateway, GatewayConfig, serve};
+
+use crate::assemble::{self, Assembly, GatewayPart};
 
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
@@ -38,7 +41,7 @@ pub struct GatewayArgs {
     advertise: Option<String>,
     /// Log lines on stderr: `text` (coloured only on a terminal) or `json`.
     #[arg(long, value_enum, default_value_t, env = "ROLLGATE_LOG_FORMAT")]
-    log_format: crate::serve::LogFormat,
+    log_format: crate::logging::LogFormat,
 }
 
 /// The gateway's runtime for `threads` (`None`: one per core). One thread
@@ -109,9 +112,9 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
         config.listen = l;
     }
     if args.data.is_some() || args.store.is_some() {
-        return crate::serve::gateway_following_store(
+        return gateway_following_store(
             config,
-            crate::serve::Follow {
+            Follow {
                 data: args
                     .data
                     .clone()
@@ -125,7 +128,7 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
             },
         );
     }
-    crate::serve::init_logging(args.log_format);
+    crate::logging::init_logging(args.log_format);
     runtime(args.threads)?.block_on(async {
         let gateway = Gateway::new(&config)?;
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -134,6 +137,65 @@ pub fn run(args: &GatewayArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(listen = %listener.local_addr()?, models = config.models.len(), "gateway serving");
         serve(listener, gateway, shutdown_signal()).await?;
         tracing::info!("gateway stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where a gateway follows the store from (`rollgate gateway --data/--store`).
+#[derive(Debug, Clone)]
+pub struct Follow {
+    pub data: PathBuf,
+    pub store: Option<String>,
+    pub id: Option<String>,
+    /// The URL the controller reaches this gateway at (default: its listen
+    /// address), for gateways behind NAT or listening on 0.0.0.0.
+    pub advertise: Option<String>,
+    pub every: Duration,
+    pub log_format: crate::logging::LogFormat,
+    /// `rollgate gateway --threads` (see `gateway::runtime`).
+    pub threads: Option<u16>,
+}
+
+/// A gateway that follows the store (used by `rollgate gateway --data/--store`).
+pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Result<ExitCode> {
+    crate::logging::init_logging(f.log_format);
+    // (A gateway holds no lease; its sessions get the default lease's limits.)
+    let store = crate::serve::open_store(
+        &f.data,
+        f.store.as_deref(),
+        crate::config::ControllerConfig::default().lease_ttl,
+    )?;
+    let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
+    let advertise = f.advertise;
+    runtime(f.threads)?.block_on(async move {
+        let (stop, wait) = crate::serve::broadcast_shutdown();
+        let listener = crate::serve::bind(config.listen, "the gateway").await?;
+        let running = assemble::start(
+            Assembly {
+                store,
+                data,
+                gateway: Some(GatewayPart {
+                    listener,
+                    config: config.clone(),
+                    id,
+                    advertise,
+                    follow_every,
+                }),
+                control: None,
+            },
+            wait,
+        )
+        .await?;
+        if let Some((addr, _)) = &running.gateway {
+            println!(
+                "rollgate gateway: {}://{addr} following the store",
+                assemble::scheme(config.tls.is_some())
+            );
+        }
+        crate::serve::shutdown_signal().await;
+        let _ = stop.send(true);
+        running.join().await;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

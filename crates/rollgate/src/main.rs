@@ -3,11 +3,13 @@
 mod assemble;
 mod cli;
 mod client;
+mod config;
 mod demo;
 mod demo_plane;
 mod follow;
 mod gateway;
 mod kit;
+mod logging;
 mod seed;
 mod serve;
 mod sim;

@@ -10,7 +10,8 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Args;
 
-use crate::serve::{UpConfig, read_toml};
+use crate::config::read_toml;
+use crate::serve::UpConfig;
 
 #[derive(Args, Debug)]
 pub struct SeedArgs {

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::assemble::{self, Assembly, ControlPart, GatewayPart};
+use crate::config::{ApiConfig, AuditConfig, ControllerConfig, NotifyConfig, read_toml};
+use crate::logging::{LogFormat, init_logging};
 use anyhow::Context as _;
 use clap::Args;
 use rollgate_core::Timestamp;
@@ -48,190 +50,12 @@ impl UpConfig {
     }
 }
 
-/// Where every decision is sent (docs/config.md, "Notifications").
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NotifyConfig {
-    pub webhooks: Vec<rollgate_controller::notify::Webhook>,
-}
-
-/// Signed checkpoints of the audit chain (docs/api.md, "What the audit log
-/// proves").
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuditConfig {
-    /// Sign the chain's head after every pass that moved it.
-    pub checkpoints: bool,
-    /// The HMAC key (created if absent); default `<data>/audit.key`. Keep
-    /// it off the database's disk for the checkpoints to mean more.
-    pub checkpoint_key_file: Option<PathBuf>,
-    /// Where checkpoints are appended outside the store (JSON Lines);
-    /// default `<data>/checkpoints.jsonl`.
-    pub checkpoint_sink: Option<PathBuf>,
-    /// Evaluation records older than this lose their bodies (decisions are
-    /// kept in full; the chain still verifies). Unset: kept for ever.
-    #[serde(default, with = "humantime_serde")]
-    pub retain_evaluations: Option<Duration>,
-}
-
-impl Default for AuditConfig {
-    fn default() -> Self {
-        AuditConfig {
-            checkpoints: true,
-            checkpoint_key_file: None,
-            checkpoint_sink: None,
-            retain_evaluations: None,
-        }
-    }
-}
-
-/// The checkpoint signer of `cfg`, resuming after the store's latest.
-pub fn anchor(
-    cfg: &AuditConfig,
-    data: &Path,
-    store: &dyn Store,
-) -> anyhow::Result<Option<Arc<rollgate_controller::Anchor>>> {
-    if !cfg.checkpoints {
-        return Ok(None);
-    }
-    std::fs::create_dir_all(data)
-        .with_context(|| format!("creating the data directory {}", data.display()))?;
-    let key_file = cfg
-        .checkpoint_key_file
-        .clone()
-        .unwrap_or_else(|| data.join("audit.key"));
-    let key = rollgate_store::CheckpointKey::load_or_create(&key_file, rand::random)
-        .map_err(anyhow::Error::msg)?;
-    let sink = cfg
-        .checkpoint_sink
-        .clone()
-        .unwrap_or_else(|| data.join("checkpoints.jsonl"));
-    Ok(Some(Arc::new(rollgate_controller::Anchor::new(
-        store,
-        key,
-        Some(sink),
-    )?)))
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ApiConfig {
-    pub listen: SocketAddr,
-    /// File holding the shared bearer token (else `ROLLGATE_TOKEN`).
-    pub token_file: Option<PathBuf>,
-    /// Every request must carry a token (named or shared): set it when only
-    /// named tokens are used. Without a token required, requests without
-    /// one are the `local` admin, which only a loopback address allows.
-    pub require_token: bool,
-    /// Accept OIDC tokens from this identity provider (`[api.oidc]`).
-    pub oidc: Option<rollgate_controller::oidc::OidcConfig>,
-    /// More `Host` names state-changing requests may use (e.g. a proxy's
-    /// `rollgate.internal:443`), beside the API's own address.
-    pub allowed_hosts: Vec<String>,
-    /// Serve the API over TLS (HTTP/2 offered by ALPN); the certificate is
-    /// reloaded when its files change.
-    pub tls: Option<rollgate_net::ListenerTls>,
-}
-
-impl Default for ApiConfig {
-    fn default() -> Self {
-        ApiConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
-            token_file: None,
-            require_token: false,
-            oidc: None,
-            allowed_hosts: Vec::new(),
-            tls: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ControllerConfig {
-    /// How often each active rollout is reconciled.
-    #[serde(with = "humantime_serde")]
-    pub tick: Duration,
-    /// Gateways silent for longer are not merged.
-    #[serde(with = "humantime_serde")]
-    pub gateway_ttl: Duration,
-    /// How often gateways reload routes from the store and heartbeat.
-    #[serde(with = "humantime_serde")]
-    pub follow_interval: Duration,
-    /// Several controllers may share a store: one leads by a lease of this
-    /// length, renewed every third of it; a standby takes over within about
-    /// this long (plus a renewal) after the leader dies.
-    #[serde(with = "humantime_serde")]
-    pub lease_ttl: Duration,
-    /// At most this many rollouts are reconciled at once.
-    pub concurrency: usize,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        ControllerConfig {
-            tick: Duration::from_secs(1),
-            gateway_ttl: Duration::from_secs(5),
-            follow_interval: Duration::from_millis(500),
-            lease_ttl: Duration::from_secs(6),
-            concurrency: 16,
-        }
-    }
-}
-
-/// Reads a TOML file; errors carry the file, the line and the field.
-pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
-pub fn token(cfg: &ApiConfig) -> anyhow::Result<Option<Arc<str>>> {
-    if let Some(f) = &cfg.token_file {
-        let t = std::fs::read_to_string(f)
-            .with_context(|| format!("reading token file {}", f.display()))?;
-        return Ok(Some(Arc::from(t.trim())));
-    }
-    Ok(std::env::var("ROLLGATE_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty())
-        .map(|t| Arc::from(t.trim())))
-}
-
 fn system_clock() -> Timestamp {
     Timestamp(
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
     )
-}
-
-/// How the long-running commands log (to stderr).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines, coloured only on a terminal.
-    #[default]
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
-
-/// Installs the logger: level from `RUST_LOG` (default `info`), lines in
-/// `format` on stderr; colour codes only when stderr is a terminal, never
-/// into files or pipes.
-pub fn init_logging(format: LogFormat) {
-    use std::io::IsTerminal as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
-        LogFormat::Json => builder.json().with_current_span(false).try_init(),
-    };
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -278,7 +102,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A shutdown signal several tasks can wait on.
-fn broadcast_shutdown() -> (
+pub(crate) fn broadcast_shutdown() -> (
     watch::Sender<bool>,
     impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Clone,
 ) {
@@ -397,7 +221,7 @@ fn control_part(cfg: &UpConfig, listener: tokio::net::TcpListener) -> anyhow::Re
     })
 }
 
-async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {what} on {addr}"))
@@ -464,65 +288,6 @@ pub fn controller(args: &ControllerArgs) -> anyhow::Result<ExitCode> {
             "rollgate controller: admin API {}://{addr}",
             assemble::scheme(cfg.api.tls.is_some())
         );
-        shutdown_signal().await;
-        let _ = stop.send(true);
-        running.join().await;
-        Ok::<_, anyhow::Error>(())
-    })?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Where a gateway follows the store from (`rollgate gateway --data/--store`).
-#[derive(Debug, Clone)]
-pub struct Follow {
-    pub data: PathBuf,
-    pub store: Option<String>,
-    pub id: Option<String>,
-    /// The URL the controller reaches this gateway at (default: its listen
-    /// address), for gateways behind NAT or listening on 0.0.0.0.
-    pub advertise: Option<String>,
-    pub every: Duration,
-    pub log_format: LogFormat,
-    /// `rollgate gateway --threads` (see `gateway::runtime`).
-    pub threads: Option<u16>,
-}
-
-/// A gateway that follows the store (used by `rollgate gateway --data/--store`).
-pub fn gateway_following_store(config: GatewayConfig, f: Follow) -> anyhow::Result<ExitCode> {
-    init_logging(f.log_format);
-    // (A gateway holds no lease; its sessions get the default lease's limits.)
-    let store = open_store(
-        &f.data,
-        f.store.as_deref(),
-        ControllerConfig::default().lease_ttl,
-    )?;
-    let (data, id, follow_every) = (f.data.as_path(), f.id, f.every);
-    let advertise = f.advertise;
-    crate::gateway::runtime(f.threads)?.block_on(async move {
-        let (stop, wait) = broadcast_shutdown();
-        let listener = bind(config.listen, "the gateway").await?;
-        let running = assemble::start(
-            Assembly {
-                store,
-                data,
-                gateway: Some(GatewayPart {
-                    listener,
-                    config: config.clone(),
-                    id,
-                    advertise,
-                    follow_every,
-                }),
-                control: None,
-            },
-            wait,
-        )
-        .await?;
-        if let Some((addr, _)) = &running.gateway {
-            println!(
-                "rollgate gateway: {}://{addr} following the store",
-                assemble::scheme(config.tls.is_some())
-            );
-        }
         shutdown_signal().await;
         let _ = stop.send(true);
         running.join().await;

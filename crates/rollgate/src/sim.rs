@@ -41,7 +41,7 @@ fn opt(v: Option<f64>) -> String {
 }
 
 pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
-    let matrix: Matrix = match crate::serve::read_toml(&args.scenarios) {
+    let matrix: Matrix = match crate::config::read_toml(&args.scenarios) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("rollgate: {e:#}");

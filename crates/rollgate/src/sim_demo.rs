@@ -115,15 +115,16 @@ fn phase_label(p: &Phase) -> String {
     }
 }
 
-pub fn run(args: &crate::demo::DemoArgs) -> anyhow::Result<ExitCode> {
+/// Three rollouts over simulated traffic at `rps`, seeded by `seed`.
+pub fn run(rps: f64, seed: u64) -> anyhow::Result<ExitCode> {
     println!(
         "rollgate demo: three rollouts at {} rps of simulated traffic (seed {}), plan: shadow, then 5/25/50%, 10 s minimum per stage",
-        args.rps, args.seed
+        rps, seed
     );
     let mut all_as_expected = true;
-    for case in cases(args.rps) {
+    for case in cases(rps) {
         case.plan.validate()?;
-        let r = simulate(&case.plan, &case.scenario, args.seed);
+        let r = simulate(&case.plan, &case.scenario, seed);
         print_result(&r, case.story);
         if !(case.expect)(&r.phase) {
             all_as_expected = false;

@@ -6,8 +6,6 @@
 use rollgate_core::words;
 use rollgate_store::RolloutRecord;
 
-use crate::cli::rfc3339;
-
 /// A compact view of one rollout: stage, weight, per-gate verdict and bounds.
 pub(crate) fn rollout_view(r: &RolloutRecord) -> String {
     let mut out = format!(
@@ -72,6 +70,26 @@ pub(crate) fn rollout_view(r: &RolloutRecord) -> String {
         }
     }
     out
+}
+
+/// A store timestamp as RFC 3339 to the millisecond: in UTC (`Z`), or
+/// with `local` in the local time zone (its offset).
+pub(crate) fn rfc3339(t: rollgate_core::Timestamp, local: bool) -> String {
+    rfc3339_in(t, local.then(jiff::tz::TimeZone::system).as_ref())
+}
+
+fn rfc3339_in(t: rollgate_core::Timestamp, zone: Option<&jiff::tz::TimeZone>) -> String {
+    let at = i64::try_from(t.0)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok());
+    match (at, zone) {
+        (None, _) => format!("{} ms", t.0),
+        (Some(at), None) => at.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        (Some(at), Some(z)) => at
+            .to_zoned(z.clone())
+            .strftime("%Y-%m-%dT%H:%M:%S%.3f%:z")
+            .to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -235,5 +253,23 @@ mod tests {
         );
         assert!(view.contains("anytime bounds (read, not tested)"), "{view}");
         insta::assert_snapshot!(view);
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_in_utc_or_the_zone_asked_for() {
+        let t = rollgate_core::Timestamp(1_767_225_600_123);
+        assert_eq!(rfc3339_in(t, None), "2026-01-01T00:00:00.123Z");
+        let kolkata = jiff::tz::TimeZone::get("Asia/Kolkata").expect("tzdata");
+        assert_eq!(
+            rfc3339_in(t, Some(&kolkata)),
+            "2026-01-01T05:30:00.123+05:30"
+        );
+        let far = rollgate_core::Timestamp(u64::MAX);
+        assert_eq!(rfc3339_in(far, None), format!("{} ms", u64::MAX));
     }
 }
