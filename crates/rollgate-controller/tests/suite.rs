@@ -9,3 +9,4 @@ mod merge;
 mod notify_outage;
 mod oidc;
 mod retention;
+mod route_first;

@@ -1,10 +1,12 @@
 //! A rollout plan: its stages, clocks and gate budgets, with validation that
-//! names the offending field. Plans are TOML files; every field has a default,
-//! so an empty plan is the recommended one.
+//! names the offending field (in `plan/validate.rs`). Plans are TOML files;
+//! every field has a default, so an empty plan is the recommended one.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+mod validate;
 
 /// An invalid plan: `field` is the dotted path of the field at fault.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -12,13 +14,6 @@ use serde::{Deserialize, Serialize};
 pub struct PlanError {
     pub field: String,
     pub message: String,
-}
-
-fn err(field: &str, message: impl Into<String>) -> PlanError {
-    PlanError {
-        field: field.to_string(),
-        message: message.into(),
-    }
 }
 
 /// How a rollout walks from SHADOW through the canary steps to PROMOTED.
@@ -463,38 +458,6 @@ impl Default for GuardRails {
     }
 }
 
-fn unit(field: &str, x: f64) -> Result<(), PlanError> {
-    if (0.0..=1.0).contains(&x) {
-        Ok(())
-    } else {
-        Err(err(field, format!("must be in [0, 1], got {x}")))
-    }
-}
-
-fn positive_unit(field: &str, x: f64) -> Result<(), PlanError> {
-    if x > 0.0 && x <= 1.0 {
-        Ok(())
-    } else {
-        Err(err(field, format!("must be in (0, 1], got {x}")))
-    }
-}
-
-fn at_least(field: &str, x: f64, min: f64) -> Result<(), PlanError> {
-    if x.is_finite() && x >= min {
-        Ok(())
-    } else {
-        Err(err(field, format!("must be a number >= {min}, got {x}")))
-    }
-}
-
-fn count(field: &str, x: u64) -> Result<(), PlanError> {
-    if x >= 1 {
-        Ok(())
-    } else {
-        Err(err(field, "must be at least 1"))
-    }
-}
-
 impl Plan {
     /// Settings this plan's policy never reads, as dotted paths into the
     /// plan's JSON: views of a plan (the API's rollout answers, `rollout
@@ -513,170 +476,6 @@ impl Plan {
                 "gates.prediction_shift.min_class_share",
             ],
         }
-    }
-
-    /// Checks every field; the first problem found is returned.
-    pub fn validate(&self) -> Result<(), PlanError> {
-        if self.steps.is_empty() {
-            return Err(err("steps", "needs at least one canary step"));
-        }
-        for (i, &s) in self.steps.iter().enumerate() {
-            if !(1..=99).contains(&s) {
-                return Err(err(
-                    &format!("steps[{i}]"),
-                    format!("must be a percentage in 1..=99, got {s}"),
-                ));
-            }
-            if i > 0 && s <= self.steps[i - 1] {
-                return Err(err(
-                    &format!("steps[{i}]"),
-                    format!(
-                        "steps must be strictly increasing, got {} after {}",
-                        s,
-                        self.steps[i - 1]
-                    ),
-                ));
-            }
-        }
-        if !(1..=100).contains(&self.shadow.mirror_percent) {
-            return Err(err(
-                "shadow.mirror_percent",
-                format!("must be in 1..=100, got {}", self.shadow.mirror_percent),
-            ));
-        }
-        if self.evidence_timeout.is_zero() {
-            return Err(err("evidence_timeout", "must be positive"));
-        }
-        if self.evidence_timeout < self.min_stage_duration {
-            return Err(err(
-                "evidence_timeout",
-                "must be at least min_stage_duration",
-            ));
-        }
-        if self.readiness_timeout.is_zero() {
-            return Err(err("readiness_timeout", "must be positive"));
-        }
-        if self.outage_window < Duration::from_secs(1) {
-            return Err(err("outage_window", "must be at least 1s"));
-        }
-        if self.confirm_breaches == 0 {
-            return Err(err("confirm_breaches", "must be at least 1"));
-        }
-        if !(self.alpha > 0.0 && self.alpha <= 0.5) {
-            return Err(err(
-                "alpha",
-                format!("must be in (0, 0.5], got {}", self.alpha),
-            ));
-        }
-        if !(self.sequential.alpha > 0.0 && self.sequential.alpha <= 0.5) {
-            return Err(err(
-                "sequential.alpha",
-                format!("must be in (0, 0.5], got {}", self.sequential.alpha),
-            ));
-        }
-        at_least(
-            "sequential.max_error_ratio",
-            self.sequential.max_error_ratio,
-            1.0,
-        )?;
-        if self.sequential.non_inferiority_ratio.is_nan()
-            || self.sequential.non_inferiority_ratio <= 1.0
-        {
-            return Err(err(
-                "sequential.non_inferiority_ratio",
-                format!(
-                    "must be greater than 1, got {}",
-                    self.sequential.non_inferiority_ratio
-                ),
-            ));
-        }
-        if !(0.0..1.0).contains(&self.sequential.negligible_error_rate) {
-            return Err(err(
-                "sequential.negligible_error_rate",
-                format!(
-                    "must be in [0, 1), got {}",
-                    self.sequential.negligible_error_rate
-                ),
-            ));
-        }
-        let g = &self.gates;
-        unit("gates.error_rate.margin", g.error_rate.margin)?;
-        count("gates.error_rate.min_requests", g.error_rate.min_requests)?;
-        positive_unit(
-            "gates.error_rate.gross_error_rate",
-            g.error_rate.gross_error_rate,
-        )?;
-        count("gates.latency.min_requests", g.latency.min_requests)?;
-        if !(g.latency.tail_quantile > 0.5 && g.latency.tail_quantile < 1.0) {
-            return Err(err(
-                "gates.latency.tail_quantile",
-                format!("must be in (0.5, 1), got {}", g.latency.tail_quantile),
-            ));
-        }
-        at_least("gates.latency.median_ratio", g.latency.median_ratio, 1.0)?;
-        at_least("gates.latency.median_ms", g.latency.median_ms, 0.0)?;
-        at_least("gates.latency.tail_ratio", g.latency.tail_ratio, 1.0)?;
-        at_least("gates.latency.tail_ms", g.latency.tail_ms, 0.0)?;
-        unit("gates.prediction_shift.margin", g.prediction_shift.margin)?;
-        let ratio = g.prediction_shift.max_class_ratio;
-        if !(ratio.is_finite() && ratio > 1.0) {
-            return Err(err(
-                "gates.prediction_shift.max_class_ratio",
-                format!("must be greater than 1, got {ratio}"),
-            ));
-        }
-        let share = g.prediction_shift.min_class_share;
-        if !(0.0..1.0).contains(&share) {
-            return Err(err(
-                "gates.prediction_shift.min_class_share",
-                format!("must be in [0, 1), got {share}"),
-            ));
-        }
-        count(
-            "gates.prediction_shift.min_predictions",
-            g.prediction_shift.min_predictions,
-        )?;
-        unit("gates.shadow.min_agreement", g.shadow.min_agreement)?;
-        unit("gates.shadow.max_flip_rate", g.shadow.max_flip_rate)?;
-        count("gates.shadow.min_pairs", g.shadow.min_pairs)?;
-        if let Some(x) = g.guard_rails.max_error_rate {
-            unit("gates.guard_rails.max_error_rate", x)?;
-        }
-        if let Some(x) = g.guard_rails.max_p95_ms
-            && !(x.is_finite() && x > 0.0)
-        {
-            return Err(err(
-                "gates.guard_rails.max_p95_ms",
-                format!("must be positive, got {x}"),
-            ));
-        }
-        positive_unit(
-            "gates.guard_rails.champion_outage_error_rate",
-            g.guard_rails.champion_outage_error_rate,
-        )?;
-        for (i, a) in self.approvals.iter().enumerate() {
-            if let ApprovalPoint::Weight(w) = a.before
-                && !self.steps.contains(&w)
-            {
-                return Err(err(
-                    &format!("approvals[{i}].before"),
-                    format!("{w} is not one of the plan's steps {:?}", self.steps),
-                ));
-            }
-            if self.approvals[..i].iter().any(|b| b.before == a.before) {
-                return Err(err(
-                    &format!("approvals[{i}].before"),
-                    format!("{} has an approval step already", a.before),
-                ));
-            }
-            if a.deadline.is_some_and(|d| d < Duration::from_secs(1)) {
-                return Err(err(
-                    &format!("approvals[{i}].deadline"),
-                    "must be at least 1s",
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// The approval step before `point`, if the plan has one.

@@ -6,8 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::gate::{Evidence, QuantileComparison};
+use crate::gate::{ClassShift, Evidence, QuantileComparison};
+use crate::histogram::QuantileBounds;
 use crate::sequential::metric_alpha;
+use crate::stats::Interval;
 use crate::{GateVerdict, Plan};
 
 /// Which side of the limit fails.
@@ -155,7 +157,7 @@ fn failure_rates(evidence: &Evidence) -> Option<ArmValues> {
 /// evidence has nothing to plot yet (no samples).
 pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
     let alpha = metric_alpha(plan);
-    Some(match &g.evidence {
+    match &g.evidence {
         Evidence::ErrorRate {
             difference,
             margin,
@@ -163,52 +165,28 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
             client_error_e_value,
             fail_at,
             ..
-        } => match e_value {
-            // The two error tests fail at one threshold: the larger decides.
-            Some(e) => GatePoint::e_value(
-                "error e-value (failures or 4xx, the larger)",
-                e.max(client_error_e_value.unwrap_or(0.0)),
-                fail_at.unwrap_or(2.0 / alpha),
-            ),
-            None => GatePoint::interval(
-                "error-rate difference",
-                difference.lower,
-                difference.upper,
-                Some(*margin),
-                Fails::Above,
-            ),
-        }
-        .with_arms(failure_rates(&g.evidence)),
+        } => Some(
+            error_rate_point(
+                difference,
+                *margin,
+                *e_value,
+                *client_error_e_value,
+                *fail_at,
+                alpha,
+            )
+            .with_arms(failure_rates(&g.evidence)),
+        ),
         Evidence::Latency { median, tail, .. } => match (tail, median) {
-            (Some(t), _) => latency("p95", t),
-            (None, Some(m)) => latency("p50", m),
-            (None, None) => return None,
+            (Some(t), _) => Some(latency("p95", t)),
+            (None, Some(m)) => Some(latency("p50", m)),
+            (None, None) => None,
         },
         Evidence::PredictionShift {
             classes,
             margin,
             e_value,
             ..
-        } => match e_value {
-            Some(e) => GatePoint::e_value("class-shift e-value", *e, 1.0 / alpha),
-            None => {
-                // The class whose difference is farthest from zero.
-                let far = |d: &crate::stats::Interval| d.lower.max(-d.upper);
-                let worst = classes
-                    .iter()
-                    .max_by(|a, b| far(&a.difference).total_cmp(&far(&b.difference)))?;
-                GatePoint {
-                    measure: format!("class {:?}: distance of the difference from 0", worst.class),
-                    value: Some(far(&worst.difference)),
-                    lower: None,
-                    upper: None,
-                    limit: Some(*margin),
-                    fails: Fails::Above,
-                    log: false,
-                    arms: None,
-                }
-            }
-        },
+        } => prediction_shift_point(classes, *margin, *e_value, alpha),
         Evidence::ShadowAgreement {
             pairs,
             agreement,
@@ -218,13 +196,13 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
             if *pairs == 0 {
                 return None;
             }
-            GatePoint::interval(
+            Some(GatePoint::interval(
                 "shadow agreement",
                 agreement.lower,
                 agreement.upper,
                 Some(*min_agreement),
                 Fails::Below,
-            )
+            ))
         }
         Evidence::GuardRails {
             error_rate,
@@ -232,26 +210,98 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
             p95,
             max_p95_ms,
             ..
-        } => match (max_error_rate, max_p95_ms) {
-            (None, Some(max)) => GatePoint {
-                measure: "p95 candidate (ms)".into(),
-                value: ms(p95.map(|b| b.estimate_us)),
-                lower: ms(p95.and_then(|b| b.lower_us)),
-                upper: ms(p95.and_then(|b| b.upper_us)),
-                limit: Some(*max),
-                fails: Fails::Above,
-                log: false,
-                arms: None,
-            },
-            (max, _) => GatePoint::interval(
-                "candidate error rate",
-                error_rate.lower,
-                error_rate.upper,
-                *max,
-                Fails::Above,
-            ),
-        },
+        } => Some(guard_rail_point(
+            error_rate,
+            *max_error_rate,
+            p95.as_ref(),
+            *max_p95_ms,
+        )),
+    }
+}
+
+/// The error gate: under `sequential` its e-value against the threshold
+/// it fails at (the two error tests fail at one threshold: the larger
+/// decides), under `windowed` the difference's bounds against the margin.
+fn error_rate_point(
+    difference: &Interval,
+    margin: f64,
+    e_value: Option<f64>,
+    client_error_e_value: Option<f64>,
+    fail_at: Option<f64>,
+    alpha: f64,
+) -> GatePoint {
+    match e_value {
+        Some(e) => GatePoint::e_value(
+            "error e-value (failures or 4xx, the larger)",
+            e.max(client_error_e_value.unwrap_or(0.0)),
+            fail_at.unwrap_or(2.0 / alpha),
+        ),
+        None => GatePoint::interval(
+            "error-rate difference",
+            difference.lower,
+            difference.upper,
+            Some(margin),
+            Fails::Above,
+        ),
+    }
+}
+
+/// The prediction-shift gate: under `sequential` its e-value against
+/// `1/α`, under `windowed` the class whose difference is farthest from
+/// zero against the margin; `None` before any class was seen.
+fn prediction_shift_point(
+    classes: &[ClassShift],
+    margin: f64,
+    e_value: Option<f64>,
+    alpha: f64,
+) -> Option<GatePoint> {
+    if let Some(e) = e_value {
+        return Some(GatePoint::e_value("class-shift e-value", e, 1.0 / alpha));
+    }
+    // The class whose difference is farthest from zero.
+    let far = |d: &Interval| d.lower.max(-d.upper);
+    let worst = classes
+        .iter()
+        .max_by(|a, b| far(&a.difference).total_cmp(&far(&b.difference)))?;
+    Some(GatePoint {
+        measure: format!("class {:?}: distance of the difference from 0", worst.class),
+        value: Some(far(&worst.difference)),
+        lower: None,
+        upper: None,
+        limit: Some(margin),
+        fails: Fails::Above,
+        log: false,
+        arms: None,
     })
+}
+
+/// The guard rails: the candidate's p95 against `max_p95_ms` when that is
+/// the only rail, else its error rate's bounds against `max_error_rate`.
+fn guard_rail_point(
+    error_rate: &Interval,
+    max_error_rate: Option<f64>,
+    p95: Option<&QuantileBounds>,
+    max_p95_ms: Option<f64>,
+) -> GatePoint {
+    match (max_error_rate, max_p95_ms) {
+        (None, Some(max)) => GatePoint {
+            measure: "p95 candidate (ms)".into(),
+            value: ms(p95.map(|b| b.estimate_us)),
+            lower: ms(p95.and_then(|b| b.lower_us)),
+            upper: ms(p95.and_then(|b| b.upper_us)),
+            limit: Some(max),
+            fails: Fails::Above,
+            log: false,
+            arms: None,
+        },
+        (max, _) => GatePoint::interval(
+            "candidate error rate",
+            error_rate.lower,
+            error_rate.upper,
+            max,
+            Fails::Above,
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -259,8 +309,6 @@ mod tests {
     use super::*;
     use crate::Policy;
     use crate::gate::{Counts, GateKind, Outcome, Reason};
-    use crate::histogram::QuantileBounds;
-    use crate::stats::Interval;
 
     fn verdict(evidence: Evidence) -> GateVerdict {
         GateVerdict {

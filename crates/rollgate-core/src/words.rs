@@ -1,7 +1,9 @@
 //! Verdicts in plain words, for people: the CLI prints them, the admin
 //! API serves them to the dashboard, so both say the same thing.
 
-use crate::gate::{Counts, Evidence, QuantileComparison};
+use crate::gate::{ClassShift, Counts, Evidence, Negligible, QuantileComparison, ShadowShown};
+use crate::histogram::QuantileBounds;
+use crate::stats::Interval;
 use crate::{GateVerdict, Outcome, Phase, RollbackReason, StageVerdict};
 
 fn pct(x: f64) -> String {
@@ -105,13 +107,21 @@ fn shown(yes: bool, what: &str) -> String {
 /// labelled as such.
 pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
     let reason = serde_reason(g);
-    let mut more = Vec::new();
-    let detail = match &g.evidence {
+    let detail = evidence_words(&g.evidence);
+    let mut lines = vec![format!(
+        "{:<17} {} ({reason}): {detail}",
+        g.gate.as_str(),
+        outcome(g.outcome)
+    )];
+    lines.extend(lines_beneath(&g.evidence));
+    lines
+}
+
+/// The numbers a gate's test used, one kind of evidence at a time: what
+/// the `sequential` tests showed where they decided, the bounds otherwise.
+fn evidence_words(evidence: &Evidence) -> String {
+    match evidence {
         Evidence::ErrorRate {
-            candidate,
-            champion,
-            difference,
-            margin,
             e_value: Some(e),
             client_error_e_value,
             pass_e_value,
@@ -123,54 +133,11 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             epochs,
             ..
         } => {
-            let mut tests = vec![e_against("failures", *e, *fail_at, "fails")];
-            if let Some(ce) = client_error_e_value {
-                tests.push(e_against("client errors (4xx)", *ce, *fail_at, "fails"));
-            }
-            if let Some(p) = pass_e_value {
-                tests.push(e_against("not worse", *p, *pass_at, "passes"));
-            }
-            if let Some(n) = negligible {
-                let below = n.upper < n.limit;
-                tests.push(format!(
-                    "own failure rate below {} ({} the negligible {})",
-                    pct(n.upper),
-                    if below { "under" } else { "not under" },
-                    pct(n.limit)
-                ));
-            }
-            match (design_effect, client_error_design_effect) {
-                (Some(d), Some(dc)) => tests.push(format!(
-                    "design effect {} (4xx {})",
-                    number(*d),
-                    number(*dc)
-                )),
-                (Some(d), None) => tests.push(format!("design effect {}", number(*d))),
-                _ => {}
-            }
-            for ep in epochs {
-                more.push(format!(
-                    "  epoch {}: {}",
-                    ep.epoch,
-                    both_arms(&ep.candidate, &ep.champion)
-                ));
-            }
-            more.push(format!(
-                "  pooled over the rollout (read, not tested): {}; \
-                 difference in [{}, {}], margin {}",
-                both_arms(candidate, champion),
-                pct(difference.lower),
-                pct(difference.upper),
-                pct(*margin),
-            ));
-            match epochs.len() {
-                0 => tests.join(", "),
-                n => format!(
-                    "{}; compared within {n} epoch{}",
-                    tests.join(", "),
-                    if n == 1 { "" } else { "s" }
-                ),
-            }
+            let mut tests =
+                error_e_values(*e, *client_error_e_value, *pass_e_value, *fail_at, *pass_at);
+            tests.extend(negligible.as_ref().map(negligible_test));
+            tests.extend(design_effects(*design_effect, *client_error_design_effect));
+            compared_within(&tests, epochs.len())
         }
         Evidence::ErrorRate {
             candidate,
@@ -179,16 +146,11 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             margin,
             ..
         } => format!(
-            "{}; difference in [{}, {}], margin {}",
+            "{}; {}",
             both_arms(candidate, champion),
-            pct(difference.lower),
-            pct(difference.upper),
-            pct(*margin),
+            difference_against_margin(difference, *margin)
         ),
-        Evidence::Latency { median, tail, .. } => match (median, tail) {
-            (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
-            _ => "no latency samples yet".into(),
-        },
+        Evidence::Latency { median, tail, .. } => latency_words(median.as_ref(), tail.as_ref()),
         Evidence::PredictionShift {
             classes,
             margin,
@@ -196,83 +158,21 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             max_class_ratio,
             fail_at,
             ..
-        } => {
-            let worst = classes.iter().max_by(|a, b| {
-                let wa = a.difference.lower.abs().max(a.difference.upper.abs());
-                let wb = b.difference.lower.abs().max(b.difference.upper.abs());
-                wa.total_cmp(&wb)
-            });
-            let (test, read) = match (e_value, max_class_ratio) {
-                (Some(e), Some(r)) => (
-                    format!(
-                        "class rates within {}x of the champion's: {}; ",
-                        number(*r),
-                        e_against("class mix", *e, *fail_at, "fails")
-                    ),
-                    " (read, not tested)",
-                ),
-                _ => (String::new(), ""),
-            };
-            match worst {
-                Some(c) => format!(
-                    "{test}class {:?}: candidate {} vs champion {}, difference in [{}, {}]{read}{}",
-                    c.class,
-                    pct(c.candidate_rate),
-                    pct(c.champion_rate),
-                    pct(c.difference.lower),
-                    pct(c.difference.upper),
-                    if read.is_empty() {
-                        format!("; margin ±{}", pct(*margin))
-                    } else {
-                        String::new()
-                    }
-                ),
-                None => "no predictions yet".into(),
-            }
-        }
+        } => prediction_shift_words(classes, *margin, *e_value, *max_class_ratio, *fail_at),
         Evidence::ShadowAgreement {
             pairs,
             agreements,
-            agreement,
             min_agreement,
             champion_confident,
             confident_flips,
-            flip_rate,
             max_flip_rate,
             shown: Some(t),
             ..
-        } => {
-            let rate = |k: u64, n: u64| pct(crate::stats::rate(k, n));
-            let agreement_test = if t.agreement_below {
-                shown(true, &format!("below the required {}", pct(*min_agreement)))
-            } else if t.agreement_above || t.within {
-                shown(true, &format!("at or above {}", pct(*min_agreement)))
-            } else {
-                shown(false, &format!("either side of {}", pct(*min_agreement)))
-            };
-            let flips_test = if *max_flip_rate >= 1.0 {
-                "not tested (max_flip_rate = 100%)".to_string()
-            } else if t.flips_above {
-                shown(true, &format!("above the allowed {}", pct(*max_flip_rate)))
-            } else if t.flips_below || t.within {
-                shown(true, &format!("at or below {}", pct(*max_flip_rate)))
-            } else {
-                shown(false, &format!("either side of {}", pct(*max_flip_rate)))
-            };
-            more.push(format!(
-                "  anytime bounds (read, not tested): agreement in [{}, {}], flips in [{}, {}]",
-                pct(agreement.lower),
-                pct(agreement.upper),
-                pct(flip_rate.lower),
-                pct(flip_rate.upper),
-            ));
-            format!(
-                "{agreements}/{pairs} pairs agreed ({}), {agreement_test}; \
-                 {confident_flips}/{champion_confident} high-confidence decisions flipped ({}), {flips_test}",
-                rate(*agreements, *pairs),
-                rate(*confident_flips, *champion_confident),
-            )
-        }
+        } => format!(
+            "{}; {}",
+            agreement_shown(*agreements, *pairs, t, *min_agreement),
+            flips_shown(*confident_flips, *champion_confident, t, *max_flip_rate)
+        ),
         Evidence::ShadowAgreement {
             pairs,
             agreements,
@@ -284,35 +184,256 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
             max_flip_rate,
             ..
         } => format!(
-            "{agreements}/{pairs} pairs agreed, agreement in [{}, {}] (need >= {}); \
-             {confident_flips}/{champion_confident} high-confidence decisions flipped, in [{}, {}] (allowed <= {})",
-            pct(agreement.lower),
-            pct(agreement.upper),
-            pct(*min_agreement),
-            pct(flip_rate.lower),
-            pct(flip_rate.upper),
-            pct(*max_flip_rate)
+            "{}; {}",
+            agreement_bounds(*agreements, *pairs, agreement, *min_agreement),
+            flips_bounds(
+                *confident_flips,
+                *champion_confident,
+                flip_rate,
+                *max_flip_rate
+            )
         ),
         Evidence::GuardRails {
             candidate,
             error_rate,
             p95,
             ..
-        } => format!(
-            "candidate {}, rate in [{}, {}]; p95 {}",
-            arm_counts(candidate, candidate.client_errors > 0),
-            pct(error_rate.lower),
-            pct(error_rate.upper),
-            ms(p95.map(|b| b.estimate_us))
+        } => guard_rail_words(candidate, error_rate, p95.as_ref()),
+    }
+}
+
+/// The indented lines beneath a gate's line, for the `sequential` tests:
+/// the epochs the error tests compared within and the pooled totals, or
+/// the shadow's anytime bounds; none for the rest.
+fn lines_beneath(evidence: &Evidence) -> Vec<String> {
+    match evidence {
+        Evidence::ErrorRate {
+            candidate,
+            champion,
+            difference,
+            margin,
+            e_value: Some(_),
+            epochs,
+            ..
+        } => {
+            let mut lines: Vec<String> = epochs
+                .iter()
+                .map(|ep| {
+                    format!(
+                        "  epoch {}: {}",
+                        ep.epoch,
+                        both_arms(&ep.candidate, &ep.champion)
+                    )
+                })
+                .collect();
+            lines.push(format!(
+                "  pooled over the rollout (read, not tested): {}; {}",
+                both_arms(candidate, champion),
+                difference_against_margin(difference, *margin),
+            ));
+            lines
+        }
+        Evidence::ShadowAgreement {
+            agreement,
+            flip_rate,
+            shown: Some(_),
+            ..
+        } => vec![format!(
+            "  anytime bounds (read, not tested): agreement in [{}, {}], flips in [{}, {}]",
+            pct(agreement.lower),
+            pct(agreement.upper),
+            pct(flip_rate.lower),
+            pct(flip_rate.upper),
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// `difference in [lower, upper], margin m`.
+fn difference_against_margin(difference: &Interval, margin: f64) -> String {
+    format!(
+        "difference in [{}, {}], margin {}",
+        pct(difference.lower),
+        pct(difference.upper),
+        pct(margin),
+    )
+}
+
+/// The error gate's e-values, each against the value it is judged at:
+/// failures, client errors (4xx) when tested, and not-worse when tested.
+fn error_e_values(
+    failures: f64,
+    client_errors: Option<f64>,
+    not_worse: Option<f64>,
+    fail_at: Option<f64>,
+    pass_at: Option<f64>,
+) -> Vec<String> {
+    let mut tests = vec![e_against("failures", failures, fail_at, "fails")];
+    if let Some(ce) = client_errors {
+        tests.push(e_against("client errors (4xx)", ce, fail_at, "fails"));
+    }
+    if let Some(p) = not_worse {
+        tests.push(e_against("not worse", p, pass_at, "passes"));
+    }
+    tests
+}
+
+/// The candidate's own failure rate against the negligible rate.
+fn negligible_test(n: &Negligible) -> String {
+    let below = n.upper < n.limit;
+    format!(
+        "own failure rate below {} ({} the negligible {})",
+        pct(n.upper),
+        if below { "under" } else { "not under" },
+        pct(n.limit)
+    )
+}
+
+/// The design effects the error tests were tempered by, if any.
+fn design_effects(failures: Option<f64>, client_errors: Option<f64>) -> Option<String> {
+    match (failures, client_errors) {
+        (Some(d), Some(dc)) => Some(format!("design effect {} (4xx {})", number(d), number(dc))),
+        (Some(d), None) => Some(format!("design effect {}", number(d))),
+        _ => None,
+    }
+}
+
+/// The tests, and how many epochs they compared within (when any).
+fn compared_within(tests: &[String], epochs: usize) -> String {
+    match epochs {
+        0 => tests.join(", "),
+        n => format!(
+            "{}; compared within {n} epoch{}",
+            tests.join(", "),
+            if n == 1 { "" } else { "s" }
         ),
+    }
+}
+
+/// Both arms' median and tail, once both have samples.
+fn latency_words(median: Option<&QuantileComparison>, tail: Option<&QuantileComparison>) -> String {
+    match (median, tail) {
+        (Some(m), Some(t)) => format!("{}; {}", quantile("p50", m), quantile("p95", t)),
+        _ => "no latency samples yet".into(),
+    }
+}
+
+/// The class whose rates differ most (either way), with the class-mix
+/// test before it when `sequential` tested one (the class's bounds are
+/// then read, not tested), else against the windowed margin.
+fn prediction_shift_words(
+    classes: &[ClassShift],
+    margin: f64,
+    e_value: Option<f64>,
+    max_class_ratio: Option<f64>,
+    fail_at: Option<f64>,
+) -> String {
+    let worst = classes.iter().max_by(|a, b| {
+        let wa = a.difference.lower.abs().max(a.difference.upper.abs());
+        let wb = b.difference.lower.abs().max(b.difference.upper.abs());
+        wa.total_cmp(&wb)
+    });
+    let (test, read) = match (e_value, max_class_ratio) {
+        (Some(e), Some(r)) => (
+            format!(
+                "class rates within {}x of the champion's: {}; ",
+                number(r),
+                e_against("class mix", e, fail_at, "fails")
+            ),
+            " (read, not tested)",
+        ),
+        _ => (String::new(), ""),
     };
-    let mut lines = vec![format!(
-        "{:<17} {} ({reason}): {detail}",
-        g.gate.as_str(),
-        outcome(g.outcome)
-    )];
-    lines.extend(more);
-    lines
+    match worst {
+        Some(c) => format!(
+            "{test}class {:?}: candidate {} vs champion {}, difference in [{}, {}]{read}{}",
+            c.class,
+            pct(c.candidate_rate),
+            pct(c.champion_rate),
+            pct(c.difference.lower),
+            pct(c.difference.upper),
+            if read.is_empty() {
+                format!("; margin ±{}", pct(margin))
+            } else {
+                String::new()
+            }
+        ),
+        None => "no predictions yet".into(),
+    }
+}
+
+/// The shadow's agreement as its `sequential` test showed it against
+/// `min_agreement`.
+fn agreement_shown(agreements: u64, pairs: u64, t: &ShadowShown, min_agreement: f64) -> String {
+    let test = if t.agreement_below {
+        shown(true, &format!("below the required {}", pct(min_agreement)))
+    } else if t.agreement_above || t.within {
+        shown(true, &format!("at or above {}", pct(min_agreement)))
+    } else {
+        shown(false, &format!("either side of {}", pct(min_agreement)))
+    };
+    format!(
+        "{agreements}/{pairs} pairs agreed ({}), {test}",
+        pct(crate::stats::rate(agreements, pairs))
+    )
+}
+
+/// The shadow's confident flips as their `sequential` test showed them
+/// against `max_flip_rate` (not tested at 100%).
+fn flips_shown(flips: u64, confident: u64, t: &ShadowShown, max_flip_rate: f64) -> String {
+    let test = if max_flip_rate >= 1.0 {
+        "not tested (max_flip_rate = 100%)".to_string()
+    } else if t.flips_above {
+        shown(true, &format!("above the allowed {}", pct(max_flip_rate)))
+    } else if t.flips_below || t.within {
+        shown(true, &format!("at or below {}", pct(max_flip_rate)))
+    } else {
+        shown(false, &format!("either side of {}", pct(max_flip_rate)))
+    };
+    format!(
+        "{flips}/{confident} high-confidence decisions flipped ({}), {test}",
+        pct(crate::stats::rate(flips, confident))
+    )
+}
+
+/// The shadow's agreement bound against `min_agreement` (`windowed`).
+fn agreement_bounds(
+    agreements: u64,
+    pairs: u64,
+    agreement: &Interval,
+    min_agreement: f64,
+) -> String {
+    format!(
+        "{agreements}/{pairs} pairs agreed, agreement in [{}, {}] (need >= {})",
+        pct(agreement.lower),
+        pct(agreement.upper),
+        pct(min_agreement),
+    )
+}
+
+/// The shadow's confident-flip bound against `max_flip_rate` (`windowed`).
+fn flips_bounds(flips: u64, confident: u64, flip_rate: &Interval, max_flip_rate: f64) -> String {
+    format!(
+        "{flips}/{confident} high-confidence decisions flipped, in [{}, {}] (allowed <= {})",
+        pct(flip_rate.lower),
+        pct(flip_rate.upper),
+        pct(max_flip_rate)
+    )
+}
+
+/// The candidate's own failures and p95 against the guard rails.
+fn guard_rail_words(
+    candidate: &Counts,
+    error_rate: &Interval,
+    p95: Option<&QuantileBounds>,
+) -> String {
+    format!(
+        "candidate {}, rate in [{}, {}]; p95 {}",
+        arm_counts(candidate, candidate.client_errors > 0),
+        pct(error_rate.lower),
+        pct(error_rate.upper),
+        ms(p95.map(|b| b.estimate_us))
+    )
 }
 
 fn serde_reason(g: &GateVerdict) -> String {

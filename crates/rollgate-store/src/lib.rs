@@ -38,7 +38,7 @@ pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, Model, ModelSpec, PrometheusEvidence, Protocol,
     Revision, RevisionSpec, RevisionState,
 };
-pub use sql::SqlStore;
+pub use sql::store::SqlStore;
 pub use tokens::{
     ApiToken, RESERVED_ACTORS, Role, is_reserved_actor, secret_hash, valid_token_name,
 };

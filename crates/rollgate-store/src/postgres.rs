@@ -21,7 +21,8 @@ use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 use postgres::{Client, NoTls, Statement};
 
-use crate::sql::{Db, Engine, Row, SqlStore, TxMemo, Val, Work};
+use crate::sql::engine::{Db, Engine, Row, TxMemo, Val, Work};
+use crate::sql::store::SqlStore;
 use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `rollgate_schema.version` records

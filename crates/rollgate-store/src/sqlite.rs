@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::sql::{Db, Engine, Row, SqlStore, TxMemo, Val, Work};
+use crate::sql::engine::{Db, Engine, Row, TxMemo, Val, Work};
+use crate::sql::store::SqlStore;
 use crate::{Result, StoreError};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how

@@ -12,5 +12,6 @@ mod ha;
 mod host;
 mod notify;
 mod openapi;
+mod payloads;
 mod prometheus;
 mod tls;

@@ -167,6 +167,31 @@ fn snapshot_with_more_failures_than_requests_is_rejected() {
     );
 }
 
+/// The same check on construction: no `RevisionStats` holds more failures
+/// than requests, so no rate built from one exceeds 1.
+#[test]
+fn stats_built_with_more_failures_than_requests_are_refused() {
+    let mut failures = FailureCounts::default();
+    failures.add(FailureClass::Timeout, 3);
+    let build = |requests| {
+        RevisionStats::from_parts(
+            requests,
+            failures,
+            0,
+            LatencyHistogram::default(),
+            BTreeMap::new(),
+        )
+    };
+    let err = build(2).expect_err("inconsistent");
+    assert!(
+        err.to_string()
+            .contains("failures (3) exceeds requests (2)"),
+        "{err}"
+    );
+    let all_failed = build(3).expect("consistent");
+    assert_eq!(all_failed.error_rate(), Some(1.0));
+}
+
 #[test]
 fn pairs_with_more_flips_than_disagreements_are_rejected() {
     let json = r#"{"pairs":{"s":{"pairs":10,"agreements":10,"champion_confident":5,"confident_flips":1}}}"#;

@@ -68,7 +68,7 @@ impl<T: Into<Val>> From<Option<T>> for Val {
 
 /// Binds values: `p![a, b]` is `&[Val::from(a), Val::from(b)]`.
 macro_rules! p {
-    ($($v:expr),* $(,)?) => { &[$($crate::sql::Val::from($v)),*] };
+    ($($v:expr),* $(,)?) => { &[$($crate::sql::engine::Val::from($v)),*] };
 }
 
 /// One result row.

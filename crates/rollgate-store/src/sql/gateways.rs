@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use super::engine::Db;
 use super::rows::{
     MODEL_COLS, active_rollout, all, get_model, get_revision, get_rollout, model_row,
 };
-use super::{SqlStore, millis};
-use crate::sql::Db;
+use super::store::{SqlStore, millis};
 use crate::{GatewayInfo, Model, ModelRoutes, Result, StoreError};
 
 /// Every change to what gateways route bumps one counter (once per

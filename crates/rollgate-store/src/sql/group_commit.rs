@@ -1,14 +1,12 @@
 //! Group commit of concurrent `apply` calls: whoever finds no commit in
-//! progress commits every transition queued so far in one transaction
-//! (`apply_batch`); those arriving meanwhile wait and form the next group.
-//! No timer and no added latency: a lone writer commits at once. A group
-//! is all-or-nothing, so when it fails (one version conflict, say) each of
-//! its transitions is applied on its own and gets its own answer.
+//! progress commits every transition queued so far as one group; those
+//! arriving meanwhile wait and form the next group. No timer and no added
+//! latency: a lone writer commits at once. This file holds the queue and
+//! its hand-over between threads; how a group commits (in one transaction,
+//! or each transition on its own when that fails) is `rollouts.rs`'s.
 
 use rollgate_core::{Effect, RolloutState};
 
-use super::SqlStore;
-use super::rollouts::{apply_batch, apply_in};
 use crate::{Fence, Result, RolloutRecord, StoreError, TransitionWrite};
 
 /// The queue of transitions waiting for a group, and whether one commits.
@@ -60,12 +58,6 @@ impl OwnedWrite {
     }
 }
 
-impl GroupCommit {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// Ends a group's commit however it ends: with its results, or (if the
 /// commit panicked) with an error for each of its transitions, so no thread
 /// waiting on it waits for ever.
@@ -95,49 +87,43 @@ impl Drop for Committing<'_> {
     }
 }
 
-/// Commits `write`, with whatever other transitions are queued, as one
-/// group (see [`GroupCommit`]).
-pub(super) fn apply(store: &SqlStore, write: &TransitionWrite) -> Result<RolloutRecord> {
-    let mut q = store.group.lock();
-    let me = q.next;
-    q.next += 1;
-    q.waiting.push((me, OwnedWrite::of(write)));
-    loop {
-        if let Some(result) = q.results.remove(&me) {
-            return result;
+impl GroupCommit {
+    /// Commits `write`, with whatever other transitions are queued, as one
+    /// group: `commit` commits a group and answers each of its
+    /// transitions, in order.
+    pub(super) fn apply(
+        &self,
+        write: &TransitionWrite,
+        commit: impl Fn(&[TransitionWrite]) -> Vec<Result<RolloutRecord>>,
+    ) -> Result<RolloutRecord> {
+        let mut q = self.lock();
+        let me = q.next;
+        q.next += 1;
+        q.waiting.push((me, OwnedWrite::of(write)));
+        loop {
+            if let Some(result) = q.results.remove(&me) {
+                return result;
+            }
+            if q.committing {
+                q = self.done.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            q.committing = true;
+            let group = std::mem::take(&mut q.waiting);
+            drop(q);
+            let mut ending = Committing {
+                group: self,
+                ids: group.iter().map(|(id, _)| *id).collect(),
+                results: Vec::new(),
+            };
+            let writes: Vec<TransitionWrite> = group.iter().map(|(_, w)| w.borrowed()).collect();
+            ending.results = ending.ids.iter().copied().zip(commit(&writes)).collect();
+            drop(ending);
+            q = self.lock();
         }
-        if q.committing {
-            q = store.group.done.wait(q).unwrap_or_else(|p| p.into_inner());
-            continue;
-        }
-        q.committing = true;
-        let group = std::mem::take(&mut q.waiting);
-        drop(q);
-        let mut ending = Committing {
-            group: &store.group,
-            ids: group.iter().map(|(id, _)| *id).collect(),
-            results: Vec::new(),
-        };
-        ending.results = commit_group(store, &group);
-        drop(ending);
-        q = store.group.lock();
     }
-}
 
-fn commit_group(
-    store: &SqlStore,
-    group: &[(u64, OwnedWrite)],
-) -> Vec<(u64, Result<RolloutRecord>)> {
-    let one = |w: &OwnedWrite| store.write(|db, now| apply_in(db, now, &w.borrowed()));
-    if group.len() > 1 {
-        let writes: Vec<TransitionWrite> = group.iter().map(|(_, w)| w.borrowed()).collect();
-        if let Ok(records) = apply_batch(store, &writes) {
-            return group
-                .iter()
-                .zip(records)
-                .map(|((id, _), r)| (*id, Ok(r)))
-                .collect();
-        }
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
-    group.iter().map(|(id, w)| (*id, one(w))).collect()
 }

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use super::{SqlStore, millis};
-use crate::sql::Db;
+use super::engine::Db;
+use super::store::{SqlStore, millis};
 use crate::{Fence, Lease, Result, StoreError};
 
 /// The fencing check: a write made under a lease lands only while that

@@ -1,4 +1,4 @@
-//! The store's logic, written once over a minimal SQL interface ([`Db`]) so
+//! The store's logic, written once over a minimal SQL interface ([`Db`](engine::Db)) so
 //! that the embedded engine (SQLite, `sqlite.rs`) and the shared one
 //! (PostgreSQL, `postgres.rs`) run the same transactions, and the
 //! conformance suite tests both.
@@ -13,15 +13,20 @@
 //! PostgreSQL: a transaction-scoped advisory lock), because the audit log is
 //! one hash chain: each record names the one before it.
 //!
-//! This file holds [`SqlStore`]: how it opens, how it runs one piece of
-//! work once in a transaction at one instant, and which module each
-//! [`Store`] operation lives in. Beside it:
+//! This file is the top of `sql/`: it declares the modules, says how a
+//! [`SqlStore`] opens (either engine) and which module each [`Store`]
+//! operation lives in; nothing below imports it, and the modules below
+//! import one another one way only. Beside it:
 //! - `engine.rs`: what an engine provides, and every way the two differ;
+//! - `store.rs`: [`SqlStore`] itself, and how it runs one piece of work
+//!   once in a transaction at one instant;
+//! - `chain.rs`: appending records to the audit chain inside a write;
 //! - `rows.rs`: each table's rows read back as the crate's types;
 //! - `registry.rs`: models, revisions and the champion;
 //! - `rollouts.rs`: rollouts and their transitions, `group_commit.rs`
-//!   batching concurrent ones;
-//! - `audit.rs`: the audit chain, notification cursors and checkpoints;
+//!   queueing concurrent ones into groups;
+//! - `audit.rs`: reading the audit chain, notification cursors and
+//!   checkpoints;
 //! - `gateways.rs`: heartbeats and what gateways route;
 //! - `lease.rs`: leases and the fencing check;
 //! - `tokens.rs`: API tokens.
@@ -32,163 +37,48 @@
 
 // First: its `p!` macro binds values in every module below.
 #[macro_use]
-mod engine;
+pub(crate) mod engine;
 
 mod audit;
+mod chain;
 mod gateways;
 mod group_commit;
 mod lease;
 mod registry;
 mod rollouts;
 mod rows;
+pub(crate) mod store;
 mod tokens;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rollgate_core::{Plan, Timestamp};
 
-pub(crate) use engine::{Db, Engine, Row, TxMemo, Val, Work};
-use group_commit::GroupCommit;
-
 use crate::{
     ApiToken, AuditFilter, AuditRecord, ChainReport, Checkpoint, Fence, GatewayInfo, Lease, Model,
-    ModelRoutes, ModelSpec, Result, Revision, RevisionSpec, Role, RolloutRecord, Store, StoreError,
-    TransitionWrite,
+    ModelRoutes, ModelSpec, Result, Revision, RevisionSpec, Role, RolloutRecord, SessionLimits,
+    Store, TransitionWrite,
 };
+use store::SqlStore;
 
-type Clock = Box<dyn Fn() -> Timestamp + Send + Sync>;
-
-fn system_clock() -> Timestamp {
-    Timestamp(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64),
-    )
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The [`Store`]: rollgate's logic over a SQL engine. Open it with
-/// [`SqlStore::open_dir`] (embedded SQLite, the default) or
-/// [`SqlStore::connect`] (a PostgreSQL URL), or [`SqlStore::open`] for either.
-pub struct SqlStore {
-    engine: Box<dyn Engine>,
-    clock: Clock,
-    group: GroupCommit,
-}
-
-impl std::fmt::Debug for SqlStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlStore")
-            .field("engine", &self.engine.name())
-            .finish_non_exhaustive()
-    }
-}
-
+/// How a store opens, whichever engine `location` names (each engine's own
+/// constructors are in its file).
 impl SqlStore {
-    pub(crate) fn with_engine(engine: Box<dyn Engine>) -> SqlStore {
-        SqlStore {
-            engine,
-            clock: Box::new(system_clock),
-            group: GroupCommit::default(),
-        }
-    }
-
     /// Opens the store at `location`: a `postgres://` (or `postgresql://`)
     /// URL, or else the SQLite data directory.
     pub fn open(location: &str) -> Result<SqlStore> {
-        SqlStore::open_with(location, crate::SessionLimits::default())
+        SqlStore::open_with(location, SessionLimits::default())
     }
 
     /// [`SqlStore::open`], a PostgreSQL store's sessions carrying `limits`.
-    pub fn open_with(location: &str, limits: crate::SessionLimits) -> Result<SqlStore> {
+    pub fn open_with(location: &str, limits: SessionLimits) -> Result<SqlStore> {
         if crate::is_postgres_url(location) {
             SqlStore::connect_with(location, limits)
         } else {
             SqlStore::open_dir(std::path::Path::new(location))
         }
     }
-
-    /// `sqlite` or `postgres`.
-    pub fn engine(&self) -> &'static str {
-        self.engine.name()
-    }
-
-    /// Replaces the wall clock (tests pass a fixed or stepping one).
-    pub fn with_clock(mut self, clock: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
-        self.clock = Box::new(clock);
-        self
-    }
-
-    /// Runs `f` in one serialised write transaction at one instant.
-    fn write<T>(&self, f: impl FnOnce(&mut dyn Db, Timestamp) -> Result<T>) -> Result<T> {
-        let now = (self.clock)();
-        let work = |db: &mut dyn Db| -> Result<T> {
-            let out = f(db, now)?;
-            audit::flush_audit(db)?;
-            if db.memo().routes_changed {
-                db.exec(
-                    "UPDATE routes_version SET version = version + 1 WHERE id = 1",
-                    &[],
-                )?;
-            }
-            Ok(out)
-        };
-        run_once(
-            |w| self.engine.write(w),
-            work,
-            "the engine ran no transaction",
-        )
-    }
-
-    /// Runs `f`, one statement on the lease table, outside the writers'
-    /// serialisation: a take-over never waits behind a rollout commit or a
-    /// heartbeat, only (PostgreSQL) behind a fenced write reading the
-    /// lease's row, which the server ends if its client is cut off.
-    fn lease_statement<T>(&self, f: impl FnOnce(&mut dyn Db, Timestamp) -> Result<T>) -> Result<T> {
-        let now = (self.clock)();
-        run_once(
-            |w| self.engine.lease(w),
-            |db| f(db, now),
-            "the engine ran no statement",
-        )
-    }
-
-    /// Runs `f` on one consistent snapshot.
-    fn read<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
-        run_once(|w| self.engine.read(w), f, "the engine ran no transaction")
-    }
-
-    /// Runs `f`, which runs exactly one statement.
-    fn read_one<T>(&self, f: impl FnOnce(&mut dyn Db) -> Result<T>) -> Result<T> {
-        run_once(
-            |w| self.engine.read_one(w),
-            f,
-            "the engine ran no transaction",
-        )
-    }
-}
-
-/// Runs `f` through `run` (one of the engine's ways to run work) at most
-/// once, however often the engine calls back, and returns what it returned;
-/// `missing` is the error if the engine never called.
-fn run_once<T>(
-    run: impl FnOnce(Work) -> Result<()>,
-    f: impl FnOnce(&mut dyn Db) -> Result<T>,
-    missing: &'static str,
-) -> Result<T> {
-    let mut f = Some(f);
-    let mut out = None;
-    run(&mut |db| {
-        if let Some(f) = f.take() {
-            out = Some(f(db)?);
-        }
-        Ok(())
-    })?;
-    out.ok_or_else(|| StoreError::Database(missing.into()))
 }
 
 /// Each operation lives with its concern; this table says where.
@@ -258,7 +148,7 @@ impl Store for SqlStore {
     }
 
     fn apply(&self, write: TransitionWrite) -> Result<RolloutRecord> {
-        group_commit::apply(self, &write)
+        rollouts::apply(self, &write)
     }
 
     fn apply_batch(&self, writes: &[TransitionWrite]) -> Result<Vec<RolloutRecord>> {

@@ -4,14 +4,14 @@
 
 use rollgate_core::Timestamp;
 
-use super::SqlStore;
-use super::audit::append_audit;
+use super::chain::append_audit;
+use super::engine::Db;
 use super::gateways::routes_changed;
 use super::rows::{
     MODEL_COLS, REVISION_COLS, active_rollout, all, get_model, get_revision, model_row,
     revision_row,
 };
-use crate::sql::Db;
+use super::store::SqlStore;
 use crate::{Model, ModelSpec, Result, Revision, RevisionSpec, RevisionState, StoreError};
 
 fn valid_name(name: &str) -> Result<()> {

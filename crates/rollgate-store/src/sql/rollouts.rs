@@ -2,20 +2,20 @@
 //! champion, reading rollouts, and committing a transition with every
 //! effect the state machine returned (routing, promotion, rejection, audit
 //! records) in the transaction that moves the rollout's version on, alone
-//! or as a batch. (Concurrent single transitions are grouped into batches
-//! by `group_commit.rs`.)
+//! or as a batch. (Concurrent single transitions are queued into groups
+//! by `group_commit.rs` and committed here.)
 
 use rollgate_core::{AuditEvent, Effect, Plan, RolloutSpec, RolloutState, Routing, Timestamp};
 
-use super::SqlStore;
-use super::audit::append_audit;
+use super::chain::append_audit;
+use super::engine::{Db, Val};
 use super::gateways::routes_changed;
 use super::lease::check_fence;
 use super::registry::{not_blocked, promote_in, revision_of, set_state};
 use super::rows::{
     ROLLOUT_COLS, active_rollout, all, get_model, get_revision, get_rollout, rollout_row,
 };
-use crate::sql::{Db, Val};
+use super::store::SqlStore;
 use crate::{Result, RevisionState, RolloutRecord, StoreError, TransitionWrite};
 
 pub(super) fn create_rollout(
@@ -99,6 +99,27 @@ pub(super) fn rollouts(store: &SqlStore, active_only: bool) -> Result<Vec<Rollou
     })
 }
 
+/// Commits one transition, grouped with whatever concurrent ones are
+/// queued (see `group_commit.rs`).
+pub(super) fn apply(store: &SqlStore, write: &TransitionWrite) -> Result<RolloutRecord> {
+    store
+        .group
+        .apply(write, |writes| commit_group(store, writes))
+}
+
+/// Commits a group of transitions in one transaction; a group is
+/// all-or-nothing, so when that fails (one version conflict, say) each is
+/// applied on its own and gets its own answer.
+fn commit_group(store: &SqlStore, writes: &[TransitionWrite]) -> Vec<Result<RolloutRecord>> {
+    let one = |w: &TransitionWrite| store.write(|db, now| apply_in(db, now, w));
+    if writes.len() > 1
+        && let Ok(records) = apply_batch(store, writes)
+    {
+        return records.into_iter().map(Ok).collect();
+    }
+    writes.iter().map(one).collect()
+}
+
 /// Commits `writes` in one transaction, all or none.
 pub(super) fn apply_batch(
     store: &SqlStore,
@@ -137,11 +158,7 @@ fn prefetch_rollouts(db: &mut dyn Db, writes: &[TransitionWrite]) -> Result<()> 
 /// Commits one transition inside the write: the fence and the version are
 /// checked first, then each effect lands in order, then the rollout's row
 /// takes the new state, routing and version.
-pub(super) fn apply_in(
-    db: &mut dyn Db,
-    now: Timestamp,
-    w: &TransitionWrite,
-) -> Result<RolloutRecord> {
+fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<RolloutRecord> {
     if let Some(fence) = &w.fence {
         check_fence(db, fence)?;
     }

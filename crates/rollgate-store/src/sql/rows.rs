@@ -4,7 +4,7 @@
 
 use rollgate_core::Timestamp;
 
-use crate::sql::{Db, Row, Val};
+use super::engine::{Db, Row, Val};
 use crate::{
     ApiToken, AuditRecord, Checkpoint, Model, Result, Revision, RevisionState, Role, RolloutRecord,
     StoreError,

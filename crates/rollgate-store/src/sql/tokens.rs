@@ -2,9 +2,9 @@
 //! their secret, looked up by that hash, revoked; creation and revocation
 //! are audited.
 
-use super::SqlStore;
-use super::audit::append_audit;
+use super::chain::append_audit;
 use super::rows::{TOKEN_COLS, all, token_row};
+use super::store::SqlStore;
 use crate::tokens::{RESERVED_ACTORS, valid_token_name};
 use crate::{ApiToken, Result, Role, StoreError};
 

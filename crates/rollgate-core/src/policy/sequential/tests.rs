@@ -1,7 +1,8 @@
-use super::errors::{error_design_effect, error_log_e};
+use super::errors::{error_design_effect, error_log_e, pass_log_e};
 use super::*;
 use crate::exposure::Exposure;
 use crate::snapshot::FailureClass;
+use proptest::prelude::*;
 
 /// One epoch in which the champion fails 0.5% of 64,000 requests, evenly
 /// over its unit groups, and the candidate fails `per_group[u]` of 50
@@ -77,6 +78,98 @@ fn failures_from_a_few_keys_are_weak_evidence_and_from_every_key_strong() {
     assert!(
         (raw - tempered).abs() < 1e-9,
         "no design effect: {raw} vs {tempered}"
+    );
+}
+
+/// One epoch's counts of the champion `h` and the candidate `c`, each as
+/// `(requests with an outcome, failures among them, requests without one
+/// yet)`.
+fn arms(h: (u64, u64, u64), c: (u64, u64, u64)) -> Snapshot {
+    let mut s = Snapshot::default();
+    for (id, (n, k, unresolved)) in [("h", h), ("c", c)] {
+        let r = s.revision_mut(id);
+        r.record_latency_counts([(20_000, n - k)]);
+        r.record_failures(FailureClass::Upstream5xx, k);
+        r.record_arrivals(n + unresolved);
+    }
+    s
+}
+
+/// A fresh ledger holding `epochs` as one gateway reported them.
+fn epochs_ledger(epochs: &[(Epoch, Snapshot)]) -> Ledger {
+    let current = epochs.iter().map(|(e, _)| *e).max().unwrap_or(1);
+    let mut l = Ledger::default();
+    l.absorb(
+        &Exposure::default().with_epochs("gw/1", epochs.iter().cloned().collect()),
+        current,
+        crate::types::Timestamp(0),
+    );
+    l
+}
+
+/// `ln` of the failing and of the passing error e-process, untempered.
+fn error_e_values(l: &Ledger) -> (f64, f64) {
+    let (plan, ids) = (Plan::default(), ("h", "c"));
+    (
+        error_log_e(
+            &plan,
+            &SequentialState::default(),
+            l,
+            ids,
+            Counted::Failures,
+            1.0,
+        ),
+        pass_log_e(&plan, l, ids, 1.0),
+    )
+}
+
+/// An arm's `(requests, failures, unresolved)` and the share of its
+/// unresolved requests that will turn out to fail.
+fn arm_and_fate() -> impl Strategy<Value = ((u64, u64, u64), f64)> {
+    (1u64..3000, 0.0..0.2f64, 0u64..300, 0.0..=1.0f64)
+        .prop_map(|(n, rate, u, fate)| ((n, (n as f64 * rate) as u64, u), fate))
+}
+
+proptest! {
+    /// Whatever the requests still without an outcome turn out to be, the
+    /// epoch's factor now is at most its factor once they are counted,
+    /// for failing and for passing alike: a look never sees more evidence
+    /// than the epoch will hold.
+    #[test]
+    fn requests_without_an_outcome_count_at_their_worst(
+        (h, h_fate) in arm_and_fate(),
+        (c, c_fate) in arm_and_fate(),
+    ) {
+        let resolved = |(n, k, u): (u64, u64, u64), fate: f64| {
+            (n + u, k + (u as f64 * fate) as u64, 0)
+        };
+        let now = error_e_values(&epochs_ledger(&[(1, arms(h, c))]));
+        let last = arms(resolved(h, h_fate), resolved(c, c_fate));
+        let then = error_e_values(&epochs_ledger(&[(1, last)]));
+        prop_assert!(now.0 <= then.0 + 1e-9, "failing: {} now, {} once resolved", now.0, then.0);
+        prop_assert!(now.1 <= then.1 + 1e-9, "passing: {} now, {} once resolved", now.1, then.1);
+    }
+}
+
+/// Two epochs in which both arms fail alike, 10% of requests in the
+/// first and 0.1% in the second, while the candidate serves 90% of the
+/// first and 10% of the second: pooled, it failed 9% of its requests and
+/// the champion 1.1%. Compared within each epoch nothing is shown;
+/// counted as one epoch it would be a regression.
+#[test]
+fn arms_alike_in_every_epoch_show_nothing_however_their_shares_moved() {
+    let threshold = (2.0 / metric_alpha(&Plan::default())).ln();
+    let bad = arms((1000, 100, 0), (9000, 900, 0));
+    let good = arms((9000, 9, 0), (1000, 1, 0));
+    let (per_epoch, _) = error_e_values(&epochs_ledger(&[(1, bad.clone()), (2, good.clone())]));
+    let (pooled, _) = error_e_values(&epochs_ledger(&[(1, Snapshot::merged([&bad, &good]))]));
+    assert!(
+        pooled >= threshold,
+        "the trap is real: {pooled} < {threshold}"
+    );
+    assert!(
+        per_epoch < threshold,
+        "epoch by epoch: {per_epoch} >= {threshold}"
     );
 }
 

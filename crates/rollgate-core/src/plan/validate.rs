@@ -1,0 +1,284 @@
+//! A plan's validation: every field checked, section by section, and the
+//! first problem named by its dotted path from the plan's root
+//! (`gates.latency.tail_quantile`).
+
+use std::time::Duration;
+
+use super::{
+    ApprovalPoint, ErrorRateGate, Gates, GuardRails, LatencyGate, Plan, PlanError, SequentialPlan,
+    ShadowGate, ShadowPlan, ShiftGate,
+};
+
+/// The error naming `field`.
+fn err(field: &str, message: impl Into<String>) -> PlanError {
+    PlanError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+// The shapes of value a field may need to have.
+
+fn unit(field: &str, x: f64) -> Result<(), PlanError> {
+    if (0.0..=1.0).contains(&x) {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be in [0, 1], got {x}")))
+    }
+}
+
+fn positive_unit(field: &str, x: f64) -> Result<(), PlanError> {
+    if x > 0.0 && x <= 1.0 {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be in (0, 1], got {x}")))
+    }
+}
+
+fn at_least(field: &str, x: f64, min: f64) -> Result<(), PlanError> {
+    if x.is_finite() && x >= min {
+        Ok(())
+    } else {
+        Err(err(field, format!("must be a number >= {min}, got {x}")))
+    }
+}
+
+fn count(field: &str, x: u64) -> Result<(), PlanError> {
+    if x >= 1 {
+        Ok(())
+    } else {
+        Err(err(field, "must be at least 1"))
+    }
+}
+
+impl Plan {
+    /// Checks every field, section by section (steps, shadow, clocks, the
+    /// `windowed` settings, the `sequential` ones, gates, approvals); the
+    /// first problem found is returned.
+    pub fn validate(&self) -> Result<(), PlanError> {
+        self.validate_steps()?;
+        self.shadow.validate()?;
+        self.validate_clocks()?;
+        self.validate_windowed()?;
+        self.sequential.validate()?;
+        self.gates.validate()?;
+        self.validate_approvals()
+    }
+
+    /// At least one canary step, each a percentage in 1..=99, strictly
+    /// increasing.
+    fn validate_steps(&self) -> Result<(), PlanError> {
+        if self.steps.is_empty() {
+            return Err(err("steps", "needs at least one canary step"));
+        }
+        for (i, &s) in self.steps.iter().enumerate() {
+            if !(1..=99).contains(&s) {
+                return Err(err(
+                    &format!("steps[{i}]"),
+                    format!("must be a percentage in 1..=99, got {s}"),
+                ));
+            }
+            if i > 0 && s <= self.steps[i - 1] {
+                return Err(err(
+                    &format!("steps[{i}]"),
+                    format!(
+                        "steps must be strictly increasing, got {} after {}",
+                        s,
+                        self.steps[i - 1]
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The evidence deadline (positive, at least the minimum stage
+    /// duration), the readiness deadline and the outage window.
+    fn validate_clocks(&self) -> Result<(), PlanError> {
+        if self.evidence_timeout.is_zero() {
+            return Err(err("evidence_timeout", "must be positive"));
+        }
+        if self.evidence_timeout < self.min_stage_duration {
+            return Err(err(
+                "evidence_timeout",
+                "must be at least min_stage_duration",
+            ));
+        }
+        if self.readiness_timeout.is_zero() {
+            return Err(err("readiness_timeout", "must be positive"));
+        }
+        if self.outage_window < Duration::from_secs(1) {
+            return Err(err("outage_window", "must be at least 1s"));
+        }
+        Ok(())
+    }
+
+    /// The `windowed` policy's settings: breach confirmations and the
+    /// bounds' error level.
+    fn validate_windowed(&self) -> Result<(), PlanError> {
+        if self.confirm_breaches == 0 {
+            return Err(err("confirm_breaches", "must be at least 1"));
+        }
+        if !(self.alpha > 0.0 && self.alpha <= 0.5) {
+            return Err(err(
+                "alpha",
+                format!("must be in (0, 0.5], got {}", self.alpha),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each approval step stands before one of the plan's steps (or
+    /// promotion), no point has two, and a deadline is at least 1s.
+    fn validate_approvals(&self) -> Result<(), PlanError> {
+        for (i, a) in self.approvals.iter().enumerate() {
+            if let ApprovalPoint::Weight(w) = a.before
+                && !self.steps.contains(&w)
+            {
+                return Err(err(
+                    &format!("approvals[{i}].before"),
+                    format!("{w} is not one of the plan's steps {:?}", self.steps),
+                ));
+            }
+            if self.approvals[..i].iter().any(|b| b.before == a.before) {
+                return Err(err(
+                    &format!("approvals[{i}].before"),
+                    format!("{} has an approval step already", a.before),
+                ));
+            }
+            if a.deadline.is_some_and(|d| d < Duration::from_secs(1)) {
+                return Err(err(
+                    &format!("approvals[{i}].deadline"),
+                    "must be at least 1s",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+// The sections' own checks. Each names its fields by their dotted path
+// from the plan's root, as `PlanError::field` says.
+
+impl ShadowPlan {
+    fn validate(&self) -> Result<(), PlanError> {
+        if !(1..=100).contains(&self.mirror_percent) {
+            return Err(err(
+                "shadow.mirror_percent",
+                format!("must be in 1..=100, got {}", self.mirror_percent),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl SequentialPlan {
+    fn validate(&self) -> Result<(), PlanError> {
+        if !(self.alpha > 0.0 && self.alpha <= 0.5) {
+            return Err(err(
+                "sequential.alpha",
+                format!("must be in (0, 0.5], got {}", self.alpha),
+            ));
+        }
+        at_least("sequential.max_error_ratio", self.max_error_ratio, 1.0)?;
+        if self.non_inferiority_ratio.is_nan() || self.non_inferiority_ratio <= 1.0 {
+            return Err(err(
+                "sequential.non_inferiority_ratio",
+                format!("must be greater than 1, got {}", self.non_inferiority_ratio),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.negligible_error_rate) {
+            return Err(err(
+                "sequential.negligible_error_rate",
+                format!("must be in [0, 1), got {}", self.negligible_error_rate),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Gates {
+    fn validate(&self) -> Result<(), PlanError> {
+        self.error_rate.validate()?;
+        self.latency.validate()?;
+        self.prediction_shift.validate()?;
+        self.shadow.validate()?;
+        self.guard_rails.validate()
+    }
+}
+
+impl ErrorRateGate {
+    fn validate(&self) -> Result<(), PlanError> {
+        unit("gates.error_rate.margin", self.margin)?;
+        count("gates.error_rate.min_requests", self.min_requests)?;
+        positive_unit("gates.error_rate.gross_error_rate", self.gross_error_rate)
+    }
+}
+
+impl LatencyGate {
+    fn validate(&self) -> Result<(), PlanError> {
+        count("gates.latency.min_requests", self.min_requests)?;
+        if !(self.tail_quantile > 0.5 && self.tail_quantile < 1.0) {
+            return Err(err(
+                "gates.latency.tail_quantile",
+                format!("must be in (0.5, 1), got {}", self.tail_quantile),
+            ));
+        }
+        at_least("gates.latency.median_ratio", self.median_ratio, 1.0)?;
+        at_least("gates.latency.median_ms", self.median_ms, 0.0)?;
+        at_least("gates.latency.tail_ratio", self.tail_ratio, 1.0)?;
+        at_least("gates.latency.tail_ms", self.tail_ms, 0.0)
+    }
+}
+
+impl ShiftGate {
+    fn validate(&self) -> Result<(), PlanError> {
+        unit("gates.prediction_shift.margin", self.margin)?;
+        let ratio = self.max_class_ratio;
+        if !(ratio.is_finite() && ratio > 1.0) {
+            return Err(err(
+                "gates.prediction_shift.max_class_ratio",
+                format!("must be greater than 1, got {ratio}"),
+            ));
+        }
+        let share = self.min_class_share;
+        if !(0.0..1.0).contains(&share) {
+            return Err(err(
+                "gates.prediction_shift.min_class_share",
+                format!("must be in [0, 1), got {share}"),
+            ));
+        }
+        count(
+            "gates.prediction_shift.min_predictions",
+            self.min_predictions,
+        )
+    }
+}
+
+impl ShadowGate {
+    fn validate(&self) -> Result<(), PlanError> {
+        unit("gates.shadow.min_agreement", self.min_agreement)?;
+        unit("gates.shadow.max_flip_rate", self.max_flip_rate)?;
+        count("gates.shadow.min_pairs", self.min_pairs)
+    }
+}
+
+impl GuardRails {
+    fn validate(&self) -> Result<(), PlanError> {
+        if let Some(x) = self.max_error_rate {
+            unit("gates.guard_rails.max_error_rate", x)?;
+        }
+        if let Some(x) = self.max_p95_ms
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(err(
+                "gates.guard_rails.max_p95_ms",
+                format!("must be positive, got {x}"),
+            ));
+        }
+        positive_unit(
+            "gates.guard_rails.champion_outage_error_rate",
+            self.champion_outage_error_rate,
+        )
+    }
+}
