@@ -44,8 +44,10 @@ use serde::{Deserialize, Serialize};
 /// users of the smallest canary (5% of 10,000 buckets: ~8 buckets each).
 pub const UNITS: u32 = 64;
 
-/// Fewer groups with data than this and no variance is estimated (`D = 1`):
-/// the estimate would be noise.
+/// Fewer groups with data than this and no variance is estimated (it
+/// would be noise): a count then takes each group as at most one unit, and
+/// the latency tests wait. Requests are never taken as independent for
+/// want of groups.
 pub const MIN_UNITS: usize = 8;
 
 /// The unit group of an assignment bucket.
@@ -137,9 +139,16 @@ impl UnitTotals {
 /// A revision's totals by unit group.
 pub type Units = BTreeMap<u16, UnitTotals>;
 
-/// The sandwich sum `G/(G−1) · Σ_u (k_u − r·n_u)²` of a ratio `r = Σk/Σn`
-/// over groups `(n_u, k_u)`, with `G` the groups holding data; `None` with
-/// fewer than [`MIN_UNITS`] of them.
+/// The leverage-corrected (CR3, jackknife) sandwich sum
+/// `(G−1)/G · Σ_u ((k_u − r·n_u) / (1 − h_u))²` of a ratio `r = Σk/Σn` over
+/// groups `(n_u, k_u)`, with `h_u = n_u/Σn` the group's leverage and `G`
+/// the groups holding data; `None` with fewer than [`MIN_UNITS`] of them.
+///
+/// Why the leverage: a group's residual is measured against a ratio it
+/// helped make, so one holding a share `h` of the arm has its residual
+/// shrunk by `1 − h` — a bot at `h = 0.7` would have its variance
+/// underestimated tenfold by the plain (CR1) sandwich. The jackknife
+/// divides that back out; with groups of equal size it equals CR1.
 fn sandwich(groups: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64, f64)> {
     let groups: Vec<(f64, f64)> = groups.filter(|&(n, _)| n > 0.0).collect();
     if groups.len() < MIN_UNITS {
@@ -150,23 +159,56 @@ fn sandwich(groups: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64, f64)>
         .fold((0.0, 0.0), |(a, b), &(n, k)| (a + n, b + k));
     let r = k / n;
     let g = groups.len() as f64;
-    let ss: f64 = groups.iter().map(|&(nu, ku)| (ku - r * nu).powi(2)).sum();
-    Some((ss * g / (g - 1.0), n, k))
+    let ss: f64 = groups
+        .iter()
+        .map(|&(nu, ku)| {
+            // At least one other group holds data, so `1 − h > 0`.
+            let h = (nu / n).min(1.0 - 1e-12);
+            ((ku - r * nu) / (1.0 - h)).powi(2)
+        })
+        .sum();
+    Some((ss * (g - 1.0) / g, n, k))
 }
 
-/// One arm's count on the Poisson scale: the sandwich variance of the
-/// count `K` given the arm's traffic, over `K` (what a test of independent
-/// requests takes it to be). Returns `(D, K)`; `D = 1` without enough
-/// groups.
-fn count_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> (f64, f64) {
-    let groups = units.values().map(|u| {
-        let (n, k) = pick(u);
-        (n as f64, k as f64)
-    });
-    match sandwich(groups) {
-        Some((var, _, k)) if k > 0.0 => (var / k, k),
-        Some((_, _, k)) => (1.0, k),
-        None => (1.0, units.values().map(|u| pick(u).1 as f64).sum()),
+/// One arm's count on the Poisson scale: the variance of the count `K`
+/// given the arm's traffic, over `K` (what a test of independent requests
+/// takes it to be). Returns `(D, N, K)` with `N` the arm's trials.
+///
+/// With [`MIN_UNITS`] groups holding data or more, the variance is the
+/// leverage-corrected sandwich. With fewer there is no variance to
+/// estimate, and the requests are not taken as independent either: each
+/// group counts as at most one unit, its weight its share of the count,
+/// so `D = Σk_u² / K` (`K` over the inverse Herfindahl index of the count
+/// over groups): failures spread one per group (distinct keys) keep
+/// `D = 1`, failures all from one group (one key) are worth one failure.
+fn count_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> (f64, f64, f64) {
+    let groups: Vec<(f64, f64)> = units
+        .values()
+        .map(|u| {
+            let (n, k) = pick(u);
+            (n as f64, k as f64)
+        })
+        .filter(|&(n, _)| n > 0.0)
+        .collect();
+    if groups.is_empty() {
+        // Nothing counted per key (the arm has no traffic yet, or its
+        // source keeps no unit groups: Prometheus counters, an older
+        // gateway): requests are taken as independent, the assumption such
+        // evidence states (docs/statistics.md).
+        return (1.0, 0.0, 0.0);
+    }
+    let (n, k) = groups
+        .iter()
+        .fold((0.0, 0.0), |(a, b), &(n, k)| (a + n, b + k));
+    if k == 0.0 {
+        return (1.0, n, k);
+    }
+    match sandwich(groups.into_iter()) {
+        Some((var, _, _)) => (var / k, n, k),
+        None => {
+            let squares: f64 = units.values().map(|u| (pick(u).1 as f64).powi(2)).sum();
+            (squares / k, n, k)
+        }
     }
 }
 
@@ -177,23 +219,32 @@ pub fn count_design_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -
 }
 
 /// The design effect of comparing two arms' counts (failures, or client
-/// errors): the log rate ratio's sandwich variance `D_c/K_c + D_h/K_h`
-/// over the independent-request one `1/K_c + 1/K_h`, at least 1.
-/// `pick` gives a group's `(trials, count)`.
+/// errors) by the candidate's share of them: `(1 − p)·D_c + p·D_h` with
+/// `p` the candidate's share of the trials, at least 1. `pick` gives a
+/// group's `(trials, count)`.
+///
+/// Why these weights: given both counts' total, the candidate's count
+/// `K_c` is binomial under independence with variance `K·p(1−p)` at the
+/// null; with each arm overdispersed by its own `D`, `K_c − p·K` has
+/// variance `K·p(1−p)·((1−p)·D_c + p·D_h)`. The weights are the arms'
+/// exposures, fixed by the split, not their observed counts: weighting by
+/// `1/K` would lean on the arm with fewer failures, so a heavy failing key
+/// in the other arm would barely move the effect — exactly when it must.
 pub fn ratio_design_effect(
     candidate: &Units,
     champion: &Units,
     pick: fn(&UnitTotals) -> (u64, u64),
 ) -> f64 {
-    let (dc, kc) = count_effect(candidate, pick);
-    let (dh, kh) = count_effect(champion, pick);
-    let (kc, kh) = (kc.max(1.0), kh.max(1.0));
-    ((dc / kc + dh / kh) / (1.0 / kc + 1.0 / kh)).max(1.0)
+    let (dc, nc, _) = count_effect(candidate, pick);
+    let (dh, nh, _) = count_effect(champion, pick);
+    let p = if nc + nh > 0.0 { nc / (nc + nh) } else { 0.5 };
+    ((1.0 - p) * dc.max(1.0) + p * dh.max(1.0)).max(1.0)
 }
 
 /// The design effect of one arm's mean log latency: its sandwich variance
-/// over `σ²/n`, at least 1 (applied to the arm's quantile sequences).
-pub fn latency_design_effect(units: &Units) -> f64 {
+/// over `σ²/n`, at least 1 (applied to the arm's quantile sequences);
+/// `None` while fewer than [`MIN_UNITS`] unit groups hold data.
+pub fn latency_design_effect(units: &Units) -> Option<f64> {
     let s = |x: u64| x as f64 / LOG_SCALE;
     let (mut n, mut sum, mut sq) = (0.0, 0.0, 0.0);
     for u in units.values() {
@@ -201,17 +252,23 @@ pub fn latency_design_effect(units: &Units) -> f64 {
         sum += s(u.log_latency);
         sq += s(u.log_latency_sq) / LOG_SCALE;
     }
+    if n == 0.0 {
+        // Nothing counted per key: see `count_effect`.
+        return Some(1.0);
+    }
     if n < 2.0 {
-        return 1.0;
+        return None;
     }
     let variance = sq / n - (sum / n).powi(2);
     let groups = units
         .values()
         .map(|u| (u.latencies as f64, s(u.log_latency)));
-    match sandwich(groups) {
-        Some((var, _, _)) if variance > 1e-12 => (var / (variance * n)).max(1.0),
-        _ => 1.0,
-    }
+    let (var, _, _) = sandwich(groups)?;
+    Some(if variance > 1e-12 {
+        (var / (variance * n)).max(1.0)
+    } else {
+        1.0
+    })
 }
 
 /// Per-request moments of a count over instances (shadow pairs): with
@@ -302,7 +359,7 @@ mod tests {
                 (n, (0..n).filter(|_| rng.random_bool(0.02)).count() as u64)
             })
             .collect();
-        let (d, _) = count_effect(&units_of(&groups), |u| (u.requests, u.failures));
+        let (d, _, _) = count_effect(&units_of(&groups), |u| (u.requests, u.failures));
         assert!((0.6..1.5).contains(&d), "{d}");
     }
 
@@ -328,22 +385,105 @@ mod tests {
         assert!(many > 5.0 * few, "{many} vs {few}");
     }
 
+    /// Fewer groups than [`MIN_UNITS`]: no variance is estimated, and the
+    /// requests are not taken as independent either. A count is worth the
+    /// spread of its groups (one failure per group: `D = 1`; all from one
+    /// group: one failure's worth); the latency tests wait.
     #[test]
-    fn too_few_groups_or_no_counts_give_one() {
-        let two = units_of(&[(100, 50), (100, 0)]);
-        assert_eq!(
-            ratio_design_effect(&two, &two, |u| (u.requests, u.failures)),
-            1.0
-        );
+    fn too_few_groups_count_each_group_once_and_latency_waits() {
+        let pick = |u: &UnitTotals| (u.requests, u.failures);
+        let one_group = units_of(&[(100, 50), (100, 0)]);
+        assert_eq!(count_design_effect(&one_group, pick), 50.0);
+        let spread = units_of(&[(10, 1), (10, 1), (10, 1)]);
+        assert_eq!(count_design_effect(&spread, pick), 1.0);
+        // Two failures in one group and one in another: Σk² / K = 5 / 3.
+        let mixed = units_of(&[(10, 2), (10, 1)]);
+        assert!((count_design_effect(&mixed, pick) - 5.0 / 3.0).abs() < 1e-12);
+        let timed: Units = (0..3u16)
+            .map(|u| {
+                let t = UnitTotals {
+                    latencies: 10,
+                    log_latency: 10 * LOG_SCALE as u64,
+                    log_latency_sq: 10 * (LOG_SCALE * LOG_SCALE) as u64,
+                    ..UnitTotals::default()
+                };
+                (u, t)
+            })
+            .collect();
+        assert_eq!(latency_design_effect(&timed), None);
+        // The combined effect leans on each arm by its exposure.
+        let d = ratio_design_effect(&one_group, &spread, pick);
+        let p = 200.0 / 230.0;
+        assert!((d - ((1.0 - p) * 50.0 + p)).abs() < 1e-9, "{d}");
+        // Enough groups and no counts: 1; no groups at all (a source
+        // without unit groups): 1, the independence it states.
         let none = units_of(&[(100, 0); 10]);
-        assert_eq!(
-            ratio_design_effect(&none, &none, |u| (u.requests, u.failures)),
-            1.0
-        );
-        assert_eq!(
-            ratio_design_effect(&Units::new(), &Units::new(), |u| (u.requests, u.failures)),
-            1.0
-        );
+        assert_eq!(ratio_design_effect(&none, &none, pick), 1.0);
+        assert_eq!(ratio_design_effect(&Units::new(), &Units::new(), pick), 1.0);
+        assert_eq!(latency_design_effect(&Units::new()), Some(1.0));
+    }
+
+    /// One group holding most of an arm's traffic and failures (a bot): the
+    /// plain sandwich shrinks its residual by `1 − h`; the leverage-corrected
+    /// one does not, so the effect is far larger — and with equal groups
+    /// the two agree.
+    #[test]
+    fn a_dominant_group_is_not_shrunk_by_its_own_weight() {
+        let pick = |u: &UnitTotals| (u.requests, u.failures);
+        // 63 ordinary groups of 100 requests failing 1, and a bot group of
+        // 20,000 requests (76% of the arm) failing 30%.
+        let mut groups = vec![(100, 1); 63];
+        groups.push((20_000, 6_000));
+        let (d, _, k) = count_effect(&units_of(&groups), pick);
+        // The plain (CR1) sandwich, for comparison.
+        let (n, kk) = groups
+            .iter()
+            .fold((0.0, 0.0), |(a, b), &(n, k)| (a + n as f64, b + k as f64));
+        let r = kk / n;
+        let cr1: f64 = groups
+            .iter()
+            .map(|&(nu, ku)| (ku as f64 - r * nu as f64).powi(2))
+            .sum::<f64>()
+            * 64.0
+            / 63.0
+            / k;
+        assert!(d > 10.0 * cr1, "leverage-corrected {d} vs plain {cr1}");
+        // Equal groups: the same as the plain sandwich.
+        let even: Vec<(u64, u64)> = (0..64).map(|i| (100, i % 5)).collect();
+        let (d, _, k) = count_effect(&units_of(&even), pick);
+        let r = even.iter().map(|g| g.1).sum::<u64>() as f64 / 6400.0;
+        let cr1 = even
+            .iter()
+            .map(|&(nu, ku)| (ku as f64 - r * nu as f64).powi(2))
+            .sum::<f64>()
+            * 64.0
+            / 63.0
+            / k;
+        assert!((d - cr1).abs() < 1e-9 * cr1.max(1.0), "{d} vs {cr1}");
+    }
+
+    /// The arms' effects are combined by exposure, not by their counts: a
+    /// heavy failing key in the small (candidate) arm moves the combined
+    /// effect however clean the champion is.
+    #[test]
+    fn the_arms_are_weighted_by_exposure_not_by_their_counts() {
+        let pick = |u: &UnitTotals| (u.requests, u.failures);
+        // Candidate: 5% of traffic, its failures concentrated in one group.
+        let mut candidate = vec![(50, 0); 63];
+        candidate.push((1_850, 550));
+        // Champion: 95%, failures spread evenly.
+        let champion: Vec<(u64, u64)> = (0..64).map(|i| (1_500, 5 + i % 3)).collect();
+        let (c, h) = (units_of(&candidate), units_of(&champion));
+        let dc = count_design_effect(&c, pick);
+        let dh = count_design_effect(&h, pick);
+        let d = ratio_design_effect(&c, &h, pick);
+        let p = 5_000.0 / (5_000.0 + 96_000.0);
+        assert!(dc > 50.0 && dh < 2.0, "{dc} {dh}");
+        assert!((d - ((1.0 - p) * dc + p * dh)).abs() < 1e-9 * d, "{d}");
+        // What 1/K weights would have said: close to the clean champion's.
+        let (kc, kh) = (550.0, champion.iter().map(|g| g.1).sum::<u64>() as f64);
+        let by_counts = (dc / kc + dh / kh) / (1.0 / kc + 1.0 / kh);
+        assert!(d > 2.0 * by_counts, "{d} vs {by_counts}");
     }
 
     #[test]
@@ -386,8 +526,8 @@ mod tests {
                 })
                 .collect()
         };
-        let flat = latency_design_effect(&build(&mut rng, 0.0));
-        let varied = latency_design_effect(&build(&mut rng, 0.5));
+        let flat = latency_design_effect(&build(&mut rng, 0.0)).expect("64 groups");
+        let varied = latency_design_effect(&build(&mut rng, 0.5)).expect("64 groups");
         assert!(flat < 1.5, "{flat}");
         assert!(varied > 20.0, "{varied}");
     }

@@ -28,5 +28,5 @@ mod users;
 pub use decider::{CoreDecider, Decider, pooled};
 pub use run::{SimResult, TimedEvent, simulate, simulate_with};
 pub use scenario::{ArmModel, CANDIDATE, CHAMPION, Expect, Scenario, ScrapeModel, Slowdown};
-pub use traffic::Traffic;
+pub use traffic::{Traffic, bot_bucket};
 pub use users::{Assignment, Users};

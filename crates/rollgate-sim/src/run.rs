@@ -131,7 +131,10 @@ impl<'t> Run<'t> {
     fn arrive(&mut self) {
         let scenario = self.scenario;
         let second = self.now.as_secs();
-        let stopped = scenario.traffic_stops_at.is_some_and(|t| second >= t);
+        let stopped = scenario.traffic_stops_at.is_some_and(|t| second >= t)
+            || scenario
+                .on_off
+                .is_some_and(|period| (second / period.max(1)) % 2 == 1);
         let outage = scenario
             .shared_outage
             .is_some_and(|(from, to)| (from..to).contains(&second));

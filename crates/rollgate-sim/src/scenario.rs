@@ -90,6 +90,9 @@ pub struct Scenario {
     pub shared_outage: Option<(u64, u64)>,
     /// From this second on, no traffic arrives.
     pub traffic_stops_at: Option<u64>,
+    /// Traffic on for this many seconds, then off as long, and so on (a
+    /// batch client, a business-hours tenant).
+    pub on_off: Option<u64>,
     /// Distinct request keys (users); assignment is sticky per key.
     pub keys: u64,
     /// Whether the plan's SHADOW stage runs (default: as the plan says).
@@ -190,6 +193,7 @@ impl Scenario {
             unconfident_disagreement: 0.0,
             shared_outage: None,
             traffic_stops_at: None,
+            on_off: None,
             shadow: None,
             keys: 10_000,
             timeout_rate: 0.0,

@@ -177,6 +177,9 @@ fn serve(
     sinks.now.revision_mut(rev).record_arrivals(count);
     let p_hang = 1.0 - (1.0 - sinks.timeout_rate) * (1.0 - arm.model.hang);
     let mut units = UnitAcc::new();
+    // Class "fraud" answers drawn per request for users with their own
+    // class mix; the rest of the successes take the arm's share.
+    let mut own_class = (0, 0);
     let successes = match senders {
         Senders::Alike => {
             let hung = binomial(rng, count, p_hang);
@@ -193,51 +196,16 @@ fn serve(
             count - failures
         }
         Senders::Crowd(crowd, users) => {
-            // One request at a time: its user, then its outcome.
-            let (mut hung, mut failed) = (UnitAcc::new(), UnitAcc::new());
-            let (mut n_hung, mut n_failed) = (0, 0);
-            let mut latencies = Vec::new();
-            let f = sinks.slowdown;
-            let f_log = (rollgate_core::unit::LOG_SCALE * f.ln()).round() as i64;
-            for _ in 0..count {
-                let (user, unit) = crowd.draw(rng, users);
-                if p_hang > 0.0 && uniform(rng) < p_hang {
-                    n_hung += 1;
-                    hung.failures(unit, 1);
-                } else if arm.model.client_error > 0.0 && uniform(rng) < arm.model.client_error {
-                    let stats = sinks.now.revision_mut(rev);
-                    stats.record_client_error();
-                    stats.unit_mut(unit as u16).record_client_error();
-                } else if outage
-                    || uniform(rng) < 1.0 - (1.0 - user.failure) * (1.0 - arm.model.failure)
-                {
-                    n_failed += 1;
-                    failed.failures(unit, 1);
-                } else {
-                    let b = arm.latency.alias.sample(rng);
-                    let v = (arm.latency.values[b] as f64 * user.latency * f) as u64;
-                    let l = arm.latency.logs[b] as i64 + user.latency_log + f_log;
-                    latencies.push(v.max(1));
-                    units.success(unit, l.max(0) as u64);
-                }
-            }
-            if n_hung > 0 {
-                let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
-                let stats = sink.revision_mut(rev);
-                stats.record_failures(FailureClass::Timeout, n_hung);
-                hung.flush(stats);
-            }
-            let stats = sinks.now.revision_mut(rev);
-            stats.record_failures(FailureClass::Upstream5xx, n_failed);
-            failed.flush(stats);
-            let n = latencies.len() as u64;
-            let stats = sinks
-                .later
-                .as_deref_mut()
-                .unwrap_or(sinks.now)
-                .revision_mut(rev);
-            stats.record_latencies(latencies);
-            units.flush(stats);
+            let (n, classes) = serve_crowd(
+                rng,
+                sinks,
+                rev,
+                arm,
+                (count, outage, p_hang),
+                (crowd, users),
+                &mut units,
+            );
+            own_class = classes;
             n
         }
     };
@@ -251,10 +219,73 @@ fn serve(
             .record(rng, stats, successes, sinks.slowdown, &mut units);
         units.flush(stats);
     }
-    let fraud = binomial(rng, successes, arm.model.fraud);
+    let fraud = own_class.1 + binomial(rng, successes - own_class.0, arm.model.fraud);
     stats.record_predictions("fraud", fraud);
     stats.record_predictions("ok", successes - fraud);
     successes
+}
+
+/// Serves `count` requests of users who differ, one at a time: its user,
+/// then its outcome. Returns the successes, and of them those whose class
+/// was drawn from the user's own mix with how many were "fraud".
+fn serve_crowd(
+    rng: &mut Rng,
+    sinks: &mut Sinks,
+    rev: &str,
+    arm: &Arm,
+    (count, outage, p_hang): (u64, bool, f64),
+    (crowd, users): (&Crowd, &[User]),
+    units: &mut UnitAcc,
+) -> (u64, (u64, u64)) {
+    let mut own_class = (0, 0);
+    let (mut hung, mut failed) = (UnitAcc::new(), UnitAcc::new());
+    let (mut n_hung, mut n_failed) = (0, 0);
+    let mut latencies = Vec::new();
+    let f = sinks.slowdown;
+    let f_log = (rollgate_core::unit::LOG_SCALE * f.ln()).round() as i64;
+    for _ in 0..count {
+        let (user, unit) = crowd.draw(rng, users);
+        if p_hang > 0.0 && uniform(rng) < p_hang {
+            n_hung += 1;
+            hung.failures(unit, 1);
+        } else if arm.model.client_error > 0.0 && uniform(rng) < arm.model.client_error {
+            let stats = sinks.now.revision_mut(rev);
+            stats.record_client_error();
+            stats.unit_mut(unit as u16).record_client_error();
+        } else if outage || uniform(rng) < 1.0 - (1.0 - user.failure) * (1.0 - arm.model.failure) {
+            n_failed += 1;
+            failed.failures(unit, 1);
+        } else {
+            let b = arm.latency.alias.sample(rng);
+            let v = (arm.latency.values[b] as f64 * user.latency * f) as u64;
+            let l = arm.latency.logs[b] as i64 + user.latency_log + f_log;
+            latencies.push(v.max(1));
+            units.success(unit, l.max(0) as u64);
+            if user.class_factor != 1.0 {
+                own_class.0 += 1;
+                let p = (arm.model.fraud * user.class_factor).min(1.0);
+                own_class.1 += u64::from(uniform(rng) < p);
+            }
+        }
+    }
+    if n_hung > 0 {
+        let sink = sinks.hung.as_deref_mut().unwrap_or(sinks.now);
+        let stats = sink.revision_mut(rev);
+        stats.record_failures(FailureClass::Timeout, n_hung);
+        hung.flush(stats);
+    }
+    let stats = sinks.now.revision_mut(rev);
+    stats.record_failures(FailureClass::Upstream5xx, n_failed);
+    failed.flush(stats);
+    let n = latencies.len() as u64;
+    let stats = sinks
+        .later
+        .as_deref_mut()
+        .unwrap_or(sinks.now)
+        .revision_mut(rev);
+    stats.record_latencies(latencies);
+    units.flush(stats);
+    (n, own_class)
 }
 
 /// Records `n` client errors (4xx) of users all alike, each in a unit

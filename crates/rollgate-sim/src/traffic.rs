@@ -150,6 +150,13 @@ pub(crate) fn bucket(key: u64, salt: u64) -> u32 {
     ((z ^ (z >> 31)) % 10_000) as u32
 }
 
+/// The sticky bucket of the bot (`Users::bot_share`) of a run with `keys`
+/// keys and `seed`: it serves the candidate at weight `w` basis points iff
+/// this is below `w` (the bot is the key after the others).
+pub fn bot_bucket(keys: u64, seed: u64) -> u32 {
+    bucket(keys.max(1), seed)
+}
+
 /// The scenario's keys' sticky buckets for one run's salt, hashed once
 /// (on the first weight change) and counted for each weight after.
 pub(crate) struct StickyKeys {

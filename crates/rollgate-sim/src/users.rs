@@ -31,6 +31,16 @@ pub struct Users {
     pub volume_sigma: f64,
     /// Lognormal σ of each user's latency factor (0: none).
     pub latency_sigma: f64,
+    /// One more key, a bot, that sends this share of all requests (0: no
+    /// bot): a heavy key whose volume and failure propensity are chosen
+    /// together.
+    pub bot_share: f64,
+    /// The bot's failure propensity.
+    pub bot_failure: f64,
+    /// Lognormal σ of each user's factor on the answering arm's share of
+    /// class "fraud" (0: every user alike): users whose inputs differ, so
+    /// a sticky arm's users have their own class mix.
+    pub class_sigma: f64,
 }
 
 impl Default for Users {
@@ -42,6 +52,9 @@ impl Default for Users {
             beta: None,
             volume_sigma: 0.0,
             latency_sigma: 0.0,
+            bot_share: 0.0,
+            bot_failure: 0.0,
+            class_sigma: 0.0,
         }
     }
 }
@@ -59,6 +72,9 @@ pub(crate) struct User {
     /// The factor as it adds to a [`rollgate_core::unit::log_latency`].
     pub latency_log: i64,
     pub bucket: u32,
+    /// Factor on the arm's share of class "fraud" in this user's answers
+    /// (mean 1 over users; exactly 1 when users' class mixes are alike).
+    pub class_factor: f64,
 }
 
 /// A uniform draw in [0, 1).
@@ -80,7 +96,10 @@ impl Users {
         let beta = self.beta.and_then(|(a, b)| Beta::new(a, b).ok());
         let lognormal = |sigma: f64| LogNormal::new(0.0, sigma.max(1e-12)).ok();
         let (volume, latency) = (lognormal(self.volume_sigma), lognormal(self.latency_sigma));
-        (0..count.max(1))
+        // Mean 1 over users: the arms' class shares stay as the scenario says.
+        let class =
+            LogNormal::new(-self.class_sigma.powi(2) / 2.0, self.class_sigma.max(1e-12)).ok();
+        let mut users: Vec<User> = (0..count.max(1))
             .map(|k| {
                 let mut u = User {
                     failure: match &beta {
@@ -98,11 +117,31 @@ impl Users {
                     },
                     bucket: bucket(k),
                     latency_log: 0,
+                    class_factor: 1.0,
                 };
                 u.latency_log = (rollgate_core::unit::LOG_SCALE * u.latency.ln()).round() as i64;
+                // Drawn last and only when asked for: other scenarios' draws
+                // stay as they were.
+                if let (Some(c), true) = (&class, self.class_sigma > 0.0) {
+                    u.class_factor = c.sample(&mut rng);
+                }
                 u
             })
-            .collect()
+            .collect();
+        // The bot is a key of its own beyond the others (their draws stay
+        // as they were), with the volume that makes its share.
+        if self.bot_share > 0.0 && self.bot_share < 1.0 {
+            let others: f64 = users.iter().map(|u| u.volume).sum();
+            users.push(User {
+                failure: self.bot_failure,
+                volume: others * self.bot_share / (1.0 - self.bot_share),
+                latency: 1.0,
+                latency_log: 0,
+                bucket: bucket(count.max(1)),
+                class_factor: 1.0,
+            });
+        }
+        users
     }
 }
 

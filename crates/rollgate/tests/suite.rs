@@ -8,6 +8,7 @@ mod common;
 mod dashboard;
 mod data_plane;
 mod e2e;
+mod few_keys;
 mod ha;
 mod host;
 mod notify;

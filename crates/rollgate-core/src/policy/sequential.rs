@@ -65,7 +65,7 @@ use crate::plan::Plan;
 use crate::safety::{champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
-use crate::stats::Interval;
+use crate::stats::{Interval, RankInterval};
 use crate::unit::{count_design_effect, latency_design_effect};
 
 /// Restarts beyond this many are not taken (their weight is left unused,
@@ -80,19 +80,32 @@ const DESIGN_SAMPLES: f64 = 100.0;
 /// level `alpha`, each arm's sequence widened by its design effect.
 fn compare(
     q: f64,
-    c: (&LatencyHistogram, f64),
-    h: (&LatencyHistogram, f64),
+    c: (&LatencyHistogram, Option<f64>),
+    h: (&LatencyHistogram, Option<f64>),
     alpha: f64,
     ratio: f64,
     ms: f64,
 ) -> Option<QuantileComparison> {
-    let bounds = |(x, d): (&LatencyHistogram, f64)| {
+    // No comparison while either arm's design effect is unknown.
+    let bounds = |(x, d): (&LatencyHistogram, Option<f64>)| {
         x.quantile_rank_bounds(
             q,
-            quantile_cs_ranks_tempered(q, x.len(), d, alpha, DESIGN_SAMPLES),
+            quantile_cs_ranks_tempered(q, x.len(), d?, alpha, DESIGN_SAMPLES),
         )
     };
     Some(judge_quantile(q, bounds(c)?, bounds(h)?, ratio, ms))
+}
+
+/// The ranks bounding the `q`-quantile of `x`, tempered by `d`; unbounded
+/// on both sides while the design effect is unknown.
+fn tempered_ranks(q: f64, x: &LatencyHistogram, d: Option<f64>, alpha: f64) -> RankInterval {
+    match d {
+        Some(d) => quantile_cs_ranks_tempered(q, x.len(), d, alpha, DESIGN_SAMPLES),
+        None => RankInterval {
+            lower: None,
+            upper: None,
+        },
+    }
 }
 
 /// Latency: fails iff the median AND the tail regressed. A false failure
@@ -346,13 +359,7 @@ fn guard_gate(plan: &Plan, alpha: f64, pooled: Arms) -> Option<GateVerdict> {
     let error_rate = robbins_cs_tempered(c.failure_count(), c.requests(), d, alpha);
     let p95 = c.latency().quantile_rank_bounds(
         0.95,
-        quantile_cs_ranks_tempered(
-            0.95,
-            c.latency().len(),
-            latency_design_effect(c.units()),
-            alpha,
-            DESIGN_SAMPLES,
-        ),
+        tempered_ranks(0.95, c.latency(), latency_design_effect(c.units()), alpha),
     );
     guard_rail_verdict(
         &plan.gates.guard_rails,

@@ -238,6 +238,8 @@ pub struct Model {
     pub posts: Arc<AtomicU64>,
     /// POSTs answer 404 (the model served under another name).
     pub not_found: bool,
+    /// Every this many POSTs (0: none) one answers 503.
+    pub fail_every: u64,
 }
 
 impl Model {
@@ -248,6 +250,15 @@ impl Model {
             hang_every: 0,
             posts: Arc::new(AtomicU64::new(0)),
             not_found: false,
+            fail_every: 0,
+        }
+    }
+
+    /// One POST in `n` answers 503 (`n = 2`: half of them).
+    pub fn failing_one_in(n: u64) -> Model {
+        Model {
+            fail_every: n,
+            ..Model::new(false)
         }
     }
 
@@ -295,7 +306,9 @@ pub async fn model_server_on(model: Model, ip: &str) -> String {
                             (200, r#"{"name":"m","ready":true}"#)
                         } else if model.not_found {
                             (404, r#"{"error":"model not found"}"#)
-                        } else if model.failing.load(Ordering::SeqCst) {
+                        } else if model.failing.load(Ordering::SeqCst)
+                            || (model.fail_every > 0 && n % model.fail_every == 0)
+                        {
                             (503, r#"{"error":"unavailable"}"#)
                         } else {
                             model.predictions.fetch_add(1, Ordering::SeqCst);
@@ -532,6 +545,18 @@ pub fn traffic_to(
     by_header: &'static str,
     stop: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    traffic_over_keys(url, body, by_header, 5000, stop)
+}
+
+/// [`traffic_to`] from `keys` distinct sticky keys, in turn.
+pub fn traffic_over_keys(
+    url: String,
+    body: impl Fn(u64) -> Bytes + Send + 'static,
+    by_header: &'static str,
+    keys: u64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<std::collections::BTreeMap<String, u64>> {
+    let keys = keys.max(1);
     tokio::spawn(async move {
         let c = client();
         let started = Instant::now();
@@ -542,7 +567,7 @@ pub fn traffic_to(
                 .method("POST")
                 .uri(&url)
                 .header("content-type", "application/json")
-                .header("x-rollgate-key", format!("user-{}", n % 5000))
+                .header("x-rollgate-key", format!("user-{}", n % keys))
                 .body(Full::new(body(n)))
                 .expect("request");
             let answer = tokio::time::timeout(Duration::from_secs(5), c.request(req)).await;

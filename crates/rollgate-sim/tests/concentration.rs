@@ -1,0 +1,56 @@
+//! The statistical unit under concentration, on the committed `conc-*`
+//! scenarios in a reduced form (`bench/sim/scenarios.toml`; full runs:
+//! bench/results/sim.md). The assertion is the safety property: an
+//! identical candidate is never rolled back for a breach when one key
+//! carries much of the traffic and fails more — here in exactly the runs
+//! where that key (a bot) lands in the candidate's first canary step,
+//! which is where an estimate of the design effect from the groups that
+//! hold the bot understated it.
+
+use rollgate_core::{Phase, RollbackReason};
+use rollgate_sim::matrix::Matrix;
+use rollgate_sim::{bot_bucket, simulate};
+
+fn matrix() -> Matrix {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/sim/scenarios.toml"
+    );
+    toml::from_str(&std::fs::read_to_string(path).expect("scenario file")).expect("valid matrix")
+}
+
+#[test]
+fn a_failing_bot_in_the_first_canary_step_does_not_roll_back_an_identical_candidate() {
+    let m = matrix();
+    let first_step_bp = m.plan.steps[0] * 100;
+    for name in ["conc-bot-20pct-fail-30pct", "conc-bot-5pct-fail-30pct"] {
+        let s = m
+            .scenarios
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("scenario {name}"));
+        // The first seeds whose bot the candidate serves from its first step.
+        let seeds: Vec<u64> = (0..2_000)
+            .filter(|&seed| bot_bucket(s.keys, seed) < first_step_bp)
+            .take(3)
+            .collect();
+        assert_eq!(
+            seeds.len(),
+            3,
+            "{name}: too few seeds with the bot in the canary"
+        );
+        for seed in seeds {
+            let r = simulate(&m.plan, s, seed);
+            assert!(
+                !matches!(
+                    &r.phase,
+                    Phase::RolledBack {
+                        reason: RollbackReason::AnytimeBreach { .. }
+                    }
+                ),
+                "{name}, seed {seed}: {:?}",
+                r.phase
+            );
+        }
+    }
+}
