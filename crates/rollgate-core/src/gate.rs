@@ -68,6 +68,10 @@ pub enum Reason {
     WithinBudget,
     /// The candidate arm has too few samples to judge.
     InsufficientSamples { have: u64, need: u64 },
+    /// The candidate's requests come from fewer unit groups (of keys) than
+    /// the 8 needed to judge per key: the gate may fail but not pass
+    /// (docs/statistics.md, "The statistical unit").
+    TooFewKeys { groups: u64, need: u64 },
     /// The champion has too few samples to judge, so the candidate cannot be
     /// judged against it either.
     ChampionNoVerdict { have: u64, need: u64 },
@@ -309,7 +313,9 @@ impl GateVerdict {
     pub fn starving(&self) -> bool {
         matches!(
             self.reason,
-            Reason::InsufficientSamples { .. } | Reason::ChampionNoVerdict { .. }
+            Reason::InsufficientSamples { .. }
+                | Reason::ChampionNoVerdict { .. }
+                | Reason::TooFewKeys { .. }
         )
     }
 

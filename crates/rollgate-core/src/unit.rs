@@ -45,9 +45,8 @@ use serde::{Deserialize, Serialize};
 pub const UNITS: u32 = 64;
 
 /// Fewer groups with data than this and no variance is estimated (it
-/// would be noise): a count then takes each group as at most one unit, and
-/// the latency tests wait. Requests are never taken as independent for
-/// want of groups.
+/// would be noise): a count takes each group as at most one unit, and a
+/// stage may not pass on such evidence.
 pub const MIN_UNITS: usize = 8;
 
 /// The unit group of an assignment bucket.
@@ -178,9 +177,11 @@ fn sandwich(groups: impl Iterator<Item = (f64, f64)>) -> Option<(f64, f64, f64)>
 /// leverage-corrected sandwich. With fewer there is no variance to
 /// estimate, and the requests are not taken as independent either: each
 /// group counts as at most one unit, its weight its share of the count,
-/// so `D = Σk_u² / K` (`K` over the inverse Herfindahl index of the count
-/// over groups): failures spread one per group (distinct keys) keep
+/// so `D = Σk_u² / K`: failures one per group (distinct keys) keep
 /// `D = 1`, failures all from one group (one key) are worth one failure.
+/// That can only make a rollback harder; a stage may not *pass* below
+/// [`MIN_UNITS`] groups either (`policy::sequential`'s unit floor), or a
+/// stage holding one key could pass a candidate it cannot judge.
 fn count_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> (f64, f64, f64) {
     let groups: Vec<(f64, f64)> = units
         .values()
@@ -242,9 +243,9 @@ pub fn ratio_design_effect(
 }
 
 /// The design effect of one arm's mean log latency: its sandwich variance
-/// over `σ²/n`, at least 1 (applied to the arm's quantile sequences);
-/// `None` while fewer than [`MIN_UNITS`] unit groups hold data.
-pub fn latency_design_effect(units: &Units) -> Option<f64> {
+/// over `σ²/n`, at least 1 (applied to the arm's quantile sequences); 1
+/// with fewer than [`MIN_UNITS`] groups holding data.
+pub fn latency_design_effect(units: &Units) -> f64 {
     let s = |x: u64| x as f64 / LOG_SCALE;
     let (mut n, mut sum, mut sq) = (0.0, 0.0, 0.0);
     for u in units.values() {
@@ -252,23 +253,17 @@ pub fn latency_design_effect(units: &Units) -> Option<f64> {
         sum += s(u.log_latency);
         sq += s(u.log_latency_sq) / LOG_SCALE;
     }
-    if n == 0.0 {
-        // Nothing counted per key: see `count_effect`.
-        return Some(1.0);
-    }
     if n < 2.0 {
-        return None;
+        return 1.0;
     }
     let variance = sq / n - (sum / n).powi(2);
     let groups = units
         .values()
         .map(|u| (u.latencies as f64, s(u.log_latency)));
-    let (var, _, _) = sandwich(groups)?;
-    Some(if variance > 1e-12 {
-        (var / (variance * n)).max(1.0)
-    } else {
-        1.0
-    })
+    match sandwich(groups) {
+        Some((var, _, _)) if variance > 1e-12 => (var / (variance * n)).max(1.0),
+        _ => 1.0,
+    }
 }
 
 /// Per-request moments of a count over instances (shadow pairs): with
@@ -386,11 +381,12 @@ mod tests {
     }
 
     /// Fewer groups than [`MIN_UNITS`]: no variance is estimated, and the
-    /// requests are not taken as independent either. A count is worth the
+    /// requests are not taken as independent either: a count is worth the
     /// spread of its groups (one failure per group: `D = 1`; all from one
-    /// group: one failure's worth); the latency tests wait.
+    /// group: one failure's worth). Enough groups and no counts: 1; no
+    /// groups at all (a source without unit groups): 1.
     #[test]
-    fn too_few_groups_count_each_group_once_and_latency_waits() {
+    fn too_few_groups_count_each_group_once() {
         let pick = |u: &UnitTotals| (u.requests, u.failures);
         let one_group = units_of(&[(100, 50), (100, 0)]);
         assert_eq!(count_design_effect(&one_group, pick), 50.0);
@@ -399,28 +395,12 @@ mod tests {
         // Two failures in one group and one in another: Σk² / K = 5 / 3.
         let mixed = units_of(&[(10, 2), (10, 1)]);
         assert!((count_design_effect(&mixed, pick) - 5.0 / 3.0).abs() < 1e-12);
-        let timed: Units = (0..3u16)
-            .map(|u| {
-                let t = UnitTotals {
-                    latencies: 10,
-                    log_latency: 10 * LOG_SCALE as u64,
-                    log_latency_sq: 10 * (LOG_SCALE * LOG_SCALE) as u64,
-                    ..UnitTotals::default()
-                };
-                (u, t)
-            })
-            .collect();
-        assert_eq!(latency_design_effect(&timed), None);
-        // The combined effect leans on each arm by its exposure.
         let d = ratio_design_effect(&one_group, &spread, pick);
         let p = 200.0 / 230.0;
         assert!((d - ((1.0 - p) * 50.0 + p)).abs() < 1e-9, "{d}");
-        // Enough groups and no counts: 1; no groups at all (a source
-        // without unit groups): 1, the independence it states.
         let none = units_of(&[(100, 0); 10]);
         assert_eq!(ratio_design_effect(&none, &none, pick), 1.0);
         assert_eq!(ratio_design_effect(&Units::new(), &Units::new(), pick), 1.0);
-        assert_eq!(latency_design_effect(&Units::new()), Some(1.0));
     }
 
     /// One group holding most of an arm's traffic and failures (a bot): the
@@ -526,8 +506,8 @@ mod tests {
                 })
                 .collect()
         };
-        let flat = latency_design_effect(&build(&mut rng, 0.0)).expect("64 groups");
-        let varied = latency_design_effect(&build(&mut rng, 0.5)).expect("64 groups");
+        let flat = latency_design_effect(&build(&mut rng, 0.0));
+        let varied = latency_design_effect(&build(&mut rng, 0.5));
         assert!(flat < 1.5, "{flat}");
         assert!(varied > 20.0, "{varied}");
     }

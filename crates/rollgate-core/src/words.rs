@@ -441,6 +441,10 @@ fn serde_reason(g: &GateVerdict) -> String {
     match &g.reason {
         WithinBudget => "within budget".into(),
         InsufficientSamples { have, need } => format!("{have}/{need} samples"),
+        TooFewKeys { groups, need } => format!(
+            "the candidate's requests come from {groups} of the {need} key groups needed \
+             to judge per key (few keys: split per request, or run SHADOW first)"
+        ),
         ChampionNoVerdict { have, need } => format!("champion has {have}/{need} samples"),
         Inconclusive => "inconclusive".into(),
         Breach => "breach".into(),

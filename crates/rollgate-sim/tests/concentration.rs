@@ -54,3 +54,25 @@ fn a_failing_bot_in_the_first_canary_step_does_not_roll_back_an_identical_candid
         }
     }
 }
+
+/// A 12-key model, sticky: a stage holding one or two keys cannot tell a
+/// bad candidate from a bad user, so it may not pass — a candidate
+/// failing half its requests is never promoted (it is rolled back, or
+/// fails safe at a stage's deadline).
+#[test]
+fn a_stage_holding_few_keys_never_passes_a_failing_candidate() {
+    let m = matrix();
+    let s = m
+        .scenarios
+        .iter()
+        .find(|s| s.name == "conc-12-keys-sticky-50pct-failing")
+        .expect("scenario");
+    for seed in 0..12 {
+        let r = simulate(&m.plan, s, seed);
+        assert!(
+            !matches!(r.phase, Phase::Promoted { .. }),
+            "seed {seed}: {:?}",
+            r.phase
+        );
+    }
+}

@@ -65,8 +65,8 @@ use crate::plan::Plan;
 use crate::safety::{champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
-use crate::stats::{Interval, RankInterval};
-use crate::unit::{count_design_effect, latency_design_effect};
+use crate::stats::Interval;
+use crate::unit::{MIN_UNITS, count_design_effect, latency_design_effect};
 
 /// Restarts beyond this many are not taken (their weight is left unused,
 /// which only makes the test more conservative).
@@ -80,32 +80,19 @@ const DESIGN_SAMPLES: f64 = 100.0;
 /// level `alpha`, each arm's sequence widened by its design effect.
 fn compare(
     q: f64,
-    c: (&LatencyHistogram, Option<f64>),
-    h: (&LatencyHistogram, Option<f64>),
+    c: (&LatencyHistogram, f64),
+    h: (&LatencyHistogram, f64),
     alpha: f64,
     ratio: f64,
     ms: f64,
 ) -> Option<QuantileComparison> {
-    // No comparison while either arm's design effect is unknown.
-    let bounds = |(x, d): (&LatencyHistogram, Option<f64>)| {
+    let bounds = |(x, d): (&LatencyHistogram, f64)| {
         x.quantile_rank_bounds(
             q,
-            quantile_cs_ranks_tempered(q, x.len(), d?, alpha, DESIGN_SAMPLES),
+            quantile_cs_ranks_tempered(q, x.len(), d, alpha, DESIGN_SAMPLES),
         )
     };
     Some(judge_quantile(q, bounds(c)?, bounds(h)?, ratio, ms))
-}
-
-/// The ranks bounding the `q`-quantile of `x`, tempered by `d`; unbounded
-/// on both sides while the design effect is unknown.
-fn tempered_ranks(q: f64, x: &LatencyHistogram, d: Option<f64>, alpha: f64) -> RankInterval {
-    match d {
-        Some(d) => quantile_cs_ranks_tempered(q, x.len(), d, alpha, DESIGN_SAMPLES),
-        None => RankInterval {
-            lower: None,
-            upper: None,
-        },
-    }
 }
 
 /// Latency: fails iff the median AND the tail regressed. A false failure
@@ -359,7 +346,13 @@ fn guard_gate(plan: &Plan, alpha: f64, pooled: Arms) -> Option<GateVerdict> {
     let error_rate = robbins_cs_tempered(c.failure_count(), c.requests(), d, alpha);
     let p95 = c.latency().quantile_rank_bounds(
         0.95,
-        tempered_ranks(0.95, c.latency(), latency_design_effect(c.units()), alpha),
+        quantile_cs_ranks_tempered(
+            0.95,
+            c.latency().len(),
+            latency_design_effect(c.units()),
+            alpha,
+            DESIGN_SAMPLES,
+        ),
     );
     guard_rail_verdict(
         &plan.gates.guard_rails,
@@ -525,6 +518,7 @@ fn hold_below_stage_floors(
             input.candidate,
         )
     };
+    let groups = candidate_groups(ledger, input.candidate);
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
@@ -532,8 +526,39 @@ fn hold_below_stage_floors(
         if let Some(r) = stage_floor(plan, v.gate, &stage_window) {
             v.outcome = Outcome::Wait;
             v.reason = r;
+        } else if let Some(r) = unit_floor(v.gate, groups) {
+            v.outcome = Outcome::Wait;
+            v.reason = r;
         }
     }
+}
+
+/// How many unit groups hold the candidate's requests over the rollout.
+fn candidate_groups(ledger: &Ledger, candidate: &str) -> usize {
+    let all = ledger.pooled(0, Epoch::MAX);
+    all.revision(candidate)
+        .units()
+        .values()
+        .filter(|u| u.requests > 0)
+        .count()
+}
+
+/// The per-key floor of a gate whose tests are tempered by a design
+/// effect: with fewer than [`MIN_UNITS`] unit groups holding the
+/// candidate's requests there is no variance to estimate, the tests take
+/// requests as independent, and so a stage may not *pass* on them (it may
+/// still fail). A stage of a model with few keys then fails safe at its
+/// deadline instead of passing on one or two users. A source without unit
+/// groups (no group holds anything) states independence and is not held.
+fn unit_floor(gate: GateKind, groups: usize) -> Option<Reason> {
+    let tempered = matches!(
+        gate,
+        GateKind::ErrorRate | GateKind::GuardRails | GateKind::Latency
+    );
+    (tempered && (1..MIN_UNITS).contains(&groups)).then_some(Reason::TooFewKeys {
+        groups: groups as u64,
+        need: MIN_UNITS as u64,
+    })
 }
 
 /// The candidate's and the champion's stats in `s`.
