@@ -1,8 +1,8 @@
 //! The nginx adapter against a real nginx on 127.0.0.1 (Debian's; `CI`
 //! fails without it, a local run skips), seeded by the adapter itself.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use rollgate_adapters::kit::{self, Proxy, Upstreams};
 use rollgate_adapters::{HttpClient, for_plane};
@@ -18,24 +18,8 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
-    /// `nginx -s stop` (the master stops its workers; killing the master
-    /// alone would leave them running), then the master reaped, killed
-    /// if it has not exited within 5 s.
     fn drop(&mut self) {
-        let _ = Command::new(&self.binary)
-            .args(["-c", &self.conf, "-s", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kit::stop_nginx(&self.binary, &self.conf, &mut self.child);
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rollgate_controller::{RoutePush, reconcile, router};
 use rollgate_core::{Input, Observation, Plan, Timestamp, step};
-use rollgate_store::{ModelRoutes, ModelSpec, RevisionSpec, SqlStore, Store, TransitionWrite};
+use rollgate_store::{ModelRoutes, SqlStore, Store, TransitionWrite};
 use serde_json::json;
 
 const CREATED: Timestamp = Timestamp(1_767_225_600_000);
@@ -66,27 +66,9 @@ fn canary() -> (tempfile::TempDir, Arc<dyn Store>, i64) {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let rev = |upstream: String| {
-        let spec = RevisionSpec {
-            upstream,
-            ..RevisionSpec::default()
-        };
-        store
-            .register_revision("m", &spec, "setup")
-            .expect("revision")
-    };
-    store
-        .create_model("m", &ModelSpec::default(), "setup")
-        .expect("model");
-    let champion = rev("http://127.0.0.1:9".into());
-    store
-        .set_champion("m", &champion.id, "setup", "first")
-        .expect("champion");
     let mut plan = Plan::default();
     plan.shadow.enabled = false;
-    let r = store
-        .create_rollout("m", &rev(format!("http://{closed}")).id, &plan, "setup")
-        .expect("rollout");
+    let r = common::model_in_rollout_with(&*store, &format!("http://{closed}"), &plan);
     let ready = Observation {
         routing_applied: None,
         candidate_ready: true,

@@ -7,7 +7,7 @@
 //! gateway runs. Every wait is bounded.
 
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 
 use crate::common::*;
 use crate::prometheus::{Prometheus, ROW, evidence, scraped_evidence_counts, serve, trained_model};
+use rollgate_adapters::kit::{listening, stop_nginx};
 
 /// A plan without a shadow stage (a data plane that mirrors nothing to
 /// rollgate's gateway; see [`with_shadow`]).
@@ -359,24 +360,8 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
-    /// `nginx -s stop` (the master stops its workers; killing the master
-    /// alone would leave them running), then the master reaped, killed
-    /// if it has not exited within 5 s.
     fn drop(&mut self) {
-        let _ = Command::new("nginx")
-            .args(["-c", &self.conf, "-s", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_nginx("nginx", &self.conf, &mut self.child);
     }
 }
 
@@ -446,33 +431,6 @@ impl Nginx {
             _dir: dir,
         })
     }
-}
-
-/// Starts a data plane with `command` and waits (bounded: 20 s) until it
-/// listens on `addr`; `None` (locally, with a note) where the program is
-/// not installed, a failure in CI. `log` is shown if it never listens.
-fn listening(command: &mut Command, what: &str, addr: &str, log: &str) -> Option<Child> {
-    let mut child = match command.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
-        Ok(child) => child,
-        Err(_) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: needs {what}");
-            return None;
-        }
-        Err(e) => panic!("CI needs {what}: {e}"),
-    };
-    let started = Instant::now();
-    while std::net::TcpStream::connect(addr).is_err() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{what} did not listen on {addr}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some(child)
 }
 
 /// How a test's traffic names who answered: the upstream's address
@@ -1081,8 +1039,5 @@ async fn the_documented_nginx_example_runs_as_written() {
         "{by:?}"
     );
     assert!(by.get("none").copied().unwrap_or(0) <= 3, "{by:?}");
-    let _ = std::process::Command::new("nginx")
-        .args(["-c", &conf, "-s", "stop"])
-        .status();
-    let _ = nginx.wait();
+    stop_nginx("nginx", &conf, &mut nginx);
 }

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-pub use process::{free_addr, listening};
+pub use process::{free_addr, listening, stop_nginx};
 pub use receiver::Receiver;
 pub use upstream::{Upstreams, get};
 

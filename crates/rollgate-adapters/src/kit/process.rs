@@ -46,3 +46,24 @@ pub fn listening(command: &mut Command, what: &str, addr: &str, log: &str) -> Op
     }
     Some(child)
 }
+
+/// Stops an nginx started in the foreground with `-c conf`: `nginx -s
+/// stop` (the master stops its workers; killing the master alone would
+/// leave them running), then the master reaped, killed if it has not
+/// exited within 5 s.
+pub fn stop_nginx(binary: &str, conf: &str, master: &mut Child) {
+    let _ = Command::new(binary)
+        .args(["-c", conf, "-s", "stop"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = master.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = master.kill();
+    let _ = master.wait();
+}

@@ -62,9 +62,24 @@ pub fn api_state(store: Arc<dyn Store>, now: Timestamp) -> ApiState {
 
 /// Model `m` with a champion and a candidate in rollout 1 (default plan).
 pub fn model_in_rollout(store: &dyn Store) -> i64 {
-    let rev = |port: u16| {
+    model_in_rollout_with(
+        store,
+        "http://127.0.0.1:9002",
+        &rollgate_core::Plan::default(),
+    )
+    .id
+}
+
+/// Model `m` with a champion (on port 9) and a candidate served at
+/// `candidate` in a rollout under `plan`.
+pub fn model_in_rollout_with(
+    store: &dyn Store,
+    candidate: &str,
+    plan: &rollgate_core::Plan,
+) -> rollgate_store::RolloutRecord {
+    let rev = |upstream: &str| {
         let spec = RevisionSpec {
-            upstream: format!("http://127.0.0.1:{port}"),
+            upstream: upstream.to_string(),
             ..RevisionSpec::default()
         };
         store
@@ -74,14 +89,13 @@ pub fn model_in_rollout(store: &dyn Store) -> i64 {
     store
         .create_model("m", &ModelSpec::default(), "setup")
         .expect("model");
-    let champion = rev(9001);
+    let champion = rev("http://127.0.0.1:9001");
     store
         .set_champion("m", &champion.id, "setup", "first")
         .expect("champion");
     store
-        .create_rollout("m", &rev(9002).id, &rollgate_core::Plan::default(), "setup")
+        .create_rollout("m", &rev(candidate).id, plan, "setup")
         .expect("rollout")
-        .id
 }
 
 /// Sends `req` through the router: the status and the JSON answer
