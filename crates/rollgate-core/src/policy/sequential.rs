@@ -473,9 +473,11 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         }
         StageKind::Canary => {}
     }
+    // The whole rollout's counts, pooled once for what reads them whole.
+    let whole = ledger.pooled(0, Epoch::MAX);
     if g.prediction_shift.enabled {
         let min_share = g.prediction_shift.min_class_share;
-        state.note_classes(&ledger.pooled(0, Epoch::MAX), min_share);
+        state.note_classes(&whole, min_share);
     }
     let (pc, ph) = arms_of(&ledger.pooled(1, input.epoch.max(1)), ids);
     gates.extend(guard_gate(
@@ -487,7 +489,8 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         },
     ));
     let (champion, outage_ended) = champion_now(plan, state, ledger, input.now, h.latency());
-    hold_below_stage_floors(plan, &mut gates, ledger, input, outage_ended);
+    let groups = candidate_groups(&whole, input.candidate);
+    hold_below_stage_floors(plan, &mut gates, (ledger, groups), input, outage_ended);
     let (outcome, reason) = judge(
         plan,
         plan.sequential.advance,
@@ -505,7 +508,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
 fn hold_below_stage_floors(
     plan: &Plan,
     gates: &mut [GateVerdict],
-    ledger: &Ledger,
+    (ledger, groups): (&Ledger, usize),
     input: &LookInput,
     outage_ended: bool,
 ) {
@@ -518,7 +521,6 @@ fn hold_below_stage_floors(
             input.candidate,
         )
     };
-    let groups = candidate_groups(ledger, input.candidate);
     for v in gates
         .iter_mut()
         .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
@@ -533,10 +535,11 @@ fn hold_below_stage_floors(
     }
 }
 
-/// How many unit groups hold the candidate's requests over the rollout.
-fn candidate_groups(ledger: &Ledger, candidate: &str) -> usize {
-    let all = ledger.pooled(0, Epoch::MAX);
-    all.revision(candidate)
+/// How many unit groups hold the candidate's requests in `whole` (the
+/// rollout's counts pooled).
+fn candidate_groups(whole: &Snapshot, candidate: &str) -> usize {
+    whole
+        .revision(candidate)
         .units()
         .values()
         .filter(|u| u.requests > 0)
