@@ -4,8 +4,11 @@
 //! checks that no file is left out.
 
 mod common;
+mod compression;
+mod connections;
 mod grpc;
 mod it;
+mod metrics;
 mod pin;
 mod refusals;
 mod stream;
