@@ -23,6 +23,7 @@ const GENERATION: &str = "# generation ";
 /// A model's nginx, as its `DataPlane::Nginx` declares it.
 #[derive(Debug)]
 pub(crate) struct Nginx {
+    /// Unpooled ([`HttpClient::unpooled`]): every read a new connection.
     pub http: HttpClient,
     pub include_file: String,
     pub reload_command: Vec<String>,
@@ -137,19 +138,27 @@ impl Nginx {
         self.confirm(&desired.version).await
     }
 
-    /// A reload starts new workers and lets the old ones finish: reads the
-    /// version until the new configuration answers it (about 5 s at most,
-    /// bounded by the caller's timeout as well).
+    /// A reload starts new workers and, 100 ms later (nginx's master
+    /// waits that long), tells the old ones to stop accepting: until then
+    /// a new connection may still reach the old configuration. Reads the
+    /// version on new connections until the new one has answered every
+    /// read for [`STEADY_FOR`] (about 5 s at most, bounded by the caller's
+    /// timeout as well).
     async fn confirm(&self, version: &str) -> Result<(), AdapterError> {
         let mut got = String::new();
-        for _ in 0..50 {
-            if let Some((200, body)) = self.http.get(&self.confirm_url).await {
-                got = String::from_utf8_lossy(&body).trim().to_string();
-                if got == version {
-                    return Ok(());
+        let mut since: Option<std::time::Instant> = None;
+        for _ in 0..200 {
+            since = match self.http.get(&self.confirm_url).await {
+                Some((200, body)) => {
+                    got = String::from_utf8_lossy(&body).trim().to_string();
+                    (got == version).then(|| since.unwrap_or_else(std::time::Instant::now))
                 }
+                _ => None,
+            };
+            if since.is_some_and(|t| t.elapsed() >= STEADY_FOR) {
+                return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
         Err(AdapterError::OtherVersion {
             want: version.to_string(),
@@ -157,6 +166,10 @@ impl Nginx {
         })
     }
 }
+
+/// How long every read must answer the new version: longer than nginx's
+/// master lets old and new workers accept side by side (100 ms).
+const STEADY_FOR: Duration = Duration::from_millis(300);
 
 async fn run(command: &[String]) -> Result<(), AdapterError> {
     let (program, args) = command
@@ -253,7 +266,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let at = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
         let nginx = Nginx {
-            http: HttpClient::new(Duration::from_secs(1)),
+            http: HttpClient::unpooled(Duration::from_secs(1)),
             include_file: at("m.conf"),
             reload_command: vec!["touch".into(), at("reloaded")],
             confirm_url: "http://127.0.0.1:9/v".into(),

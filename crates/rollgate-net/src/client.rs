@@ -40,6 +40,19 @@ impl HttpClient {
         }
     }
 
+    /// A client trusting the public roots only that opens a connection
+    /// for every request: what a server answers a new client (after an
+    /// nginx reload, its old workers keep their connections).
+    pub fn unpooled(timeout: Duration) -> HttpClient {
+        let https = crate::public_connector(Self::http(timeout));
+        HttpClient {
+            client: Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(0)
+                .build(https),
+            timeout,
+        }
+    }
+
     /// A client trusting and presenting what `tls` says (the gateways'
     /// `upstream_tls`: model servers and gateways behind a team's CA).
     pub fn with_tls(timeout: Duration, tls: &ClientTls) -> Result<HttpClient, TlsError> {
