@@ -16,6 +16,24 @@ pub enum AdapterError {
     OtherVersion { want: String, got: String },
     #[error("{0}")]
     Io(String),
+    /// The Kubernetes API server refused a write or a read: `why` is its
+    /// message, which names the field (422: the schema refused a value;
+    /// 409: another field manager owns a field, left as it is).
+    #[error("the Kubernetes API server refused {object} ({code}): {why}")]
+    Kubernetes {
+        object: String,
+        code: u16,
+        why: String,
+    },
+    /// Written, but the data plane did not report it in force in time.
+    #[error("not in force after {within:?}: {why}")]
+    NotConfirmed {
+        within: std::time::Duration,
+        why: String,
+    },
+    /// This build of rollgate cannot drive the data plane's kind.
+    #[error("this rollgate was built without the {0} data plane (cargo feature `kubernetes`)")]
+    NotBuilt(&'static str),
     #[error("cannot route {upstream:?}: {why}")]
     Unroutable { upstream: String, why: String },
     /// The data plane holds a routing of a higher generation than this

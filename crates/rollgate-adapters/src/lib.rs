@@ -19,8 +19,12 @@ mod envoy;
 mod error;
 #[cfg(feature = "testing")]
 pub mod kit;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 mod nginx;
 mod webhook;
+
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rollgate_store::DataPlane;
@@ -78,7 +82,7 @@ pub fn for_plane(plane: &DataPlane, http: &HttpClient) -> Box<dyn Adapter> {
             confirm_url,
             key,
         } => Box::new(nginx::Nginx {
-            http: http.clone(),
+            http: HttpClient::unpooled(Duration::from_secs(2)),
             include_file: include_file.clone(),
             reload_command: reload_command.clone(),
             confirm_url: confirm_url.clone(),
@@ -100,6 +104,76 @@ pub fn for_plane(plane: &DataPlane, http: &HttpClient) -> Box<dyn Adapter> {
             key_header: key_header.clone(),
             mirror_cluster: mirror_cluster.clone(),
         }),
+        DataPlane::GatewayApi { .. } | DataPlane::Istio { .. } => kube_adapter(plane),
+    }
+}
+
+/// The adapter of a data plane reached through a Kubernetes API server.
+#[cfg(feature = "kubernetes")]
+fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
+    use kubernetes::{Kube, gateway_api::HttpRoutes, istio::VirtualServices};
+    match plane {
+        DataPlane::GatewayApi {
+            cluster,
+            namespace,
+            routes,
+            mirror,
+            require_status,
+            controller_name,
+        } => Box::new(Kube {
+            access: cluster.clone(),
+            namespace: namespace.clone(),
+            require_status: *require_status,
+            shape: HttpRoutes {
+                routes: routes.clone(),
+                mirror: mirror.clone(),
+                controller_name: controller_name.clone(),
+            },
+        }),
+        DataPlane::Istio {
+            cluster,
+            namespace,
+            name,
+            hosts,
+            gateways,
+            mirror,
+            require_status,
+        } => Box::new(Kube {
+            access: cluster.clone(),
+            namespace: namespace.clone(),
+            require_status: *require_status,
+            shape: VirtualServices {
+                name: name.clone(),
+                hosts: hosts.clone(),
+                gateways: gateways.clone(),
+                mirror: mirror.clone(),
+            },
+        }),
+        other => Box::new(NotBuilt(other.kind())),
+    }
+}
+
+/// Without the `kubernetes` feature: every apply says so.
+#[cfg(not(feature = "kubernetes"))]
+fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
+    Box::new(NotBuilt(plane.kind()))
+}
+
+/// A data plane this build cannot drive.
+#[derive(Debug)]
+struct NotBuilt(&'static str);
+
+impl Adapter for NotBuilt {
+    fn kind(&self) -> &'static str {
+        self.0
+    }
+
+    fn send<'a>(&'a self, _desired: &'a Desired) -> BoxFuture<'a, Result<(), AdapterError>> {
+        Box::pin(async { Err(AdapterError::NotBuilt(self.0)) })
+    }
+
+    fn seed_files(&self, _desired: &Desired) -> Result<Vec<(String, String)>, AdapterError> {
+        Err(AdapterError::NotBuilt(self.0))
     }
 }
 

@@ -2,5 +2,7 @@
 //! real peer on 127.0.0.1. A new adapter adds its module here.
 
 mod envoy;
+mod gateway_api;
+mod istio;
 mod nginx;
 mod webhook;

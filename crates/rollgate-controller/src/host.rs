@@ -273,7 +273,7 @@ impl Host {
                 .data_planes
                 .values()
                 .map(|p| for_model(p, model))
-                .find(|p| p == stored)
+                .find(|p| p == stored.as_ref())
                 .ok_or_else(|| HostError::Undeclared {
                     model: model.to_string(),
                     what: format!("{} data plane", stored.kind()),
@@ -444,16 +444,17 @@ mod tests {
             key,
         };
         assert_eq!(
-            h.data_plane("fraud", &DataPlaneRef::Inline(same.clone())),
+            h.data_plane("fraud", &DataPlaneRef::Inline(Box::new(same.clone()))),
             Ok(same.clone())
         );
         let shell = nginx("/etc/nginx/rollgate/fraud.conf", &["/bin/sh", "-c", "id"]);
         let e = h
-            .data_plane("fraud", &DataPlaneRef::Inline(shell))
+            .data_plane("fraud", &DataPlaneRef::Inline(Box::new(shell)))
             .expect_err("isolated");
         assert!(matches!(e, HostError::Undeclared { .. }), "{e}");
         assert!(
-            h.data_plane("other", &DataPlaneRef::Inline(same)).is_err(),
+            h.data_plane("other", &DataPlaneRef::Inline(Box::new(same)))
+                .is_err(),
             "declared for another model's file"
         );
     }

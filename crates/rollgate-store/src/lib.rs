@@ -17,6 +17,7 @@
 
 mod audit;
 mod checkpoint;
+mod kube_plane;
 mod pg_tls;
 mod postgres;
 mod registry;
@@ -33,6 +34,7 @@ pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
     key_fits_store, read_sink, verify_anchors, verify_store_anchors,
 };
+pub use kube_plane::{KubeAccess, MirrorTo, ParentRef, RouteTemplate, is_dns_label};
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, Model, ModelSpec, PrometheusEvidence, Protocol,

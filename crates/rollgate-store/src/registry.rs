@@ -7,6 +7,7 @@ use rollgate_core::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::kube_plane::{self, KubeAccess, MirrorTo, RouteTemplate};
 use crate::{Result, StoreError};
 
 /// How the gateway talks to a model and reads its predictions.
@@ -63,7 +64,7 @@ pub enum DataPlaneRef {
     /// names hold it: refused on every write, and honoured on reading only
     /// while the config declares an identical data plane (else the model
     /// is isolated: its adapter never runs).
-    Inline(DataPlane),
+    Inline(Box<DataPlane>),
 }
 
 /// Where an operator declares what an API caller may only name.
@@ -130,6 +131,60 @@ pub enum DataPlane {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mirror_cluster: Option<String>,
     },
+    /// Server-side apply one Gateway API `HTTPRoute` per template in
+    /// `routes` (field manager `rollgate`; fields other managers own are
+    /// never forced), the revisions' Services weighted in basis points on
+    /// one rule, and confirm that every parent's controller accepted the
+    /// route's new generation (`status.parents[].conditions`).
+    GatewayApi {
+        #[serde(default)]
+        cluster: KubeAccess,
+        namespace: String,
+        routes: Vec<RouteTemplate>,
+        /// Every request mirrored here (`RequestMirror`): rollgate's
+        /// gateway, so a plan may have a SHADOW stage.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mirror: Option<MirrorTo>,
+        /// Wait for the parents' controllers to accept each generation
+        /// (default); `false`: confirmed once the API server holds it.
+        #[serde(default = "yes")]
+        require_status: bool,
+        /// Only this controller's status counts (`controllerName`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        controller_name: Option<String>,
+    },
+    /// Server-side apply one Istio `VirtualService` per model (field
+    /// manager `rollgate`), its route weighted by destination host in
+    /// percent, and confirm from its `status.observedGeneration` that
+    /// istiod has taken the new generation.
+    Istio {
+        #[serde(default)]
+        cluster: KubeAccess,
+        namespace: String,
+        /// The VirtualService's name; `$model` is the model's.
+        #[serde(default = "default_object_name")]
+        name: String,
+        /// The hosts the VirtualService answers for (`$model` filled in).
+        hosts: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gateways: Vec<String>,
+        /// Every request mirrored to this host and port (`mirror`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mirror: Option<MirrorTo>,
+        /// Wait for istiod's `status.observedGeneration` (default; needs
+        /// istiod's status reporting); `false`: confirmed once the API
+        /// server holds it.
+        #[serde(default = "yes")]
+        require_status: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_object_name() -> String {
+    "$model".into()
 }
 
 fn default_nginx_key() -> String {
@@ -147,6 +202,8 @@ impl DataPlane {
             DataPlane::Webhook { .. } => "webhook",
             DataPlane::Nginx { .. } => "nginx",
             DataPlane::Envoy { .. } => "envoy",
+            DataPlane::GatewayApi { .. } => "gateway_api",
+            DataPlane::Istio { .. } => "istio",
         }
     }
 
@@ -198,40 +255,83 @@ impl DataPlane {
                 route_config_name,
                 key_header,
                 mirror_cluster,
+            } => check_envoy(
+                &|m| StoreError::Invalid(format!("{at}.{m}")),
+                [routes_file, clusters_file],
+                admin_url,
+                [route_config_name, mirror_cluster],
+                key_header,
+            )?,
+            DataPlane::GatewayApi {
+                cluster,
+                namespace,
+                routes,
+                mirror,
+                ..
             } => {
-                for (field, path) in [
-                    ("routes_file", routes_file),
-                    ("clusters_file", clusters_file),
-                ] {
-                    if !path.starts_with('/') {
-                        return bad(format!("{field}: an absolute path, got {path:?}"));
-                    }
-                }
-                if routes_file == clusters_file {
-                    return bad("clusters_file: a file of its own, not the routes_file".into());
-                }
-                if let Err(e) = rollgate_core::spec::check_upstream_url("admin_url", admin_url) {
-                    return bad(e.to_string());
-                }
-                for (field, name) in [
-                    ("route_config_name", route_config_name),
-                    ("mirror_cluster", mirror_cluster),
-                ] {
-                    if name.as_ref().is_some_and(|n| n.trim().is_empty()) {
-                        return bad(format!("{field}: a name, or absent"));
-                    }
-                }
-                let header_ok = !key_header.is_empty()
-                    && key_header
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-                if !header_ok {
-                    return bad(format!("key_header: a header name, got {key_header:?}"));
-                }
+                let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
+                kube_plane::check(&bad, cluster, namespace, mirror.as_ref())?;
+                kube_plane::check_routes(&bad, routes)?;
+            }
+            DataPlane::Istio {
+                cluster,
+                namespace,
+                name,
+                hosts,
+                mirror,
+                ..
+            } => {
+                let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
+                kube_plane::check(&bad, cluster, namespace, mirror.as_ref())?;
+                kube_plane::check_virtual_service(&bad, name, hosts)?;
             }
         }
         Ok(())
     }
+}
+
+/// The checks of an Envoy data plane's files, admin URL and names.
+fn check_envoy(
+    bad: &dyn Fn(String) -> StoreError,
+    [routes_file, clusters_file]: [&String; 2],
+    admin_url: &str,
+    [route_config_name, mirror_cluster]: [&Option<String>; 2],
+    key_header: &str,
+) -> Result<()> {
+    for (field, path) in [
+        ("routes_file", routes_file),
+        ("clusters_file", clusters_file),
+    ] {
+        if !path.starts_with('/') {
+            return Err(bad(format!("{field}: an absolute path, got {path:?}")));
+        }
+    }
+    if routes_file == clusters_file {
+        return Err(bad(
+            "clusters_file: a file of its own, not the routes_file".into()
+        ));
+    }
+    if let Err(e) = rollgate_core::spec::check_upstream_url("admin_url", admin_url) {
+        return Err(bad(e.to_string()));
+    }
+    for (field, name) in [
+        ("route_config_name", route_config_name),
+        ("mirror_cluster", mirror_cluster),
+    ] {
+        if name.as_ref().is_some_and(|n| n.trim().is_empty()) {
+            return Err(bad(format!("{field}: a name, or absent")));
+        }
+    }
+    let header_ok = !key_header.is_empty()
+        && key_header
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !header_ok {
+        return Err(bad(format!(
+            "key_header: a header name, got {key_header:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Evidence from Prometheus: which raw counters count a revision's

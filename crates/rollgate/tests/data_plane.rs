@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use crate::common::*;
 use crate::prometheus::{Prometheus, ROW, evidence, scraped_evidence_counts, serve, trained_model};
-use rollgate_adapters::kit::{listening, stop_nginx};
+use rollgate_adapters::kit::{Nginx, listening, stop_nginx};
 
 /// A plan without a shadow stage (a data plane that mirrors nothing to
 /// rollgate's gateway; see [`with_shadow`]).
@@ -51,9 +51,9 @@ fn with_shadow(mut plan: Value) -> Value {
 }
 
 /// The model servers of these tests and a Prometheus scraping them.
-struct Servers {
-    champion: Proc,
-    identical: Proc,
+pub(crate) struct Servers {
+    pub(crate) champion: Proc,
+    pub(crate) identical: Proc,
     broken: Proc,
     /// 100 ms slower than the champion on every prediction.
     slow: Proc,
@@ -63,12 +63,15 @@ struct Servers {
     /// well-formed, and differently.
     disagreeing: Proc,
     prometheus: Prometheus,
+    /// The host the revisions' upstreams name (`127.0.0.1`, or
+    /// `localhost` where a data plane routes by Service name).
+    host: &'static str,
 }
 
 /// The revisions [`Servers::register`] registered.
-struct Revisions {
-    champion: String,
-    identical: String,
+pub(crate) struct Revisions {
+    pub(crate) champion: String,
+    pub(crate) identical: String,
     broken: String,
     slow: String,
     vanishing: String,
@@ -78,6 +81,12 @@ struct Revisions {
 impl Servers {
     /// `None` (locally, with a note) where Prometheus is not installed.
     fn start(dir: &std::path::Path) -> Option<Servers> {
+        Servers::start_at(dir, "127.0.0.1")
+    }
+
+    /// The servers, each reached (registered and scraped) as
+    /// `host:port`.
+    pub(crate) fn start_at(dir: &std::path::Path, host: &'static str) -> Option<Servers> {
         let model = trained_model(dir);
         let champion = serve(&model, &[]);
         let identical = serve(&model, &[]);
@@ -86,14 +95,13 @@ impl Servers {
         let vanishing = serve(&model, &[]);
         let other = std::path::Path::new(&model).with_file_name("broken-feature.json");
         let disagreeing = serve(&other.to_string_lossy(), &[]);
-        let prometheus = Prometheus::scraping(&[
-            champion.addr(),
-            identical.addr(),
-            broken.addr(),
-            slow.addr(),
-            vanishing.addr(),
-            disagreeing.addr(),
-        ])?;
+        let targets: Vec<String> = [&champion, &identical, &broken, &slow, &vanishing]
+            .into_iter()
+            .chain([&disagreeing])
+            .map(|p| p.addr().replace("127.0.0.1", host))
+            .collect();
+        let prometheus =
+            Prometheus::scraping(&targets.iter().map(String::as_str).collect::<Vec<_>>())?;
         Some(Servers {
             champion,
             identical,
@@ -102,13 +110,14 @@ impl Servers {
             vanishing,
             disagreeing,
             prometheus,
+            host,
         })
     }
 
     /// Registers model `m` routed by the data plane the controller's
     /// config declares as `edge` with one revision per server, the
     /// champion's made champion; waits until Prometheus scrapes them all.
-    async fn register(&self, c: &HttpClient, ctl: &Proc) -> Revisions {
+    pub(crate) async fn register(&self, c: &HttpClient, ctl: &Proc) -> Revisions {
         let spec = json!({
             "prometheus": evidence(&self.prometheus.url),
             "data_plane": "edge",
@@ -122,7 +131,7 @@ impl Servers {
         )
         .await;
         assert_eq!(s, 201, "{r}");
-        let url = |p: &Proc| format!("http://{}", p.addr());
+        let url = |p: &Proc| format!("http://{}", p.addr().replace("127.0.0.1", self.host));
         let champion = register(c, ctl, &url(&self.champion)).await;
         let (s, r) = api(
             c,
@@ -349,96 +358,12 @@ async fn a_webhook_data_plane_with_prometheus_evidence_promotes_and_rolls_back()
     assert_ne!(champ, same);
 }
 
-/// An nginx on 127.0.0.1 in the foreground (its pid is the child's),
-/// killed and reaped when dropped.
-struct Nginx {
-    child: Child,
-    addr: String,
-    conf: String,
-    include: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        stop_nginx("nginx", &self.conf, &mut self.child);
-    }
-}
-
-impl Nginx {
-    /// nginx proxying model `m` by the include file the adapter writes,
-    /// seeded with `champion` only (nginx needs the variables it defines
-    /// to start), and mirroring a copy of every request to `mirror_to`
-    /// (rollgate's gateway) when given; `None` (locally, with a note)
-    /// where nginx is absent.
-    fn start(champion: &str, mirror_to: Option<&str>) -> Option<Nginx> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = dir.path().to_string_lossy().into_owned();
-        let addr = free_addr();
-        let include = format!("{d}/rollgate-m.conf");
-        std::fs::write(
-            &include,
-            format!(
-                "# Written by rollgate (a seed)\n\
-                 upstream seed {{ server {champion}; }}\n\
-                 split_clients \"$http_x_rollgate_key\" $rollgate_m_upstream {{ * seed; }}\n\
-                 map $host $rollgate_m_version {{ default \"seed\"; }}\n"
-            ),
-        )
-        .expect("include");
-        // nginx's `mirror`: a subrequest with the same headers and body,
-        // its answer thrown away.
-        let (mirror, mirror_location) = match mirror_to {
-            Some(gw) => (
-                "mirror /rollgate-mirror;\n".to_string(),
-                format!(
-                    "location = /rollgate-mirror {{ internal; proxy_pass http://{gw}$request_uri;\n\
-                     proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n"
-                ),
-            ),
-            None => (String::new(), String::new()),
-        };
-        let conf = format!("{d}/nginx.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
-                 error_log {d}/error.log warn;\nevents {{ worker_connections 256; }}\n\
-                 http {{\n  access_log off;\n\
-                 client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
-                 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-                 include {include};\n\
-                 server {{\n    listen {addr};\n\
-                 location /v1/models/ {{\n      {mirror}      proxy_pass http://$rollgate_m_upstream;\n\
-                 proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n\
-                 add_header X-Upstream $upstream_addr always;\n    }}\n\
-                 {mirror_location}\
-                 location = /rollgate/routing/m {{ return 200 $rollgate_m_version; }}\n  }}\n}}\n"
-            ),
-        )
-        .expect("nginx.conf");
-        let child = listening(
-            Command::new("nginx").args(["-c", &conf, "-e", &format!("{d}/error.log")]),
-            "nginx (apt-get install nginx)",
-            &addr,
-            &format!("{d}/error.log"),
-        )?;
-        Some(Nginx {
-            child,
-            addr,
-            conf,
-            include,
-            _dir: dir,
-        })
-    }
-}
-
 /// How a test's traffic names who answered: the upstream's address
 /// (nginx's `$upstream_addr` in `x-upstream`) or the revision
 /// (`x-rollgate-revision`, which the Envoy adapter's routes add, as
 /// rollgate's gateway does).
 #[derive(Clone, Copy)]
-enum AnsweredBy {
+pub(crate) enum AnsweredBy {
     Upstream,
     Revision,
 }
@@ -502,7 +427,7 @@ async fn counted(
 /// run is judged on the copies and rejects nothing, a candidate that
 /// answers differently is rolled back in SHADOW having served no user, and
 /// the identical one passes SHADOW first.
-async fn the_rollouts_through(
+pub(crate) async fn the_rollouts_through(
     servers: &mut Servers,
     ctl: &Proc,
     revs: &Revisions,
@@ -672,19 +597,17 @@ async fn an_nginx_data_plane_with_prometheus_evidence() {
     };
     // The gateway only measures the shadow, on the copies nginx mirrors.
     let gw = start_gateway(dir.path());
-    let Some(nginx) = Nginx::start(servers.champion.addr(), Some(gw.addr())) else {
+    let champion = format!("http://{}", servers.champion.addr());
+    let Some(nginx) = Nginx::start(&champion, Some(gw.addr())) else {
         return;
     };
     let c = client();
-    let plane = json!({
-        "kind": "nginx",
-        "include_file": nginx.include,
-        "reload_command": ["nginx", "-c", nginx.conf, "-s", "reload"],
-        "confirm_url": format!("http://{}/rollgate/routing/$model", nginx.addr),
-    });
+    // The kit's declaration, its confirmation URL templated by model.
+    let mut plane = serde_json::to_value(&nginx.plane).expect("a plane");
+    plane["confirm_url"] = json!(format!("http://{}/rollgate/routing/$model", nginx.addr));
     let ctl = start_controller_declaring(dir.path(), "edge", &plane);
     let revs = servers.register(&c, &ctl).await;
-    let include = nginx.include.clone();
+    let include = plane["include_file"].as_str().expect("a file").to_string();
     the_rollouts_through(
         &mut servers,
         &ctl,

@@ -11,6 +11,7 @@ mod e2e;
 mod few_keys;
 mod ha;
 mod host;
+mod kubernetes;
 mod notify;
 mod openapi;
 mod payloads;

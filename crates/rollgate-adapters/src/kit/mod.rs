@@ -27,6 +27,9 @@
 //! ([`upstream`]), the reference webhook receiver ([`receiver`]), and
 //! starting a peer's process with a bounded wait ([`process`]).
 
+#[cfg(feature = "kubernetes")]
+pub mod k8s;
+pub mod nginx;
 pub mod process;
 pub mod receiver;
 pub mod upstream;
@@ -36,6 +39,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
+pub use nginx::Nginx;
 pub use process::{free_addr, listening, stop_nginx};
 pub use receiver::Receiver;
 pub use upstream::{Upstreams, get};

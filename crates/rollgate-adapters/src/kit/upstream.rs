@@ -30,6 +30,8 @@ const REQUEST_WITHIN: Duration = Duration::from_secs(5);
 pub struct Upstreams {
     champion: Named,
     candidate: Named,
+    /// The host their URLs name (they listen on 127.0.0.1).
+    host: &'static str,
 }
 
 /// A server answering its name.
@@ -48,9 +50,17 @@ impl Drop for Named {
 impl Upstreams {
     /// Both upstreams, listening on 127.0.0.1.
     pub async fn start() -> Upstreams {
+        Upstreams::start_at("127.0.0.1").await
+    }
+
+    /// Both upstreams, their URLs naming `host` (which must reach
+    /// 127.0.0.1): `localhost` names a Kubernetes Service, as a revision
+    /// routed by a Kubernetes data plane registers its upstream.
+    pub async fn start_at(host: &'static str) -> Upstreams {
         Upstreams {
             champion: answering(CHAMPION).await,
             candidate: answering(CANDIDATE).await,
+            host,
         }
     }
 
@@ -61,7 +71,7 @@ impl Upstreams {
         } else {
             &self.candidate
         };
-        format!("http://{}", named.addr)
+        format!("http://{}:{}", self.host, named.addr.port())
     }
 
     /// The champion's `http://host:port` (what a seed routes to).

@@ -140,14 +140,14 @@ pub fn start_controller_declaring(dir: &Path, name: &str, data_plane: &serde_jso
     start_controller_with(dir, &cfg, &[])
 }
 
-/// A flat JSON object as a TOML table: JSON's strings, numbers and arrays
-/// of them are TOML values as written.
+/// A JSON object as the TOML table `name` (dotted: `data_planes.edge`),
+/// nested objects and arrays of objects included.
 pub fn toml_table(name: &str, object: &serde_json::Value) -> String {
-    let mut out = format!("[{name}]\n");
-    for (k, v) in object.as_object().into_iter().flatten() {
-        out.push_str(&format!("{k} = {v}\n"));
+    let mut root = object.clone();
+    for key in name.rsplit('.') {
+        root = serde_json::json!({ key: root });
     }
-    out
+    toml::to_string(&root).expect("a TOML document")
 }
 
 /// A controller on `dir`'s data directory with the config file `cfg`.

@@ -1,0 +1,275 @@
+//! Data planes driven through a Kubernetes API server (feature
+//! `kubernetes`): a Gateway API `HTTPRoute` ([`gateway_api`]) or an Istio
+//! `VirtualService` ([`istio`]). What every such kind shares is here:
+//!
+//! - **Server-side apply** under field manager [`FIELD_MANAGER`], never
+//!   forced: a field another manager owns (someone's `kubectl edit` of the
+//!   weights) is a conflict the API server names, reported, not
+//!   overwritten. Strict field validation: a field the schema does not
+//!   know is refused, not dropped.
+//! - **All or nothing**: every object of a routing is applied as a dry
+//!   run first, so an object the API server refuses (a weight out of its
+//!   bounds, say) leaves every object as it was.
+//! - **The generation guard** of every adapter, in an annotation
+//!   ([`GENERATION`]), and the object's `resourceVersion` in the applied
+//!   configuration, so that two controllers racing cannot both win.
+//! - **Confirmation**: the new `metadata.generation` written, and (unless
+//!   the data plane says not to) the route's controller reporting that
+//!   generation in `status` ([`Shape::in_force`]).
+//!
+//! A kind is a [`Shape`]: its API resource, the objects a routing makes,
+//! and how its status says a generation is in force.
+
+mod access;
+pub mod gateway_api;
+pub mod istio;
+mod service;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, ValidationDirective};
+use serde_json::{Value, json};
+
+use crate::error::not_older;
+use crate::{Adapter, AdapterError, Desired};
+
+pub(crate) use access::client;
+pub use service::Service;
+
+/// The field manager rollgate applies under.
+pub const FIELD_MANAGER: &str = "rollgate";
+/// The annotation holding the generation of the routing an object holds.
+pub const GENERATION: &str = "rollgate.dev/generation";
+/// The annotation naming the routing an object holds (its version).
+pub const ROUTING: &str = "rollgate.dev/routing";
+
+/// How long an apply waits for the route's controller to report it.
+const CONFIRM_WITHIN: Duration = Duration::from_secs(10);
+/// How often it looks.
+const CONFIRM_EVERY: Duration = Duration::from_millis(50);
+
+/// One kind of Kubernetes routing object.
+pub(crate) trait Shape: Send + Sync + std::fmt::Debug {
+    fn kind(&self) -> &'static str;
+    /// The API resource the objects are.
+    fn resource(&self) -> ApiResource;
+    /// The objects `desired` makes, as `(name, spec)`.
+    fn objects(&self, desired: &Desired) -> Result<Vec<(String, Value)>, AdapterError>;
+    /// Whether the route's controller reports generation `generation` of
+    /// `object` in force; `Err` says why not yet (for the error at the
+    /// end of the wait).
+    fn in_force(&self, object: &DynamicObject, generation: i64) -> Result<(), String>;
+}
+
+/// A routing object kind, the cluster it lives in, and whether its
+/// controller's status must confirm each generation.
+#[derive(Debug)]
+pub(crate) struct Kube<S> {
+    pub access: rollgate_store::KubeAccess,
+    pub namespace: String,
+    pub require_status: bool,
+    pub shape: S,
+}
+
+impl<S: Shape> Adapter for Kube<S> {
+    fn kind(&self) -> &'static str {
+        self.shape.kind()
+    }
+
+    fn send<'a>(&'a self, desired: &'a Desired) -> BoxFuture<'a, Result<(), AdapterError>> {
+        Box::pin(self.apply_and_confirm(desired))
+    }
+
+    /// Nothing: the API server holds the objects, no file on this host.
+    fn seed_files(&self, _desired: &Desired) -> Result<Vec<(String, String)>, AdapterError> {
+        Ok(Vec::new())
+    }
+}
+
+impl<S: Shape> Kube<S> {
+    async fn apply_and_confirm(&self, desired: &Desired) -> Result<(), AdapterError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client(&self.access).await?,
+            &self.namespace,
+            &self.shape.resource(),
+        );
+        let objects = self.shape.objects(desired)?;
+        // Two controllers racing: the loser's resourceVersion is stale and
+        // it reads again (the generation guard then decides).
+        let mut attempts = 0;
+        let written = loop {
+            match self.apply_all(&api, desired, &objects).await {
+                Ok(written) => break written,
+                Err(NotApplied::Raced) if attempts < 2 => attempts += 1,
+                Err(NotApplied::Raced) => {
+                    return Err(AdapterError::Io(
+                        "another writer changed the objects at every attempt".into(),
+                    ));
+                }
+                Err(NotApplied::Failed(e)) => return Err(e),
+            }
+        };
+        self.confirm(&api, &written).await
+    }
+
+    /// Every object checked against the guard and applied as a dry run,
+    /// then each for real: `(name, generation written)`.
+    async fn apply_all(
+        &self,
+        api: &Api<DynamicObject>,
+        desired: &Desired,
+        objects: &[(String, Value)],
+    ) -> Result<Vec<(String, i64)>, NotApplied> {
+        let mut bodies = Vec::with_capacity(objects.len());
+        for (name, spec) in objects {
+            let current = match api.get_opt(name).await {
+                Ok(c) => c,
+                Err(e) => return Err(NotApplied::Failed(self.refused(name, e))),
+            };
+            let version = current
+                .as_ref()
+                .and_then(|c| c.metadata.resource_version.clone());
+            let have = current
+                .as_ref()
+                .and_then(|c| {
+                    c.metadata
+                        .annotations
+                        .as_ref()?
+                        .get(GENERATION)?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0);
+            not_older(have, desired.generation).map_err(NotApplied::Failed)?;
+            bodies.push((name, self.body(name, spec, desired, version)));
+        }
+        for dry_run in [true, false] {
+            let mut written = Vec::with_capacity(bodies.len());
+            for (name, body) in &bodies {
+                let mut params = PatchParams::apply(FIELD_MANAGER);
+                params.dry_run = dry_run;
+                params.field_validation = Some(ValidationDirective::Strict);
+                match api.patch(name, &params, &Patch::Apply(body)).await {
+                    Ok(object) => {
+                        written.push((name.to_string(), object.metadata.generation.unwrap_or(0)))
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 && s.message.contains("modified") => {
+                        return Err(NotApplied::Raced);
+                    }
+                    Err(e) => return Err(NotApplied::Failed(self.refused(name, e))),
+                }
+            }
+            if !dry_run {
+                return Ok(written);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// The applied configuration of one object: its spec, the routing's
+    /// generation and version, and the `resourceVersion` it was read at.
+    fn body(&self, name: &str, spec: &Value, desired: &Desired, version: Option<String>) -> Value {
+        let resource = self.shape.resource();
+        let mut metadata = json!({
+            "name": name,
+            "namespace": self.namespace,
+            "annotations": {
+                GENERATION: desired.generation.to_string(),
+                ROUTING: desired.version,
+            },
+        });
+        if let Some(v) = version {
+            metadata["resourceVersion"] = json!(v);
+        }
+        json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": metadata,
+            "spec": spec,
+        })
+    }
+
+    /// Waits (bounded) until every written object's controller reports
+    /// its generation (or only reads it back, without `require_status`).
+    async fn confirm(
+        &self,
+        api: &Api<DynamicObject>,
+        written: &[(String, i64)],
+    ) -> Result<(), AdapterError> {
+        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
+        let mut pending: Vec<&(String, i64)> = written.iter().collect();
+        let mut why = String::new();
+        loop {
+            let mut still = Vec::with_capacity(pending.len());
+            for item @ (name, generation) in pending {
+                match api.get_opt(name).await {
+                    Ok(Some(object)) => {
+                        let have = object.metadata.generation.unwrap_or(0);
+                        let verdict = if have < *generation {
+                            Err(format!("the API server holds generation {have}"))
+                        } else if self.require_status {
+                            self.shape.in_force(&object, *generation)
+                        } else {
+                            Ok(())
+                        };
+                        if let Err(w) = verdict {
+                            why = format!("{}/{name}: {w}", self.shape.kind());
+                            still.push(item);
+                        }
+                    }
+                    Ok(None) => {
+                        why = format!("{}/{name} was deleted", self.shape.kind());
+                        still.push(item);
+                    }
+                    Err(e) => {
+                        why = self.refused(name, e).to_string();
+                        still.push(item);
+                    }
+                }
+            }
+            if still.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(AdapterError::NotConfirmed {
+                    within: CONFIRM_WITHIN,
+                    why,
+                });
+            }
+            pending = still;
+            tokio::time::sleep(CONFIRM_EVERY).await;
+        }
+    }
+
+    /// A client error as the adapter's, naming the object.
+    fn refused(&self, name: &str, e: kube::Error) -> AdapterError {
+        let object = format!("{} {}/{name}", self.shape.kind(), self.namespace);
+        match e {
+            kube::Error::Api(s) => AdapterError::Kubernetes {
+                object,
+                code: s.code,
+                why: if s.message.is_empty() {
+                    s.reason
+                } else {
+                    s.message
+                },
+            },
+            other => AdapterError::Io(format!("{object}: {other}")),
+        }
+    }
+}
+
+/// Why a routing's objects were not applied.
+enum NotApplied {
+    /// Another writer changed an object between our read and our write:
+    /// read again.
+    Raced,
+    /// For a reason reading again will not change.
+    Failed(AdapterError),
+}
+
+/// `template` with `$model` filled in.
+pub(crate) fn fill(template: &str, model: &str) -> String {
+    template.replace("$model", model)
+}
