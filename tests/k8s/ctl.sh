@@ -20,7 +20,7 @@ start_api() {
     >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
   for _ in $(seq 300); do
-    if [ "$(curl -sk "https://127.0.0.1:$api_port/readyz" 2>/dev/null)" = ok ]; then return 0; fi
+    if [ "$(curl -sk --max-time 2 "https://127.0.0.1:$api_port/readyz" 2>/dev/null)" = ok ]; then return 0; fi
     if ! kill -0 "$(cat "$dir/apiserver.pid")" 2>/dev/null; then break; fi
     sleep 0.1
   done

@@ -37,7 +37,7 @@ for crd in "$here"/crds/*.yaml; do
 done
 for doc in "$dir"/crd-*.yaml; do
   grep -q '^kind: CustomResourceDefinition' "$doc" || continue
-  code="$(curl -sS -o "$dir/crd.out" -w '%{http_code}' --cacert "$dir/certs/apiserver.crt" -X POST \
+  code="$(curl -sS --max-time 10 -o "$dir/crd.out" -w '%{http_code}' --cacert "$dir/certs/apiserver.crt" -X POST \
     -H 'Content-Type: application/yaml' --data-binary @"$doc" \
     "$url/apis/apiextensions.k8s.io/v1/customresourcedefinitions")"
   if [ "$code" != 201 ]; then
@@ -49,11 +49,17 @@ done
 for doc in "$dir"/crd-*.yaml; do
   name="$(awk '/^metadata:/{m=1} m && /^  name:/{print $2; exit}' "$doc")"
   [ -n "$name" ] || continue
+  established=no
   for _ in $(seq 100); do
-    curl -sS --cacert "$dir/certs/apiserver.crt" "$url/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" \
-      | grep -q '"type": "Established",' && break
+    crd="$(curl -sS --max-time 2 --cacert "$dir/certs/apiserver.crt" \
+      "$url/apis/apiextensions.k8s.io/v1/customresourcedefinitions/$name" || true)"
+    if grep -q '"type": "Established",' <<<"$crd"; then established=yes; break; fi
     sleep 0.1
   done
+  if [ "$established" != yes ]; then
+    echo "the CRD $name was not established within 10 s" >&2
+    "$here/ctl.sh" stop "$dir"; exit 1
+  fi
 done
 # The resources answer (not only their definitions).
 sleep 0.5

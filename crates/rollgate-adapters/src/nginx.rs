@@ -142,16 +142,18 @@ impl Nginx {
     /// waits that long), tells the old ones to stop accepting: until then
     /// a new connection may still reach the old configuration. Reads the
     /// version on new connections until the new one has answered every
-    /// read for [`STEADY_FOR`] (about 5 s at most, bounded by the caller's
+    /// read for [`STEADY_FOR`] (5 s at most, bounded by the caller's
     /// timeout as well).
     async fn confirm(&self, version: &str) -> Result<(), AdapterError> {
         let mut got = String::new();
-        let mut since: Option<std::time::Instant> = None;
-        for _ in 0..200 {
-            since = match self.http.get(&self.confirm_url).await {
-                Some((200, body)) => {
+        let mut since: Option<tokio::time::Instant> = None;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::time::Instant::now() < deadline {
+            let read = self.http.get(&self.confirm_url);
+            since = match tokio::time::timeout_at(deadline, read).await {
+                Ok(Some((200, body))) => {
                     got = String::from_utf8_lossy(&body).trim().to_string();
-                    (got == version).then(|| since.unwrap_or_else(std::time::Instant::now))
+                    (got == version).then(|| since.unwrap_or_else(tokio::time::Instant::now))
                 }
                 _ => None,
             };

@@ -5,44 +5,14 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use rollgate_adapters::kit::k8s::{ApiServer, RouteController, Translation};
+use kube::api::{Api, DynamicObject};
+use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
 use rollgate_adapters::kit::{self, Nginx, Proxy, Upstreams};
 use rollgate_adapters::{AdapterError, HttpClient, for_plane};
 use rollgate_store::{DataPlane, KubeAccess, MirrorTo};
 use serde_json::json;
 
 const NAMESPACE: &str = "models";
-
-fn resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
-        "virtualservices",
-    )
-}
-
-/// istiod: the first HTTP route's destinations and weights; the status
-/// reports the generation as istiod's status reporting does (a string,
-/// as protobuf's JSON writes an int64).
-fn translation() -> Translation {
-    Translation {
-        resource: resource(),
-        weights: |spec| {
-            spec["http"][0]["route"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|r| {
-                    (
-                        r["destination"]["port"]["number"].as_u64().unwrap_or(0) as u16,
-                        r["weight"].as_u64().unwrap_or(100) as u32,
-                    )
-                })
-                .collect()
-        },
-        status: |_, generation| json!({ "observedGeneration": generation.to_string() }),
-    }
-}
 
 fn plane(access: KubeAccess, require_status: bool) -> DataPlane {
     DataPlane::Istio {
@@ -85,7 +55,7 @@ async fn the_istio_adapter_passes_the_kit_and_waits_for_istiod() {
     let istiod = RouteController::start(
         client.clone(),
         NAMESPACE,
-        translation(),
+        k8s::virtual_services(),
         kit::MODEL,
         nginx.adapter(),
     );
@@ -96,7 +66,8 @@ async fn the_istio_adapter_passes_the_kit_and_waits_for_istiod() {
     };
     kit::run(&peer, &upstreams).await;
 
-    let api: Api<DynamicObject> = Api::namespaced_with(client, NAMESPACE, &resource());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, NAMESPACE, &k8s::virtual_services().resource);
     peer.adapter
         .apply(&upstreams.split(500, 20, "6.1"))
         .await
@@ -128,4 +99,36 @@ async fn the_istio_adapter_passes_the_kit_and_waits_for_istiod() {
         .expect("confirmed once the API server holds it, without status");
     let o = api.get(kit::MODEL).await.expect("the virtual service");
     assert_eq!(percents(&o), vec![50, 50]);
+
+    // istiod's analysis reports the new generation with an error (a host
+    // it cannot resolve): not in force.
+    let generation = o.metadata.generation.unwrap_or(0) + 1;
+    let reporter = api.clone();
+    let report = tokio::spawn(async move {
+        for _ in 0..200 {
+            let now = reporter.get(kit::MODEL).await.ok();
+            if now.and_then(|o| o.metadata.generation) >= Some(generation) {
+                let status = json!({ "status": {
+                    "observedGeneration": generation.to_string(),
+                    "validationMessages": [{ "type": { "code": "IST0101" }, "level": "ERROR",
+                        "documentationUrl": "https://istio.io/latest/docs/reference/config/analysis/ist0101/" }],
+                }});
+                let params = kube::api::PatchParams::default();
+                let patch = kube::api::Patch::Merge(&status);
+                reporter
+                    .patch_status(kit::MODEL, &params, &patch)
+                    .await
+                    .expect("status");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    });
+    match peer.adapter.apply(&upstreams.split(500, 23, "6.4")).await {
+        Err(AdapterError::NotConfirmed { why, .. }) => {
+            assert!(why.contains("istiod reports an error"), "{why}");
+        }
+        other => panic!("an error istiod reports is not a routing in force, got {other:?}"),
+    }
+    report.await.expect("the report");
 }

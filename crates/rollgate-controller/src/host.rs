@@ -99,18 +99,44 @@ fn for_model(plane: &DataPlane, model: &str) -> DataPlane {
     serde_json::from_value(v).unwrap_or_else(|_| plane.clone())
 }
 
+/// Where `$model` may stand inside a data plane's lists and tables: the
+/// arguments of the operator's own reload command (a model's name is
+/// `[A-Za-z0-9._-]`), and the names, hosts and paths of the model's own
+/// routing objects; never the cluster, the credentials or where copies of
+/// the traffic go.
+const MARKED_WITHIN: [&str; 5] = [
+    "reload_command",
+    "routes.name",
+    "routes.hostnames",
+    "routes.path_prefix",
+    "hosts",
+];
+
 /// Checks that `$model` fills only what a model's name may choose: a file
-/// name in its declared directory, or a URL's path on its declared host.
+/// name in its declared directory, a URL's path on its declared host, or
+/// the name, host or path of the model's own Kubernetes routing object.
 /// Else a model's name (which an API caller picks) would choose a
-/// directory or the host a token goes to. The field at fault otherwise.
+/// directory, a namespace, or the host or cluster a token goes to. The
+/// field at fault otherwise.
 fn model_mark_placed(plane: &DataPlane) -> Result<(), String> {
     let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(plane) else {
         return Ok(());
     };
     for (field, value) in fields {
-        let Some(v) = value.as_str().filter(|v| v.contains(MODEL_MARK)) else {
-            continue;
+        let Some(v) = value.as_str() else {
+            let mut marked = Vec::new();
+            marked_within(&value, &field, &mut marked);
+            match marked
+                .into_iter()
+                .find(|at| !MARKED_WITHIN.contains(&at.as_str()))
+            {
+                Some(at) => return Err(at),
+                None => continue,
+            }
         };
+        if !v.contains(MODEL_MARK) {
+            continue;
+        }
         let placed = if field.ends_with("_file") {
             !v.rsplit_once('/')
                 .map_or(v, |(dir, _)| dir)
@@ -123,13 +149,42 @@ fn model_mark_placed(plane: &DataPlane) -> Result<(), String> {
                 .unwrap_or("")
                 .contains(MODEL_MARK)
         } else {
-            true
+            !matches!(field.as_str(), "namespace" | "controller_name")
         };
         if !placed {
             return Err(field);
         }
     }
     Ok(())
+}
+
+/// The paths (`routes.name`, list indices left out) of the strings in
+/// `value` that hold `$model`.
+fn marked_within(value: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::String(s) if s.contains(MODEL_MARK) => out.push(at.to_string()),
+        serde_json::Value::Array(a) => a.iter().for_each(|v| marked_within(v, at, out)),
+        serde_json::Value::Object(o) => o
+            .iter()
+            .for_each(|(k, v)| marked_within(v, &format!("{at}.{k}"), out)),
+        _ => {}
+    }
+}
+
+/// The Kubernetes object names that must hold `$model`: one declaration
+/// serves many models, and two models writing one object would overwrite
+/// each other's routing. The field at fault.
+fn model_mark_required(plane: &DataPlane) -> Result<(), String> {
+    match plane {
+        DataPlane::GatewayApi { routes, .. } => {
+            match routes.iter().position(|r| !r.name.contains(MODEL_MARK)) {
+                Some(i) => Err(format!("routes[{i}].name")),
+                None => Ok(()),
+            }
+        }
+        DataPlane::Istio { name, .. } if !name.contains(MODEL_MARK) => Err("name".into()),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a URL path steps out of where it seems to be (`..`, `.`, or
@@ -188,7 +243,14 @@ impl Host {
             model_mark_placed(plane).map_err(|field| {
                 format!(
                     "data_planes.{name}.{field}: $model may fill only a file's name (the last \
-                     segment of a path) or a URL's path, never a directory or a host"
+                     segment of a path), a URL's path, or the name, hosts or path of the \
+                     model's own routing object; never a directory, a namespace or a host"
+                )
+            })?;
+            model_mark_required(plane).map_err(|field| {
+                format!(
+                    "data_planes.{name}.{field}: must hold $model, so that each model has an \
+                     object of its own (else models would overwrite each other's routing)"
                 )
             })?;
             for_model(plane, "model")
@@ -536,6 +598,67 @@ mod tests {
             let e = declared(plane(bad)).expect_err(what);
             assert!(e.contains("$model may fill only"), "{what}: {e}");
         }
+        // Kubernetes: never the cluster, a namespace or the mirror.
+        let route = json!([{ "name": "$model", "parent_refs": [{ "name": "gw" }] }]);
+        for (field, bad) in [
+            (
+                "cluster.url",
+                json!({"kind": "gateway_api", "namespace": "models", "routes": route,
+                "cluster": { "url": "https://k8s-$model.corp" }}),
+            ),
+            (
+                "cluster.kubeconfig",
+                json!({"kind": "gateway_api", "namespace": "models",
+                "routes": route, "cluster": { "kubeconfig": "/etc/kube/$model.yaml" }}),
+            ),
+            (
+                "cluster.context",
+                json!({"kind": "istio", "namespace": "models", "hosts": ["h"],
+                "cluster": { "context": "$model" }}),
+            ),
+            (
+                "mirror.service",
+                json!({"kind": "istio", "namespace": "models", "hosts": ["h"],
+                "mirror": { "service": "$model.evil.example", "port": 80 }}),
+            ),
+            (
+                "routes.parent_refs.namespace",
+                json!({"kind": "gateway_api", "namespace": "models",
+                "routes": [{ "name": "$model", "parent_refs": [{ "name": "gw", "namespace": "$model" }] }]}),
+            ),
+            (
+                "gateways",
+                json!({"kind": "istio", "namespace": "models", "hosts": ["h"],
+                "gateways": ["$model/gw"]}),
+            ),
+        ] {
+            let e = declared(plane(bad)).expect_err(field);
+            assert!(
+                e.contains(&format!("data_planes.p.{field}: $model may fill only")),
+                "{field}: {e}"
+            );
+        }
+        for (field, unshared) in [
+            (
+                "routes[0].name",
+                json!({"kind": "gateway_api", "namespace": "models",
+                "routes": [{ "name": "shared", "parent_refs": [{ "name": "gw" }] }]}),
+            ),
+            (
+                "name",
+                json!({"kind": "istio", "namespace": "models", "name": "shared", "hosts": ["h"]}),
+            ),
+        ] {
+            let e = declared(plane(unshared)).expect_err(field);
+            assert!(
+                e.contains(&format!("data_planes.p.{field}: must hold $model")),
+                "{field}: {e}"
+            );
+        }
+        let ok = json!({"kind": "gateway_api", "namespace": "models", "routes": [{
+            "name": "$model", "parent_refs": [{ "name": "gw" }],
+            "hostnames": ["$model.example.com"], "path_prefix": "/v2/models/$model" }]});
+        assert!(declared(plane(ok)).is_ok());
         let envoy = declared(plane(json!({"kind": "envoy",
             "routes_file": "/etc/envoy/rollgate/$model.json",
             "clusters_file": "/etc/envoy/rollgate/cds.json", "admin_url": "http://127.0.0.1:9901"})))

@@ -103,21 +103,6 @@ pub(crate) fn check(
             "namespace: a Kubernetes namespace name (lower-case letters, digits, '-'), got {namespace:?}"
         )));
     }
-    // A model's name (an API caller's choice) never chooses the cluster a
-    // credential goes to.
-    for (field, value) in [
-        ("kubeconfig", &access.kubeconfig),
-        ("context", &access.context),
-        ("url", &access.url),
-        ("ca_file", &access.ca_file),
-        ("token_file", &access.token_file),
-    ] {
-        if value.as_deref().is_some_and(|v| v.contains('$')) {
-            return Err(bad(format!(
-                "cluster.{field}: no $model here: a model's name never chooses the cluster"
-            )));
-        }
-    }
     if let Some(url) = &access.url
         && !(url.starts_with("https://") || url.starts_with("http://"))
     {
@@ -200,7 +185,14 @@ pub(crate) fn check_virtual_service(
     bad: &dyn Fn(String) -> StoreError,
     name: &str,
     hosts: &[String],
+    mirror: Option<&MirrorTo>,
 ) -> Result<()> {
+    if mirror.is_some_and(|m| m.namespace.is_some()) {
+        return Err(bad(
+            "mirror.namespace: Istio names the mirror by host (e.g. \"rollgate-gateway.rollgate.svc.cluster.local\")"
+                .into(),
+        ));
+    }
     if !is_dns_label(&name.replace("$model", "m")) {
         return Err(bad(format!(
             "name: a Kubernetes name once $model is filled in, got {name:?}"
@@ -262,11 +254,6 @@ mod tests {
             ("/routes/1", route, "twice"),
             (
                 "/cluster",
-                json!({ "url": "https://$model.example" }),
-                "cluster.url: no $model",
-            ),
-            (
-                "/cluster",
                 json!({ "token_file": "/t" }),
                 "ca_file and token_file go with",
             ),
@@ -312,9 +299,9 @@ mod tests {
             ("/hosts", json!([" "]), "data_planes.k8s.hosts"),
             ("/name", json!("VS"), "data_planes.k8s.name"),
             (
-                "/cluster",
-                json!({ "context": "$model" }),
-                "cluster.context: no $model",
+                "/mirror",
+                json!({ "service": "gw", "port": 80, "namespace": "x" }),
+                "mirror.namespace",
             ),
         ] {
             let err = plane(&with(&good, pointer, value)).expect_err(pointer);

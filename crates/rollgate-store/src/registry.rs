@@ -283,7 +283,7 @@ impl DataPlane {
             } => {
                 let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
                 kube_plane::check(&bad, cluster, namespace, mirror.as_ref())?;
-                kube_plane::check_virtual_service(&bad, name, hosts)?;
+                kube_plane::check_virtual_service(&bad, name, hosts, mirror.as_ref())?;
             }
         }
         Ok(())

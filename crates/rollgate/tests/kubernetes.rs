@@ -1,34 +1,36 @@
 //! Rollouts whose traffic a Kubernetes route splits: the real controller
-//! declares a `gateway_api` data plane on a real API server (the prebuilt
-//! one of `tests/k8s`; `CI` fails without it, a local run skips), writes
-//! each stage's `HTTPRoute` and waits for its status; the route's
-//! controller is played by the test over a real nginx (rollgate's nginx
-//! adapter programs it from the route), which mirrors to rollgate's
-//! gateway for SHADOW. Evidence from a real Prometheus, as for every
-//! other data plane. Every wait is bounded.
+//! declares a `gateway_api` or `istio` data plane on a real API server
+//! (the prebuilt one of `tests/k8s`; `CI` fails without it, a local run
+//! skips), writes each stage's object and waits for its status; the
+//! route's controller is played by the test over a real nginx (rollgate's
+//! nginx adapter programs it from the object), which mirrors to
+//! rollgate's gateway for SHADOW. Evidence from a real Prometheus, as for
+//! every other data plane. Every wait is bounded.
 
 use std::collections::BTreeMap;
 
 use kube::api::{Api, DynamicObject};
 use rollgate_adapters::kit::Nginx;
-use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
-use serde_json::json;
+use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController, Translation};
+use serde_json::{Value, json};
 
 use crate::common::*;
 use crate::data_plane::{AnsweredBy, Servers, the_rollouts_through};
 
-/// Through an `HTTPRoute` the controller applies and a Gateway's
-/// controller (the test's) confirms: the same rollouts as through nginx
-/// and Envoy, every stage's weights written to the route and put in force
-/// before its clock starts, champion-only before a rollback is visible.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_api_data_plane_with_prometheus_evidence() {
+/// The rollouts every data plane must get right (identical promoted
+/// through SHADOW and two canary steps, +100 ms and ready-then-503 rolled
+/// back, a vanished target failing safe), through the object `plane`
+/// describes (its `cluster` and `mirror` filled in here) and `route`'s
+/// controller: every stage's weights put in force before its clock
+/// starts, champion-only before a rollback is visible. `check` then reads
+/// the model's object as it was left.
+async fn rollouts_through(plane: Value, route: Translation, check: impl Fn(&DynamicObject, u16)) {
     let Some(server) = ApiServer::start() else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
     // Upstreams named `http://localhost:PORT`: a Service `localhost` and
-    // its port, as the adapter writes backendRefs.
+    // its port, as the adapters write destinations.
     let Some(mut servers) = Servers::start_at(dir.path(), "localhost") else {
         return;
     };
@@ -38,22 +40,17 @@ async fn a_gateway_api_data_plane_with_prometheus_evidence() {
         return;
     };
     let kube = server.client().await;
-    let route = k8s::http_routes();
     let controller =
         RouteController::start(kube.clone(), "models", route.clone(), "m", nginx.adapter());
-    let gw_port = gw.addr().rsplit_once(':').map_or("0", |(_, p)| p);
-    let plane = json!({
-        "kind": "gateway_api",
-        "cluster": { "url": server.url, "ca_file": server.ca },
-        "namespace": "models",
-        "controller_name": k8s::STAND_IN,
-        "mirror": { "service": "localhost", "port": gw_port.parse::<u16>().expect("a port") },
-        "routes": [{
-            "name": "$model",
-            "parent_refs": [{ "name": "inference" }],
-            "path_prefix": "/v1/models/$model",
-        }],
-    });
+    let port = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+    };
+    let gw_port = port(gw.addr()).expect("the gateway's port");
+    let mut plane = plane;
+    plane["cluster"] = json!({ "url": server.url, "ca_file": server.ca });
+    plane["namespace"] = json!("models");
+    plane["mirror"] = json!({ "service": "localhost", "port": gw_port });
     let ctl = start_controller_declaring(dir.path(), "edge", &plane);
     let c = client();
     let revs = servers.register(&c, &ctl).await;
@@ -62,13 +59,10 @@ async fn a_gateway_api_data_plane_with_prometheus_evidence() {
         (&revs.identical, &servers.identical),
     ]
     .into_iter()
-    .map(|(rev, p)| {
-        let port = p.addr().rsplit_once(':').and_then(|(_, p)| p.parse().ok());
-        (rev.clone(), port.unwrap_or(0))
-    })
+    .map(|(rev, p)| (rev.clone(), port(p.addr()).unwrap_or(0)))
     .collect();
     let programmed = std::sync::Arc::clone(&controller.programmed);
-    // What the Gateway's controller last put in force: the champion alone.
+    // What the route's controller last put in force: the champion alone.
     let champion_only = |champion: &str| {
         let log = programmed.lock().unwrap_or_else(|p| p.into_inner());
         let last = log.iter().rev().find(|(name, _, _)| name == "m");
@@ -87,8 +81,8 @@ async fn a_gateway_api_data_plane_with_prometheus_evidence() {
     )
     .await;
 
-    // Each canary step reached the route in basis points, and the route
-    // in place names rollgate's gateway as its mirror.
+    // Each canary step of the plan (20%, 50%) reached the object and was
+    // put in force.
     let log = controller
         .programmed
         .lock()
@@ -102,16 +96,50 @@ async fn a_gateway_api_data_plane_with_prometheus_evidence() {
         );
     }
     let api: Api<DynamicObject> = Api::namespaced_with(kube, "models", &route.resource);
-    let object = api.get("m").await.expect("the route");
-    let filter = &object.data["spec"]["rules"][0]["filters"][0];
-    assert_eq!(filter["type"], "RequestMirror", "{object:?}");
-    assert_eq!(
-        filter["requestMirror"]["backendRef"]["port"].as_u64(),
-        gw_port.parse::<u64>().ok(),
-        "{object:?}"
-    );
-    assert_eq!(
-        object.data["spec"]["rules"][0]["matches"][0]["path"]["value"], "/v1/models/m",
-        "{object:?}"
-    );
+    check(&api.get("m").await.expect("the model's object"), gw_port);
+}
+
+/// Through an `HTTPRoute` the controller applies and a Gateway's
+/// controller (the test's) confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_api_data_plane_with_prometheus_evidence() {
+    let plane = json!({
+        "kind": "gateway_api",
+        "controller_name": k8s::STAND_IN,
+        "routes": [{
+            "name": "$model",
+            "parent_refs": [{ "name": "inference" }],
+            "path_prefix": "/v1/models/$model",
+        }],
+    });
+    rollouts_through(plane, k8s::http_routes(), |route, gw_port| {
+        let rule = &route.data["spec"]["rules"][0];
+        let filter = &rule["filters"][0];
+        assert_eq!(filter["type"], "RequestMirror", "{route:?}");
+        let mirrored_to = &filter["requestMirror"]["backendRef"];
+        assert_eq!(mirrored_to["port"].as_u64(), Some(u64::from(gw_port)));
+        assert_eq!(rule["matches"][0]["path"]["value"], "/v1/models/m");
+    })
+    .await;
+}
+
+/// Through a `VirtualService` the controller applies and istiod (the
+/// test's) confirms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_istio_data_plane_with_prometheus_evidence() {
+    let plane = json!({
+        "kind": "istio",
+        "hosts": ["$model.models.svc.cluster.local"],
+    });
+    rollouts_through(plane, k8s::virtual_services(), |vs, gw_port| {
+        let http = &vs.data["spec"]["http"][0];
+        assert_eq!(http["mirror"]["host"], "localhost", "{vs:?}");
+        assert_eq!(
+            http["mirror"]["port"]["number"].as_u64(),
+            Some(u64::from(gw_port))
+        );
+        assert_eq!(http["mirrorPercentage"]["value"], 100.0);
+        assert_eq!(vs.data["spec"]["hosts"][0], "m.models.svc.cluster.local");
+    })
+    .await;
 }

@@ -166,6 +166,32 @@ pub fn http_routes() -> Translation {
     }
 }
 
+/// istiod reading `VirtualService`s: the first HTTP route's destinations
+/// and weights; the status reports the generation as istiod's status
+/// reporting does (a string, as protobuf's JSON writes an int64).
+pub fn virtual_services() -> Translation {
+    Translation {
+        resource: ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
+            "virtualservices",
+        ),
+        weights: |spec| {
+            spec["http"][0]["route"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let port = r["destination"]["port"]["number"].as_u64();
+                    let weight = r["weight"].as_u64().unwrap_or(100);
+                    let port = port.and_then(|p| u16::try_from(p).ok()).unwrap_or(0);
+                    (port, u32::try_from(weight).unwrap_or(u32::MAX))
+                })
+                .collect()
+        },
+        status: |_, generation| serde_json::json!({ "observedGeneration": generation.to_string() }),
+    }
+}
+
 /// One generation a route's controller put in force: the object's name,
 /// its generation and the weights by port.
 pub type Programmed = (String, i64, Vec<(u16, u32)>);

@@ -41,7 +41,7 @@ impl Shape for VirtualServices {
         for (arm, percent) in live.iter().zip(percents) {
             let service = Service::of(&arm.upstream)?;
             routes.push(json!({
-                "destination": { "host": service.host, "port": { "number": service.port } },
+                "destination": { "host": service.mesh_host(), "port": { "number": service.port } },
                 "weight": percent,
             }));
         }
@@ -62,8 +62,26 @@ impl Shape for VirtualServices {
     }
 
     fn in_force(&self, object: &DynamicObject, generation: i64) -> Result<(), String> {
+        let status = &object.data["status"];
+        // Its analysis may find the object wrong (a host it cannot
+        // resolve): an error it reports is not a routing in force.
+        let mut errors = status["validationMessages"]
+            .as_array()
+            .into_iter()
+            .flatten();
+        if let Some(message) = errors.find(|m| m["level"] == "ERROR") {
+            return Err(format!("istiod reports an error: {message}"));
+        }
+        let mut conditions = status["conditions"].as_array().into_iter().flatten();
+        if let Some(c) = conditions.find(|c| c["type"] == "Reconciled" && c["status"] != "True") {
+            return Err(format!(
+                "istiod reports Reconciled {}: {}",
+                c["status"],
+                c["message"].as_str().unwrap_or_default()
+            ));
+        }
         // istiod writes it as a number or, through protobuf's JSON, a string.
-        let observed = &object.data["status"]["observedGeneration"];
+        let observed = &status["observedGeneration"];
         let observed = observed
             .as_i64()
             .or_else(|| observed.as_str()?.parse().ok());

@@ -44,8 +44,10 @@ pub const GENERATION: &str = "rollgate.dev/generation";
 /// The annotation naming the routing an object holds (its version).
 pub const ROUTING: &str = "rollgate.dev/routing";
 
-/// How long an apply waits for the route's controller to report it.
-const CONFIRM_WITHIN: Duration = Duration::from_secs(10);
+/// How long an apply may take, its confirmation included: within the
+/// controller's own bound on an adapter's call (10 s), so that the reason
+/// a routing is not confirmed reaches the log rather than a bare timeout.
+const SEND_WITHIN: Duration = Duration::from_secs(8);
 /// How often it looks.
 const CONFIRM_EVERY: Duration = Duration::from_millis(50);
 
@@ -89,6 +91,7 @@ impl<S: Shape> Adapter for Kube<S> {
 
 impl<S: Shape> Kube<S> {
     async fn apply_and_confirm(&self, desired: &Desired) -> Result<(), AdapterError> {
+        let deadline = tokio::time::Instant::now() + SEND_WITHIN;
         let api: Api<DynamicObject> = Api::namespaced_with(
             client(&self.access).await?,
             &self.namespace,
@@ -110,7 +113,7 @@ impl<S: Shape> Kube<S> {
                 Err(NotApplied::Failed(e)) => return Err(e),
             }
         };
-        self.confirm(&api, &written).await
+        self.confirm(&api, desired, &written, deadline).await
     }
 
     /// Every object checked against the guard and applied as a dry run,
@@ -190,14 +193,17 @@ impl<S: Shape> Kube<S> {
         })
     }
 
-    /// Waits (bounded) until every written object's controller reports
-    /// its generation (or only reads it back, without `require_status`).
+    /// Waits until `deadline` for every written object's controller to
+    /// report its generation (or only reads it back, without
+    /// `require_status`), each object still holding this routing: one a
+    /// newer routing replaced meanwhile is [`AdapterError::Stale`].
     async fn confirm(
         &self,
         api: &Api<DynamicObject>,
+        desired: &Desired,
         written: &[(String, i64)],
+        deadline: tokio::time::Instant,
     ) -> Result<(), AdapterError> {
-        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
         let mut pending: Vec<&(String, i64)> = written.iter().collect();
         let mut why = String::new();
         loop {
@@ -205,8 +211,16 @@ impl<S: Shape> Kube<S> {
             for item @ (name, generation) in pending {
                 match api.get_opt(name).await {
                     Ok(Some(object)) => {
+                        let annotation = |key: &str| {
+                            let a = object.metadata.annotations.as_ref();
+                            a.and_then(|a| a.get(key)).cloned().unwrap_or_default()
+                        };
+                        let holds = annotation(GENERATION).parse::<u64>().unwrap_or(0);
+                        not_older(holds, desired.generation)?;
                         let have = object.metadata.generation.unwrap_or(0);
-                        let verdict = if have < *generation {
+                        let verdict = if annotation(ROUTING) != desired.version {
+                            Err(format!("it holds routing {:?}", annotation(ROUTING)))
+                        } else if have < *generation {
                             Err(format!("the API server holds generation {have}"))
                         } else if self.require_status {
                             self.shape.in_force(&object, *generation)
@@ -233,7 +247,7 @@ impl<S: Shape> Kube<S> {
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(AdapterError::NotConfirmed {
-                    within: CONFIRM_WITHIN,
+                    within: SEND_WITHIN,
                     why,
                 });
             }

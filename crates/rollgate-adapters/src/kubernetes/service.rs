@@ -66,6 +66,19 @@ impl Service {
             host: host.to_string(),
         })
     }
+
+    /// The host Istio routes to for this Service: Istio reads a host with
+    /// a dot as a full name, so `NAME.NS` and `NAME.NS.svc` are completed
+    /// with the cluster domain (`cluster.local` unless the URL names
+    /// one); a bare `NAME` stays short (the VirtualService's namespace).
+    pub fn mesh_host(&self) -> String {
+        match self.host.split('.').count() {
+            1 => self.host.clone(),
+            2 => format!("{}.svc.cluster.local", self.host),
+            3 => format!("{}.cluster.local", self.host),
+            _ => self.host.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +110,27 @@ mod tests {
                 (name, ns, port),
                 "{url}"
             );
+        }
+    }
+
+    #[test]
+    fn istio_gets_a_full_name_or_a_short_one() {
+        for (url, host) in [
+            ("http://fraud-v2:8080", "fraud-v2"),
+            (
+                "http://fraud-v2.models:8080",
+                "fraud-v2.models.svc.cluster.local",
+            ),
+            (
+                "http://fraud-v2.models.svc",
+                "fraud-v2.models.svc.cluster.local",
+            ),
+            (
+                "http://fraud-v2.models.svc.corp.example",
+                "fraud-v2.models.svc.corp.example",
+            ),
+        ] {
+            assert_eq!(Service::of(url).expect(url).mesh_host(), host, "{url}");
         }
     }
 
