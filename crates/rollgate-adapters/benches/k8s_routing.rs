@@ -12,30 +12,10 @@
 
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use rollgate_adapters::kit::Upstreams;
 use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
-use rollgate_adapters::{Adapter, AdapterError, Desired, HttpClient, for_plane};
+use rollgate_adapters::{Adapter, HttpClient, for_plane};
 use rollgate_store::{DataPlane, ParentRef, RouteTemplate};
-
-/// The route controller's data plane: in force at once (what is measured
-/// is the adapter and the API server, not a proxy's reload).
-#[derive(Debug)]
-struct AtOnce;
-
-impl Adapter for AtOnce {
-    fn kind(&self) -> &'static str {
-        "at-once"
-    }
-
-    fn send<'a>(&'a self, _: &'a Desired) -> BoxFuture<'a, Result<(), AdapterError>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn seed_files(&self, _: &Desired) -> Result<Vec<(String, String)>, AdapterError> {
-        Ok(Vec::new())
-    }
-}
 
 fn gateway_api(server: &ApiServer, require_status: bool) -> DataPlane {
     DataPlane::GatewayApi {
@@ -113,14 +93,14 @@ async fn main() {
         "bench",
         k8s::http_routes(),
         "none",
-        Box::new(AtOnce),
+        Box::new(k8s::AtOnce),
     );
     let _istiod = RouteController::start(
         client,
         "bench",
         k8s::virtual_services(),
         "none",
-        Box::new(AtOnce),
+        Box::new(k8s::AtOnce),
     );
     let http = HttpClient::new(Duration::from_secs(2));
     let cases = [

@@ -240,3 +240,60 @@ async fn a_silent_controller_confirms_nothing_and_a_restarted_api_server_loses_n
     let by = kit::get(&format!("http://{}/", nginx.addr), "user-1").await;
     assert!(by.is_some(), "the stand-in data plane answers");
 }
+
+/// Two controllers (a new leader and a cut-off former one) writing the
+/// same routes at once: whatever the interleaving, the higher generation
+/// is what the routes hold, and the lower is refused as stale or
+/// confirmed before the higher replaced it; never the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_leave_the_newer_routing() {
+    let Some(server) = ApiServer::start() else {
+        return;
+    };
+    let upstreams = Upstreams::start_at("localhost").await;
+    let client = server.client().await;
+    let controller = RouteController::start(
+        client.clone(),
+        NAMESPACE,
+        k8s::http_routes(),
+        "none",
+        Box::new(k8s::AtOnce),
+    );
+    let routes = vec![
+        route("$model", &["$model.example.com"]),
+        route("$model-internal", &["$model.internal"]),
+    ];
+    let http = HttpClient::new(Duration::from_secs(2));
+    let (old, new) = (
+        for_plane(&plane(server.access(), routes.clone(), true), &http),
+        for_plane(&plane(server.access(), routes, true), &http),
+    );
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client, NAMESPACE, &k8s::http_routes().resource);
+    for round in 0..5u64 {
+        let (older, newer) = (10 + 2 * round, 11 + 2 * round);
+        let stale = upstreams.split(500, older, &format!("{older}.1"));
+        let fresh = upstreams.split(2_500, newer, &format!("{newer}.1"));
+        let (a, b) = tokio::join!(old.apply(&stale), new.apply(&fresh));
+        b.expect("the newer routing is applied and confirmed");
+        match a {
+            Ok(()) | Err(AdapterError::Stale { .. }) => {}
+            other => panic!("round {round}: the older routing: {other:?}"),
+        }
+        for name in ["m", "m-internal"] {
+            let o = object(&api, name).await;
+            assert_eq!(
+                weights(&o),
+                vec![7_500, 2_500],
+                "round {round}, {name}: {o:?}"
+            );
+            let annotations = o.metadata.annotations.unwrap_or_default();
+            assert_eq!(annotations["rollgate.dev/generation"], newer.to_string());
+        }
+        match old.apply(&stale).await {
+            Err(AdapterError::Stale { have, want }) => assert_eq!((have, want), (newer, older)),
+            other => panic!("round {round}: a lower generation afterwards is stale: {other:?}"),
+        }
+    }
+    drop(controller);
+}

@@ -192,6 +192,28 @@ pub fn virtual_services() -> Translation {
     }
 }
 
+/// A route controller's data plane that is in force at once: for tests
+/// and benchmarks of the API server's side alone.
+#[derive(Debug)]
+pub struct AtOnce;
+
+impl Adapter for AtOnce {
+    fn kind(&self) -> &'static str {
+        "at-once"
+    }
+
+    fn send<'a>(
+        &'a self,
+        _: &'a Desired,
+    ) -> futures::future::BoxFuture<'a, Result<(), crate::AdapterError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn seed_files(&self, _: &Desired) -> Result<Vec<(String, String)>, crate::AdapterError> {
+        Ok(Vec::new())
+    }
+}
+
 /// One generation a route's controller put in force: the object's name,
 /// its generation and the weights by port.
 pub type Programmed = (String, i64, Vec<(u16, u32)>);

@@ -98,22 +98,29 @@ impl<S: Shape> Kube<S> {
             &self.shape.resource(),
         );
         let objects = self.shape.objects(desired)?;
-        // Two controllers racing: the loser's resourceVersion is stale and
-        // it reads again (the generation guard then decides).
-        let mut attempts = 0;
-        let written = loop {
-            match self.apply_all(&api, desired, &objects).await {
-                Ok(written) => break written,
-                Err(NotApplied::Raced) if attempts < 2 => attempts += 1,
-                Err(NotApplied::Raced) => {
-                    return Err(AdapterError::Io(
-                        "another writer changed the objects at every attempt".into(),
-                    ));
-                }
+        // Another writer between our read and our write (a controller's
+        // status report, a racing controller) makes our resourceVersion
+        // stale: read again (the generation guard then decides), until
+        // the deadline. Two creating the same object have no
+        // resourceVersion to race on: the older routing may land second,
+        // and the newer writer, seeing it in confirmation, writes again.
+        let mut raced = 0u32;
+        while tokio::time::Instant::now() < deadline {
+            let outcome = match self.apply_all(&api, desired, &objects).await {
+                Ok(written) => self.confirm(&api, desired, &written, deadline).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => return Ok(()),
                 Err(NotApplied::Failed(e)) => return Err(e),
+                Err(NotApplied::Raced) => raced += 1,
             }
-        };
-        self.confirm(&api, desired, &written, deadline).await
+            tokio::time::sleep(CONFIRM_EVERY).await;
+        }
+        Err(AdapterError::NotConfirmed {
+            within: SEND_WITHIN,
+            why: format!("another writer changed the objects at each of {raced} attempts"),
+        })
     }
 
     /// Every object checked against the guard and applied as a dry run,
@@ -196,14 +203,15 @@ impl<S: Shape> Kube<S> {
     /// Waits until `deadline` for every written object's controller to
     /// report its generation (or only reads it back, without
     /// `require_status`), each object still holding this routing: one a
-    /// newer routing replaced meanwhile is [`AdapterError::Stale`].
+    /// newer routing replaced meanwhile is [`AdapterError::Stale`], one an
+    /// older routing replaced is [`NotApplied::Raced`] (write again).
     async fn confirm(
         &self,
         api: &Api<DynamicObject>,
         desired: &Desired,
         written: &[(String, i64)],
         deadline: tokio::time::Instant,
-    ) -> Result<(), AdapterError> {
+    ) -> Result<(), NotApplied> {
         let mut pending: Vec<&(String, i64)> = written.iter().collect();
         let mut why = String::new();
         loop {
@@ -216,7 +224,10 @@ impl<S: Shape> Kube<S> {
                             a.and_then(|a| a.get(key)).cloned().unwrap_or_default()
                         };
                         let holds = annotation(GENERATION).parse::<u64>().unwrap_or(0);
-                        not_older(holds, desired.generation)?;
+                        not_older(holds, desired.generation).map_err(NotApplied::Failed)?;
+                        if holds < desired.generation {
+                            return Err(NotApplied::Raced);
+                        }
                         let have = object.metadata.generation.unwrap_or(0);
                         let verdict = if annotation(ROUTING) != desired.version {
                             Err(format!("it holds routing {:?}", annotation(ROUTING)))
@@ -246,10 +257,10 @@ impl<S: Shape> Kube<S> {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(AdapterError::NotConfirmed {
+                return Err(NotApplied::Failed(AdapterError::NotConfirmed {
                     within: SEND_WITHIN,
                     why,
-                });
+                }));
             }
             pending = still;
             tokio::time::sleep(CONFIRM_EVERY).await;
