@@ -12,6 +12,7 @@ mod few_keys;
 mod ha;
 mod host;
 mod kubernetes;
+mod manifests;
 mod notify;
 mod openapi;
 mod payloads;

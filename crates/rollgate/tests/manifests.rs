@@ -1,0 +1,362 @@
+//! deploy/kubernetes/: every object is a Kubernetes API type of the stated
+//! version (k8s-openapi's Kubernetes 1.36 types), written back without
+//! losing a field (a misspelt or misplaced field would be dropped, so it
+//! fails here rather than in a cluster); the objects refer to each other
+//! consistently (selectors, ports, volumes, the ConfigMap and Secrets);
+//! and the controller's config and the probes' paths work with the real
+//! binary: a controller started on the ConfigMap's `controller.toml` (its
+//! files moved to a temporary directory) answers the controller's probes
+//! without a token, and a gateway following its store answers its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::common::*;
+
+fn deploy() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes"
+    ))
+}
+
+/// Every document of every file the kustomization lists, with its file.
+fn objects() -> Vec<(String, Value)> {
+    let kustomization: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(deploy().join("kustomization.yaml")).expect("kustomization"),
+    )
+    .expect("kustomization.yaml is YAML");
+    let mut out = Vec::new();
+    for file in kustomization["resources"].as_array().expect("resources") {
+        let file = file.as_str().expect("a file name");
+        let text = std::fs::read_to_string(deploy().join(file)).expect(file);
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect(file);
+        out.extend(docs.into_iter().map(|d| (file.to_string(), d)));
+    }
+    out
+}
+
+/// `doc` read as `T` and written back: equal, or what `T` did not keep.
+fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<(), String> {
+    let t: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
+    let back = serde_json::to_value(&t).map_err(|e| e.to_string())?;
+    if back == *doc {
+        Ok(())
+    } else {
+        Err(format!("written back as {back:#}"))
+    }
+}
+
+#[test]
+fn every_manifest_is_a_kubernetes_object_of_its_version() {
+    let listed: BTreeSet<String> = objects().into_iter().map(|(f, _)| f).collect();
+    let present: BTreeSet<String> = std::fs::read_dir(deploy())
+        .expect("deploy/kubernetes")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, present, "the kustomization lists every manifest");
+    let mut kinds = BTreeMap::new();
+    for (file, doc) in objects() {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let checked = match (
+            doc["apiVersion"].as_str().unwrap_or_default(),
+            kind.as_str(),
+        ) {
+            ("v1", "Namespace") => typed::<Namespace>(&doc),
+            ("v1", "ServiceAccount") => typed::<ServiceAccount>(&doc),
+            ("v1", "ConfigMap") => typed::<ConfigMap>(&doc),
+            ("v1", "Service") => typed::<Service>(&doc),
+            ("apps/v1", "Deployment") => typed::<Deployment>(&doc),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => typed::<ClusterRole>(&doc),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&doc),
+            // Custom resources of other projects: their shape is checked
+            // below, against what they must select.
+            ("monitoring.coreos.com/v1", "PodMonitor") => Ok(()),
+            ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant") => Ok(()),
+            (api, kind) => Err(format!("{api} {kind} is not a kind this test knows")),
+        };
+        if let Err(e) = checked {
+            panic!("{file}: {kind} {name}: {e}");
+        }
+        if kind != "Namespace" && kind != "ClusterRole" {
+            assert!(
+                doc["metadata"]["namespace"].is_string(),
+                "{file}: {kind} {name} names its namespace"
+            );
+        }
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    eprintln!("kinds: {kinds:?}");
+}
+
+/// The objects of `kind`.
+fn of(kind: &str) -> Vec<Value> {
+    objects()
+        .into_iter()
+        .map(|(_, d)| d)
+        .filter(|d| d["kind"] == kind)
+        .collect()
+}
+
+/// Whether `selector` (matchLabels or a plain map) selects `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let wanted = selector.get("matchLabels").unwrap_or(selector);
+    wanted
+        .as_object()
+        .is_some_and(|w| !w.is_empty() && w.iter().all(|(k, v)| labels[k] == *v))
+}
+
+/// The named container ports of the Deployment whose pods `selector` picks.
+fn ports_selected(selector: &Value) -> Vec<String> {
+    let deployments = of("Deployment");
+    let picked: Vec<&Value> = deployments
+        .iter()
+        .filter(|d| selects(selector, &d["spec"]["template"]["metadata"]["labels"]))
+        .collect();
+    assert_eq!(picked.len(), 1, "{selector} picks one Deployment");
+    picked[0]["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_manifests_refer_to_each_other_consistently() {
+    for d in of("Deployment") {
+        let name = &d["metadata"]["name"];
+        let pod = &d["spec"]["template"];
+        assert!(
+            selects(&d["spec"]["selector"], &pod["metadata"]["labels"]),
+            "{name}: its selector picks its pods"
+        );
+        let account = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .expect("an account");
+        assert!(
+            of("ServiceAccount")
+                .iter()
+                .any(|a| a["metadata"]["name"] == account),
+            "{name}: service account {account}"
+        );
+        assert_eq!(
+            pod["spec"]["securityContext"]["runAsNonRoot"], true,
+            "{name}"
+        );
+        assert_eq!(
+            pod["spec"]["securityContext"]["runAsUser"], 65532,
+            "{name}: the image's user"
+        );
+        let volumes: Vec<&Value> = pod["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .collect();
+        for c in pod["spec"]["containers"].as_array().expect("containers") {
+            assert_eq!(
+                c["securityContext"]["readOnlyRootFilesystem"], true,
+                "{name}"
+            );
+            assert_eq!(
+                c["securityContext"]["allowPrivilegeEscalation"], false,
+                "{name}"
+            );
+            assert!(
+                c["resources"]["requests"].is_object(),
+                "{name}: resource requests"
+            );
+            assert!(
+                c["readinessProbe"].is_object() && c["livenessProbe"].is_object(),
+                "{name}"
+            );
+            let ports: Vec<&str> = c["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            for probe in ["readinessProbe", "livenessProbe"] {
+                let port = c[probe]["httpGet"]["port"].as_str().expect("a named port");
+                assert!(ports.contains(&port), "{name}: {probe} on port {port}");
+            }
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                assert!(
+                    volumes.iter().any(|v| v["name"] == m["name"]),
+                    "{name}: volume {} mounted",
+                    m["name"]
+                );
+            }
+        }
+        for v in &volumes {
+            if let Some(cm) = v["configMap"]["name"].as_str() {
+                assert!(
+                    of("ConfigMap").iter().any(|m| m["metadata"]["name"] == cm),
+                    "{name}: ConfigMap {cm}"
+                );
+            }
+        }
+    }
+    for s in of("Service") {
+        let ports = ports_selected(&s["spec"]["selector"]);
+        for p in s["spec"]["ports"].as_array().expect("ports") {
+            let target = p["targetPort"].as_str().expect("a named target port");
+            assert!(
+                ports.iter().any(|n| n == target),
+                "{}: targetPort {target}",
+                s["metadata"]["name"]
+            );
+        }
+    }
+    for m in of("PodMonitor") {
+        let ports = ports_selected(&m["spec"]["selector"]);
+        for e in m["spec"]["podMetricsEndpoints"]
+            .as_array()
+            .expect("endpoints")
+        {
+            let port = e["port"].as_str().expect("a port name");
+            assert!(
+                ports.iter().any(|n| n == port),
+                "{}: port {port}",
+                m["metadata"]["name"]
+            );
+        }
+    }
+    for b in of("RoleBinding") {
+        let role = &b["roleRef"]["name"];
+        assert!(
+            of("ClusterRole")
+                .iter()
+                .any(|r| r["metadata"]["name"] == *role),
+            "{role}"
+        );
+    }
+    // The routing role grants what the Kubernetes adapters call.
+    let routing = of("ClusterRole");
+    for rule in routing[0]["rules"].as_array().expect("rules") {
+        assert_eq!(
+            rule["verbs"],
+            serde_json::json!(["get", "create", "patch"]),
+            "{rule}"
+        );
+    }
+    let grant = &of("ReferenceGrant")[0];
+    assert!(
+        of("Service")
+            .iter()
+            .any(|s| s["metadata"]["name"] == grant["spec"]["to"][0]["name"]),
+        "the grant names rollgate's gateway Service"
+    );
+}
+
+/// The ConfigMap's `controller.toml` with its paths moved into `dir`.
+fn controller_toml(dir: &std::path::Path) -> String {
+    let cm = of("ConfigMap")
+        .into_iter()
+        .find(|m| m["metadata"]["name"] == "rollgate-controller")
+        .expect("the controller's ConfigMap");
+    let toml = cm["data"]["controller.toml"]
+        .as_str()
+        .expect("controller.toml");
+    let token = write(dir, "token", "a-shared-token-for-the-test\n");
+    toml.replace("0.0.0.0:7070", "127.0.0.1:0")
+        .replace("/run/secrets/rollgate-api/token", &token)
+        .replace(
+            "/run/secrets/rollgate-audit/key",
+            &dir.join("audit.key").to_string_lossy(),
+        )
+        .replace("/var/lib/rollgate", &dir.join("data").to_string_lossy())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_runs_on_its_config_map_and_both_answer_their_probes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = write(dir.path(), "controller.toml", &controller_toml(dir.path()));
+    let ctl = start_controller_with(dir.path(), &cfg, &[]);
+    let c = client();
+    let probe = |d: &Value, container: usize, kind: &str| {
+        d["spec"]["template"]["spec"]["containers"][container][kind]["httpGet"]["path"]
+            .as_str()
+            .expect("a probe path")
+            .to_string()
+    };
+    let deployments = of("Deployment");
+    let named = |n: &str| {
+        deployments
+            .iter()
+            .find(|d| d["metadata"]["name"] == n)
+            .expect(n)
+            .clone()
+    };
+    let (controller, gateway) = (named("rollgate-controller"), named("rollgate-gateway"));
+    for kind in ["readinessProbe", "livenessProbe"] {
+        let path = probe(&controller, 0, kind);
+        let (s, v, _) = request(
+            &c,
+            "GET",
+            &format!("http://{}{path}", ctl.addr()),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(
+            s, 200,
+            "the controller's {kind} {path}, without a token: {v}"
+        );
+    }
+    // The API itself wants the token the config names.
+    let (s, _, _) = request(
+        &c,
+        "GET",
+        &format!("http://{}/api/v1/models", ctl.addr()),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(s, 401, "require_token");
+    let (s, _, _) = request(
+        &c,
+        "GET",
+        &format!("http://{}/api/v1/models", ctl.addr()),
+        None,
+        Some("a-shared-token-for-the-test"),
+    )
+    .await;
+    assert_eq!(s, 200, "the shared token from the mounted file");
+
+    let data = dir.path().join("data");
+    let gw = spawn(
+        &[
+            "gateway",
+            "--store",
+            &data.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+        ],
+        &[],
+    );
+    for kind in ["readinessProbe", "livenessProbe"] {
+        let path = probe(&gateway, 0, kind);
+        let (s, v, _) = request(
+            &c,
+            "GET",
+            &format!("http://{}{path}", gw.addr()),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "the gateway's {kind} {path}: {v}");
+    }
+}
