@@ -6,8 +6,8 @@
 # (`buildah push … oci-archive:FILE`), for a registry push elsewhere.
 # The image holds the binary, the shared libraries `ldd` says it links (and
 # the dynamic loader), /etc/passwd and /etc/group naming user 65532, and a
-# writable /tmp and home. buildah runs rootless-friendly here: vfs storage,
-# chroot isolation ($BUILDAH_STORAGE_DRIVER, default vfs).
+# writable /tmp and home. buildah with vfs storage and chroot isolation
+# ($BUILDAH_STORAGE_DRIVER, default vfs): no daemon, no privileged runtime.
 set -euo pipefail
 binary="$1"; tag="$2"; archive="${3:-}"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,11 +21,19 @@ mkdir -p "$root/usr/local/bin" "$root/etc" "$root/tmp" "$ctx/home"
 echo "rollgate writes here" >"$ctx/home/.keep"
 cp "$binary" "$root/usr/local/bin/rollgate"
 strip "$root/usr/local/bin/rollgate"
-# The shared libraries it links, at the paths the loader looks for them.
-ldd "$binary" | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r lib; do
-  mkdir -p "$root$(dirname "$lib")"
-  cp -L "$lib" "$root$lib"
-done
+# The shared libraries it links, at the paths the loader looks for them
+# (a static binary needs none; a library ldd cannot find is an error).
+if libs="$(ldd "$binary" 2>&1)"; then
+  if grep -q "not found" <<<"$libs"; then
+    echo "$binary links a library this machine lacks:" >&2; grep "not found" <<<"$libs" >&2; exit 1
+  fi
+  awk '/=> \//{print $3} /^\t\/lib/{print $1}' <<<"$libs" | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+elif ! grep -q "not a dynamic executable\|statically linked" <<<"$libs"; then
+  echo "ldd $binary: $libs" >&2; exit 1
+fi
 echo "rollgate:x:65532:65532:rollgate:/home/rollgate:/nonexistent" >"$root/etc/passwd"
 echo "rollgate:x:65532:" >"$root/etc/group"
 chmod 1777 "$root/tmp"

@@ -259,18 +259,21 @@ async fn racing_writers_leave_the_newer_routing() {
         "none",
         Box::new(k8s::AtOnce),
     );
-    let routes = vec![
-        route("$model", &["$model.example.com"]),
-        route("$model-internal", &["$model.internal"]),
-    ];
     let http = HttpClient::new(Duration::from_secs(2));
-    let (old, new) = (
-        for_plane(&plane(server.access(), routes.clone(), true), &http),
-        for_plane(&plane(server.access(), routes, true), &http),
-    );
     let api: Api<DynamicObject> =
         Api::namespaced_with(client, NAMESPACE, &k8s::http_routes().resource);
-    for round in 0..5u64 {
+    // Even rounds race on creating the routes (new names), odd rounds on
+    // routes both writers read.
+    for round in 0..8u64 {
+        let prefix = format!("r{}", round / 2);
+        let routes = vec![
+            route(&format!("$model-{prefix}"), &["$model.example.com"]),
+            route(&format!("$model-{prefix}-internal"), &["$model.internal"]),
+        ];
+        let (old, new) = (
+            for_plane(&plane(server.access(), routes.clone(), true), &http),
+            for_plane(&plane(server.access(), routes, true), &http),
+        );
         let (older, newer) = (10 + 2 * round, 11 + 2 * round);
         let stale = upstreams.split(500, older, &format!("{older}.1"));
         let fresh = upstreams.split(2_500, newer, &format!("{newer}.1"));
@@ -280,8 +283,8 @@ async fn racing_writers_leave_the_newer_routing() {
             Ok(()) | Err(AdapterError::Stale { .. }) => {}
             other => panic!("round {round}: the older routing: {other:?}"),
         }
-        for name in ["m", "m-internal"] {
-            let o = object(&api, name).await;
+        for name in [format!("m-{prefix}"), format!("m-{prefix}-internal")] {
+            let o = object(&api, &name).await;
             assert_eq!(
                 weights(&o),
                 vec![7_500, 2_500],

@@ -2,11 +2,11 @@
 //! version (k8s-openapi's Kubernetes 1.36 types), written back without
 //! losing a field (a misspelt or misplaced field would be dropped, so it
 //! fails here rather than in a cluster); the objects refer to each other
-//! consistently (selectors, ports, volumes, the ConfigMap and Secrets);
-//! and the controller's config and the probes' paths work with the real
-//! binary: a controller started on the ConfigMap's `controller.toml` (its
-//! files moved to a temporary directory) answers the controller's probes
-//! without a token, and a gateway following its store answers its own.
+//! consistently (selectors, ports, volumes, the ConfigMap); and both
+//! Deployments' command lines run the real binary: the controller on the
+//! ConfigMap's `controller.toml` (its files moved to a temporary
+//! directory) answers its probes without a token and writes only with
+//! one, sent to the names clients use; the gateway answers its probes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -278,18 +278,63 @@ fn controller_toml(dir: &std::path::Path) -> String {
         .replace("/var/lib/rollgate", &dir.join("data").to_string_lossy())
 }
 
+/// The Deployment's container command line and plain environment, with
+/// `swap` applied to every argument (paths and addresses moved to the
+/// test's, `$(VAR)` filled in).
+fn command_line(d: &Value, swap: &dyn Fn(&str) -> String) -> (Vec<String>, Vec<(String, String)>) {
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    let args = c["args"].as_array().expect("args").iter();
+    let args = args
+        .map(|a| swap(a.as_str().expect("an argument")))
+        .collect();
+    let env = c["env"].as_array().into_iter().flatten();
+    let env = env
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    (args, env)
+}
+
+fn probe(d: &Value, kind: &str) -> String {
+    d["spec"]["template"]["spec"]["containers"][0][kind]["httpGet"]["path"]
+        .as_str()
+        .expect("a probe path")
+        .to_string()
+}
+
+/// `method path` to `addr` with `Host: host` and the bearer `token`.
+async fn as_host(addr: &str, method: &str, path: &str, host: &str, token: &str, body: &str) -> u16 {
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("host", host)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .expect("a request");
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(10), client().request(req));
+    answer
+        .await
+        .expect("within 10 s")
+        .expect("an answer")
+        .status()
+        .as_u16()
+}
+
+/// Both Deployments' own command lines and environment (paths, the
+/// listen address and the pod's fields moved to the test's; the store is
+/// the SQLite one in the data directory instead of the Secret's URL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_runs_on_its_config_map_and_both_answer_their_probes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = write(dir.path(), "controller.toml", &controller_toml(dir.path()));
-    let ctl = start_controller_with(dir.path(), &cfg, &[]);
-    let c = client();
-    let probe = |d: &Value, container: usize, kind: &str| {
-        d["spec"]["template"]["spec"]["containers"][container][kind]["httpGet"]["path"]
-            .as_str()
-            .expect("a probe path")
-            .to_string()
-    };
+    let data = dir.path().join("data").to_string_lossy().into_owned();
     let deployments = of("Deployment");
     let named = |n: &str| {
         deployments
@@ -299,8 +344,16 @@ async fn the_controller_runs_on_its_config_map_and_both_answer_their_probes() {
             .clone()
     };
     let (controller, gateway) = (named("rollgate-controller"), named("rollgate-gateway"));
+    let (args, env) = command_line(&controller, &|a| {
+        a.replace("/etc/rollgate/controller.toml", &cfg)
+            .replace("/var/lib/rollgate", &data)
+    });
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let ctl = spawn(&args, &env);
+    let c = client();
     for kind in ["readinessProbe", "livenessProbe"] {
-        let path = probe(&controller, 0, kind);
+        let path = probe(&controller, kind);
         let (s, v, _) = request(
             &c,
             "GET",
@@ -314,7 +367,8 @@ async fn the_controller_runs_on_its_config_map_and_both_answer_their_probes() {
             "the controller's {kind} {path}, without a token: {v}"
         );
     }
-    // The API itself wants the token the config names.
+    // The API wants the token the config names, and answers writes sent
+    // to the names clients use (the Service's, a port-forward's).
     let (s, _, _) = request(
         &c,
         "GET",
@@ -324,31 +378,37 @@ async fn the_controller_runs_on_its_config_map_and_both_answer_their_probes() {
     )
     .await;
     assert_eq!(s, 401, "require_token");
-    let (s, _, _) = request(
-        &c,
-        "GET",
-        &format!("http://{}/api/v1/models", ctl.addr()),
-        None,
-        Some("a-shared-token-for-the-test"),
+    let token = "a-shared-token-for-the-test";
+    for (i, host) in ["rollgate-api.rollgate.svc:7070", "localhost:7070"]
+        .iter()
+        .enumerate()
+    {
+        let body = format!(r#"{{"name": "m{i}", "spec": {{}}}}"#);
+        let s = as_host(ctl.addr(), "POST", "/api/v1/models", host, token, &body).await;
+        assert_eq!(s, 201, "a write through {host}");
+    }
+    let s = as_host(
+        ctl.addr(),
+        "POST",
+        "/api/v1/models",
+        "elsewhere:7070",
+        token,
+        "{}",
     )
     .await;
-    assert_eq!(s, 200, "the shared token from the mounted file");
+    assert_eq!(s, 403, "a name not declared");
 
-    let data = dir.path().join("data");
-    let gw = spawn(
-        &[
-            "gateway",
-            "--store",
-            &data.to_string_lossy(),
-            "--listen",
-            "127.0.0.1:0",
-            "--threads",
-            "1",
-        ],
-        &[],
-    );
+    let (args, mut env) = command_line(&gateway, &|a| {
+        a.replace("0.0.0.0:8080", "127.0.0.1:0")
+            .replace("$(POD_IP)", "127.0.0.1")
+            .replace("$(POD_NAME)", "rollgate-gateway-0")
+    });
+    env.push(("ROLLGATE_STORE".into(), data.clone()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let gw = spawn(&args, &env);
     for kind in ["readinessProbe", "livenessProbe"] {
-        let path = probe(&gateway, 0, kind);
+        let path = probe(&gateway, kind);
         let (s, v, _) = request(
             &c,
             "GET",

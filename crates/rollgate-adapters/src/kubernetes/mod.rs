@@ -28,7 +28,9 @@ mod service;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, ValidationDirective};
+use kube::api::{
+    Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams, ValidationDirective,
+};
 use serde_json::{Value, json};
 
 use crate::error::not_older;
@@ -44,9 +46,10 @@ pub const GENERATION: &str = "rollgate.dev/generation";
 /// The annotation naming the routing an object holds (its version).
 pub const ROUTING: &str = "rollgate.dev/routing";
 
-/// How long an apply may take, its confirmation included: within the
-/// controller's own bound on an adapter's call (10 s), so that the reason
-/// a routing is not confirmed reaches the log rather than a bare timeout.
+/// How long an apply may take, its confirmation included (a hung call is
+/// cut a second later): within the controller's own bound on an
+/// adapter's call (10 s), so that the reason a routing is not confirmed
+/// reaches the log rather than a bare timeout.
 const SEND_WITHIN: Duration = Duration::from_secs(8);
 /// How often it looks.
 const CONFIRM_EVERY: Duration = Duration::from_millis(50);
@@ -106,9 +109,20 @@ impl<S: Shape> Kube<S> {
         // and the newer writer, seeing it in confirmation, writes again.
         let mut raced = 0u32;
         while tokio::time::Instant::now() < deadline {
-            let outcome = match self.apply_all(&api, desired, &objects).await {
-                Ok(written) => self.confirm(&api, desired, &written, deadline).await,
-                Err(e) => Err(e),
+            let attempt = async {
+                let written = self.apply_all(&api, desired, &objects).await?;
+                self.confirm(&api, desired, &written, deadline).await
+            };
+            // A backstop for a call that hangs: the confirmation's own
+            // deadline (with its reason) comes first.
+            let backstop = deadline + Duration::from_secs(1);
+            let Ok(outcome) = tokio::time::timeout_at(backstop, attempt).await else {
+                return Err(AdapterError::NotConfirmed {
+                    within: SEND_WITHIN,
+                    why: format!(
+                        "the API server did not answer in time ({raced} attempts raced another writer)"
+                    ),
+                });
             };
             match outcome {
                 Ok(()) => return Ok(()),
@@ -154,27 +168,70 @@ impl<S: Shape> Kube<S> {
             not_older(have, desired.generation).map_err(NotApplied::Failed)?;
             bodies.push((name, self.body(name, spec, desired, version)));
         }
-        for dry_run in [true, false] {
-            let mut written = Vec::with_capacity(bodies.len());
-            for (name, body) in &bodies {
-                let mut params = PatchParams::apply(FIELD_MANAGER);
-                params.dry_run = dry_run;
-                params.field_validation = Some(ValidationDirective::Strict);
-                match api.patch(name, &params, &Patch::Apply(body)).await {
-                    Ok(object) => {
-                        written.push((name.to_string(), object.metadata.generation.unwrap_or(0)))
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 && s.message.contains("modified") => {
-                        return Err(NotApplied::Raced);
-                    }
-                    Err(e) => return Err(NotApplied::Failed(self.refused(name, e))),
+        for (name, body) in &bodies {
+            self.write(api, name, body, true).await?;
+        }
+        let mut written = Vec::with_capacity(bodies.len());
+        for (name, body) in &bodies {
+            written.push((name.to_string(), self.write(api, name, body, false).await?));
+        }
+        Ok(written)
+    }
+
+    /// Applies one object's configuration (as a dry run, or for real): the
+    /// generation written. An object read as absent is created, which
+    /// fails if another writer created it meanwhile (server-side apply
+    /// would land unconditionally, and an older routing could win); then
+    /// it is applied over at once, so that rollgate owns its fields as an
+    /// applier.
+    async fn write(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Value,
+        dry_run: bool,
+    ) -> Result<i64, NotApplied> {
+        // Raced: created by another writer meanwhile (AlreadyExists), or
+        // changed since we read it ("modified").
+        let raced_or = |e: kube::Error| match e {
+            kube::Error::Api(s)
+                if s.code == 409 && (s.reason != "Conflict" || s.message.contains("modified")) =>
+            {
+                NotApplied::Raced
+            }
+            e => NotApplied::Failed(self.refused(name, e)),
+        };
+        let mut params = PatchParams::apply(FIELD_MANAGER);
+        params.dry_run = dry_run;
+        params.field_validation = Some(ValidationDirective::Strict);
+        let mut body = body.clone();
+        if !dry_run && body["metadata"]["resourceVersion"].is_null() {
+            let object: DynamicObject = serde_json::from_value(body.clone())
+                .map_err(|e| NotApplied::Failed(AdapterError::Io(format!("{name}: {e}"))))?;
+            let create = PostParams {
+                dry_run: false,
+                field_manager: Some(FIELD_MANAGER.into()),
+            };
+            let created = api.create(&create, &object).await.map_err(raced_or)?;
+            body["metadata"]["resourceVersion"] = json!(created.metadata.resource_version);
+            // Created as an update: take the fields over as their applier
+            // (no one else has written it: the resourceVersion says so).
+            params.force = true;
+        }
+        match api.patch(name, &params, &Patch::Apply(&body)).await {
+            Ok(object) => Ok(object.metadata.generation.unwrap_or(0)),
+            // Fields rollgate's own create recorded as an update (shared
+            // with its applier when the values were equal): taken over,
+            // still only if no one wrote since our read.
+            Err(kube::Error::Api(s)) if s.code == 409 && only_our_own(&s.message) => {
+                params.force = true;
+                match api.patch(name, &params, &Patch::Apply(&body)).await {
+                    Ok(object) => Ok(object.metadata.generation.unwrap_or(0)),
+                    Err(e) => Err(raced_or(e)),
                 }
             }
-            if !dry_run {
-                return Ok(written);
-            }
+            Err(e) => Err(raced_or(e)),
         }
-        Ok(Vec::new())
     }
 
     /// The applied configuration of one object: its spec, the routing's
@@ -297,4 +354,32 @@ enum NotApplied {
 /// `template` with `$model` filled in.
 pub(crate) fn fill(template: &str, model: &str) -> String {
     template.replace("$model", model)
+}
+
+/// Whether a server-side apply's conflicts are all with rollgate's own
+/// manager (the fields a create by rollgate recorded as an update).
+fn only_our_own(message: &str) -> bool {
+    let with: Vec<&str> = message
+        .split("with \"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    !with.is_empty() && with.iter().all(|m| *m == FIELD_MANAGER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::only_our_own;
+
+    #[test]
+    fn conflicts_with_our_own_create_are_a_race_others_are_not() {
+        let ours = "Apply failed with 2 conflicts: conflicts with \"rollgate\" using \
+                    gateway.networking.k8s.io/v1:\n- .spec.rules";
+        assert!(only_our_own(ours));
+        let theirs = "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using v1: .spec";
+        assert!(!only_our_own(theirs));
+        let both = "Apply failed with 2 conflicts: conflicts with \"rollgate\": .a\nconflict with \"argocd\": .b";
+        assert!(!only_our_own(both));
+        assert!(!only_our_own("the object has been modified"));
+    }
 }
