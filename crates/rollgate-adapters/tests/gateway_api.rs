@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
-use rollgate_adapters::kit::{self, Nginx, Proxy, Upstreams};
+use rollgate_adapters::kit::k8s::{self, ApiServer, Cluster, RouteController};
+use rollgate_adapters::kit::{self, Proxy, Upstreams};
 use rollgate_adapters::{AdapterError, HttpClient, for_plane};
 use rollgate_store::{DataPlane, KubeAccess, ParentRef, RouteTemplate};
 use serde_json::json;
@@ -54,24 +54,16 @@ fn weights(o: &DynamicObject) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_api_adapter_passes_the_kit_and_keeps_others_fields() {
-    let Some(server) = ApiServer::start() else {
+    let Some(cluster) = Cluster::start(NAMESPACE, k8s::http_routes()).await else {
         return;
     };
-    let upstreams = Upstreams::start_at("localhost").await;
-    let Some(nginx) = Nginx::start(
-        &upstreams.champion_url().replace("localhost", "127.0.0.1"),
-        None,
-    ) else {
-        return;
-    };
+    let Cluster {
+        controller,
+        nginx,
+        upstreams,
+        server,
+    } = &cluster;
     let client = server.client().await;
-    let controller = RouteController::start(
-        client.clone(),
-        NAMESPACE,
-        k8s::http_routes(),
-        kit::MODEL,
-        nginx.adapter(),
-    );
     let plane = plane(
         server.access(),
         vec![route("$model", &["$model.example.com"])],
@@ -82,7 +74,7 @@ async fn the_gateway_api_adapter_passes_the_kit_and_keeps_others_fields() {
         adapter: for_plane(&plane, &http),
         url: format!("http://{}/", nginx.addr),
     };
-    kit::run(&peer, &upstreams).await;
+    kit::run(&peer, upstreams).await;
 
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &k8s::http_routes().resource);
@@ -144,7 +136,6 @@ async fn the_gateway_api_adapter_passes_the_kit_and_keeps_others_fields() {
     }
     let o = object(&api, kit::MODEL).await;
     assert_eq!(weights(&o)[0], 1, "the hand edit is not overwritten: {o:?}");
-    drop(controller);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,24 +174,16 @@ async fn a_refused_route_leaves_every_route_as_it_was() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_controller_confirms_nothing_and_a_restarted_api_server_loses_nothing() {
-    let Some(server) = ApiServer::start() else {
+    let Some(cluster) = Cluster::start(NAMESPACE, k8s::http_routes()).await else {
         return;
     };
-    let upstreams = Upstreams::start_at("localhost").await;
-    let Some(nginx) = Nginx::start(
-        &upstreams.champion_url().replace("localhost", "127.0.0.1"),
-        None,
-    ) else {
-        return;
-    };
+    let Cluster {
+        controller,
+        nginx,
+        upstreams,
+        server,
+    } = &cluster;
     let client = server.client().await;
-    let controller = RouteController::start(
-        client.clone(),
-        NAMESPACE,
-        k8s::http_routes(),
-        kit::MODEL,
-        nginx.adapter(),
-    );
     let routes = vec![
         route("$model", &["$model.example.com"]),
         route("$model-internal", &["$model.internal"]),

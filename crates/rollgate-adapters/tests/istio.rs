@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject};
-use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
-use rollgate_adapters::kit::{self, Nginx, Proxy, Upstreams};
+use rollgate_adapters::kit::k8s::{self, Cluster};
+use rollgate_adapters::kit::{self, Proxy};
 use rollgate_adapters::{AdapterError, HttpClient, for_plane};
 use rollgate_store::{DataPlane, KubeAccess, MirrorTo};
 use serde_json::json;
@@ -41,30 +41,22 @@ fn percents(o: &DynamicObject) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_istio_adapter_passes_the_kit_and_waits_for_istiod() {
-    let Some(server) = ApiServer::start() else {
+    let Some(cluster) = Cluster::start(NAMESPACE, k8s::virtual_services()).await else {
         return;
     };
-    let upstreams = Upstreams::start_at("localhost").await;
-    let Some(nginx) = Nginx::start(
-        &upstreams.champion_url().replace("localhost", "127.0.0.1"),
-        None,
-    ) else {
-        return;
-    };
+    let Cluster {
+        controller: istiod,
+        nginx,
+        upstreams,
+        server,
+    } = &cluster;
     let client = server.client().await;
-    let istiod = RouteController::start(
-        client.clone(),
-        NAMESPACE,
-        k8s::virtual_services(),
-        kit::MODEL,
-        nginx.adapter(),
-    );
     let http = HttpClient::new(Duration::from_secs(2));
     let peer = Proxy {
         adapter: for_plane(&plane(server.access(), true), &http),
         url: format!("http://{}/", nginx.addr),
     };
-    kit::run(&peer, &upstreams).await;
+    kit::run(&peer, upstreams).await;
 
     let api: Api<DynamicObject> =
         Api::namespaced_with(client, NAMESPACE, &k8s::virtual_services().resource);

@@ -106,6 +106,39 @@ impl ApiServer {
     }
 }
 
+/// What an adapter's test against a route controller stands on: a real
+/// API server, two upstreams named as Services (`localhost`), a real
+/// nginx standing in for the route's data plane (seeded with the
+/// champion), and the route's controller programming that nginx from the
+/// object named [`MODEL`] in `namespace`. Dropped in that order reversed.
+#[derive(Debug)]
+pub struct Cluster {
+    pub controller: RouteController,
+    pub nginx: super::Nginx,
+    pub upstreams: super::Upstreams,
+    pub server: ApiServer,
+}
+
+impl Cluster {
+    /// `None` (locally, with a note) where the API server's binaries or
+    /// nginx are absent; a failure in CI.
+    pub async fn start(namespace: &str, what: Translation) -> Option<Cluster> {
+        let server = ApiServer::start()?;
+        let upstreams = super::Upstreams::start_at("localhost").await;
+        let champion = upstreams.champion_url().replace("localhost", "127.0.0.1");
+        let nginx = super::Nginx::start(&champion, None)?;
+        let client = server.client().await;
+        let controller =
+            RouteController::start(client.clone(), namespace, what, MODEL, nginx.adapter());
+        Some(Cluster {
+            controller,
+            nginx,
+            upstreams,
+            server,
+        })
+    }
+}
+
 /// What a route's controller reads and writes of one kind of object.
 #[derive(Debug, Clone)]
 pub struct Translation {
