@@ -1,6 +1,6 @@
 //! How long a stage's routing takes to be applied and confirmed through a
 //! real Kubernetes API server (the prebuilt one of `tests/k8s`): the
-//! Gateway API and Istio adapters' `apply` timed from the call to its
+//! Gateway API, Istio and KServe adapters' `apply` timed from the call to its
 //! confirmation, with a route controller that reports each generation as
 //! soon as it sees it (it lists the objects every 25 ms), and without
 //! waiting for status (the API server's part alone), side by side in one
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rollgate_adapters::kit::Upstreams;
 use rollgate_adapters::kit::k8s::{self, ApiServer, RouteController};
 use rollgate_adapters::{Adapter, HttpClient, for_plane};
-use rollgate_store::{DataPlane, ParentRef, RouteTemplate};
+use rollgate_store::{DataPlane, KserveMode, ParentRef, RouteTemplate};
 
 fn gateway_api(server: &ApiServer, require_status: bool) -> DataPlane {
     DataPlane::GatewayApi {
@@ -45,6 +45,16 @@ fn istio(server: &ApiServer) -> DataPlane {
         hosts: vec!["$model.bench.svc.cluster.local".into()],
         gateways: Vec::new(),
         mirror: None,
+        require_status: true,
+    }
+}
+
+fn kserve(server: &ApiServer, namespace: &str, mode: KserveMode) -> DataPlane {
+    DataPlane::Kserve {
+        cluster: server.access(),
+        namespace: namespace.into(),
+        name: "$model".into(),
+        mode,
         require_status: true,
     }
 }
@@ -96,9 +106,23 @@ async fn main() {
         Box::new(k8s::AtOnce),
     );
     let _istiod = RouteController::start(
-        client,
+        client.clone(),
         "bench",
         k8s::virtual_services(),
+        "none",
+        Box::new(k8s::AtOnce),
+    );
+    let _knative = RouteController::start(
+        client.clone(),
+        "bench-knative",
+        k8s::inference_services(),
+        "none",
+        Box::new(k8s::AtOnce),
+    );
+    let _standard = RouteController::start(
+        client,
+        "bench-standard",
+        k8s::standard_inference_services(),
         "none",
         Box::new(k8s::AtOnce),
     );
@@ -107,14 +131,25 @@ async fn main() {
         ("gateway_api, status required", gateway_api(&server, true)),
         ("gateway_api, API server only", gateway_api(&server, false)),
         ("istio, status required", istio(&server)),
+        (
+            "kserve (Knative), status required",
+            kserve(&server, "bench-knative", KserveMode::Knative),
+        ),
+        (
+            "kserve (Standard), status required",
+            kserve(&server, "bench-standard", KserveMode::Standard),
+        ),
     ];
     println!("| case | applies | p50 ms | p90 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|---|");
     // The cases share model `m`'s objects: each starts at a higher generation.
     for (round, (name, plane)) in cases.iter().enumerate() {
         let adapter = for_plane(plane, &http);
-        // A first apply creates the object: not a stage's routing.
-        let _ = timed(adapter.as_ref(), &upstreams, 1, 1 + round as u64 * 100_000).await;
+        // A first apply creates the object with the champion alone (KServe
+        // splits only after something rolled out): not a stage's routing.
+        let first = upstreams.champion_only(1 + round as u64 * 100_000);
+        let created = tokio::time::timeout(Duration::from_secs(20), adapter.apply(&first)).await;
+        assert!(matches!(created, Ok(Ok(()))), "{name}: {created:?}");
         let mut took = timed(adapter.as_ref(), &upstreams, n, 2 + round as u64 * 100_000).await;
         took.sort_by(f64::total_cmp);
         let ms = |q: f64| quantile(&took, q) * 1_000.0;

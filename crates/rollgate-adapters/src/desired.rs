@@ -27,6 +27,11 @@ pub struct Desired {
     /// The revisions to route to, the champion first; weights in basis
     /// points add up to 10,000.
     pub arms: Vec<Arm>,
+    /// The candidate while it has no share of the traffic (SHADOW: only
+    /// rollgate's gateway mirrors to it): a data plane that deploys
+    /// revisions (KServe) deploys it dark; the others ignore it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Arm>,
 }
 
 /// One revision a data plane routes to.
@@ -36,6 +41,9 @@ pub struct Arm {
     pub revision: String,
     pub upstream: String,
     pub weight_bp: u32,
+    /// The revision's KServe predictor (`RevisionSpec::predictor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predictor: Option<serde_json::Value>,
 }
 
 impl Desired {
@@ -56,16 +64,23 @@ impl Desired {
                 revision: champion.id.clone(),
                 upstream: champion.spec.upstream.clone(),
                 weight_bp: 10_000 - share,
+                predictor: champion.spec.predictor.clone(),
             });
         }
+        let candidate_arm = |rev: &rollgate_store::Revision, weight_bp| Arm {
+            role: "candidate",
+            revision: rev.id.clone(),
+            upstream: rev.spec.upstream.clone(),
+            weight_bp,
+            predictor: rev.spec.predictor.clone(),
+        };
         if let Some((rev, _, _)) = candidate {
-            arms.push(Arm {
-                role: "candidate",
-                revision: rev.id.clone(),
-                upstream: rev.spec.upstream.clone(),
-                weight_bp: share,
-            });
+            arms.push(candidate_arm(rev, share));
         }
+        let shadow = match (&routes.rollout, candidate) {
+            (Some((rev, _, _)), None) => Some(candidate_arm(rev, 0)),
+            _ => None,
+        };
         let (version, rollout, epoch) = match &routes.rollout {
             Some((_, routing, id)) => (epoch_label(*id, routing.epoch), Some(*id), routing.epoch),
             None => (
@@ -84,6 +99,7 @@ impl Desired {
             epoch,
             generation,
             arms,
+            shadow,
         }
     }
 }

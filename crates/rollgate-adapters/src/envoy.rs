@@ -372,6 +372,7 @@ mod tests {
             revision: "r1".into(),
             upstream: "http://127.0.0.1:9001".into(),
             weight_bp: 10_000 - share,
+            predictor: None,
         }];
         if let Some((rev, w)) = candidate {
             arms.push(Arm {
@@ -379,6 +380,7 @@ mod tests {
                 revision: rev.into(),
                 upstream: "http://model.internal:9002/".into(),
                 weight_bp: w,
+                predictor: None,
             });
         }
         Desired {
@@ -387,6 +389,7 @@ mod tests {
             rollout: Some(7),
             epoch: 3,
             generation: 41,
+            shadow: None,
             arms,
         }
     }

@@ -104,14 +104,18 @@ pub fn for_plane(plane: &DataPlane, http: &HttpClient) -> Box<dyn Adapter> {
             key_header: key_header.clone(),
             mirror_cluster: mirror_cluster.clone(),
         }),
-        DataPlane::GatewayApi { .. } | DataPlane::Istio { .. } => kube_adapter(plane),
+        DataPlane::GatewayApi { .. } | DataPlane::Istio { .. } | DataPlane::Kserve { .. } => {
+            kube_adapter(plane)
+        }
     }
 }
 
 /// The adapter of a data plane reached through a Kubernetes API server.
 #[cfg(feature = "kubernetes")]
 fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
-    use kubernetes::{Kube, gateway_api::HttpRoutes, istio::VirtualServices};
+    use kubernetes::{
+        Kube, gateway_api::HttpRoutes, istio::VirtualServices, kserve::InferenceServices,
+    };
     match plane {
         DataPlane::GatewayApi {
             cluster,
@@ -147,6 +151,21 @@ fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
                 hosts: hosts.clone(),
                 gateways: gateways.clone(),
                 mirror: mirror.clone(),
+            },
+        }),
+        DataPlane::Kserve {
+            cluster,
+            namespace,
+            name,
+            mode,
+            require_status,
+        } => Box::new(Kube {
+            access: cluster.clone(),
+            namespace: namespace.clone(),
+            require_status: *require_status,
+            shape: InferenceServices {
+                name: name.clone(),
+                mode: *mode,
             },
         }),
         other => Box::new(NotBuilt(other.kind())),
@@ -194,11 +213,13 @@ pub fn seed(
         rollout: None,
         epoch: 0,
         generation: 0,
+        shadow: None,
         arms: vec![Arm {
             role: "champion",
             revision: "seed".into(),
             upstream: upstream.to_string(),
             weight_bp: 10_000,
+            predictor: None,
         }],
     };
     servable(&desired)?;

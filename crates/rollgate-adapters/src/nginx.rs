@@ -206,6 +206,7 @@ mod tests {
             revision: "r1".into(),
             upstream: "http://127.0.0.1:9001".into(),
             weight_bp: 10_000 - weight_bp,
+            predictor: None,
         }];
         if weight_bp > 0 {
             arms.push(Arm {
@@ -213,6 +214,7 @@ mod tests {
                 revision: "r2".into(),
                 upstream: "http://127.0.0.1:9002/".into(),
                 weight_bp,
+                predictor: None,
             });
         }
         Desired {
@@ -221,6 +223,7 @@ mod tests {
             rollout: Some(7),
             epoch: 3,
             generation: 41,
+            shadow: None,
             arms,
         }
     }

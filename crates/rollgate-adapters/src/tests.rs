@@ -10,6 +10,7 @@ fn arm(role: &'static str, upstream: &str, weight_bp: u32) -> Arm {
         revision: format!("r-{role}"),
         upstream: upstream.into(),
         weight_bp,
+        predictor: None,
     }
 }
 
@@ -59,6 +60,7 @@ async fn no_adapter_writes_a_routing_that_cannot_serve() {
                 rollout: Some(1),
                 epoch: 1,
                 generation: 1,
+                shadow: None,
                 arms: arms.clone(),
             };
             let e = adapter.apply(&desired).await.expect_err("refused");
@@ -78,6 +80,7 @@ async fn no_adapter_writes_a_routing_that_cannot_serve() {
         rollout: None,
         epoch: 0,
         generation: 1,
+        shadow: None,
         arms,
     };
     assert!(servable(&ok(vec![arm("champion", "http://10.0.0.5:8080", 10_000)])).is_ok());

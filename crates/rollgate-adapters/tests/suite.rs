@@ -4,5 +4,6 @@
 mod envoy;
 mod gateway_api;
 mod istio;
+mod kserve;
 mod nginx;
 mod webhook;

@@ -210,6 +210,7 @@ mod tests {
             rollout: Some(1),
             epoch: 2,
             generation: 7,
+            shadow: None,
             arms: vec![],
         };
         assert!(a.is_confirmed(&desired));

@@ -182,7 +182,11 @@ fn model_mark_required(plane: &DataPlane) -> Result<(), String> {
                 None => Ok(()),
             }
         }
-        DataPlane::Istio { name, .. } if !name.contains(MODEL_MARK) => Err("name".into()),
+        DataPlane::Istio { name, .. } | DataPlane::Kserve { name, .. }
+            if !name.contains(MODEL_MARK) =>
+        {
+            Err("name".into())
+        }
         _ => Ok(()),
     }
 }
@@ -647,6 +651,10 @@ mod tests {
             (
                 "name",
                 json!({"kind": "istio", "namespace": "models", "name": "shared", "hosts": ["h"]}),
+            ),
+            (
+                "name",
+                json!({"kind": "kserve", "namespace": "models", "name": "shared"}),
             ),
         ] {
             let e = declared(plane(unshared)).expect_err(field);

@@ -1,5 +1,6 @@
 //! The declarations of data planes rollgate drives through a Kubernetes
-//! API server (`DataPlane::GatewayApi`, `DataPlane::Istio`): how to reach
+//! API server (`DataPlane::GatewayApi`, `DataPlane::Istio`,
+//! `DataPlane::Kserve`): how to reach
 //! the cluster, and what of the routing objects the operator decides
 //! (names, parents, hosts). The objects' weights are the adapter's.
 
@@ -180,6 +181,16 @@ pub(crate) fn check_routes(
     Ok(())
 }
 
+/// An object's name (`name`): a Kubernetes name once `$model` is filled.
+pub(crate) fn check_object_name(bad: &dyn Fn(String) -> StoreError, name: &str) -> Result<()> {
+    if !is_dns_label(&name.replace("$model", "m")) {
+        return Err(bad(format!(
+            "name: a Kubernetes name once $model is filled in, got {name:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// The checks of an Istio data plane's VirtualService.
 pub(crate) fn check_virtual_service(
     bad: &dyn Fn(String) -> StoreError,
@@ -193,11 +204,7 @@ pub(crate) fn check_virtual_service(
                 .into(),
         ));
     }
-    if !is_dns_label(&name.replace("$model", "m")) {
-        return Err(bad(format!(
-            "name: a Kubernetes name once $model is filled in, got {name:?}"
-        )));
-    }
+    check_object_name(bad, name)?;
     if hosts.is_empty() || hosts.iter().any(|h| h.trim().is_empty()) {
         return Err(bad(
             "hosts: at least one host the VirtualService answers for".into(),
@@ -303,6 +310,24 @@ mod tests {
                 json!({ "service": "gw", "port": 80, "namespace": "x" }),
                 "mirror.namespace",
             ),
+        ] {
+            let err = plane(&with(&good, pointer, value)).expect_err(pointer);
+            assert!(err.contains(says), "{pointer}: {says:?} in {err}");
+        }
+    }
+
+    #[test]
+    fn a_kserve_plane_needs_a_namespace_and_names_its_mode() {
+        let good = json!({ "kind": "kserve", "namespace": "models" });
+        assert_eq!(plane(&good), Ok(()));
+        for mode in ["knative", "serverless", "standard", "raw_deployment"] {
+            assert_eq!(plane(&with(&good, "/mode", json!(mode))), Ok(()), "{mode}");
+        }
+        for (pointer, value, says) in [
+            ("/namespace", json!("a.b"), "data_planes.k8s.namespace"),
+            ("/name", json!("$model.v1"), "data_planes.k8s.name"),
+            ("/mode", json!("modelmesh"), "unknown variant"),
+            ("/canary", json!(10), "unknown field"),
         ] {
             let err = plane(&with(&good, pointer, value)).expect_err(pointer);
             assert!(err.contains(says), "{pointer}: {says:?} in {err}");

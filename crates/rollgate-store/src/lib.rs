@@ -37,8 +37,8 @@ pub use checkpoint::{
 pub use kube_plane::{KubeAccess, MirrorTo, ParentRef, RouteTemplate, is_dns_label};
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
-    DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, Model, ModelSpec, PrometheusEvidence, Protocol,
-    Revision, RevisionSpec, RevisionState,
+    DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, Model, ModelSpec, PrometheusEvidence,
+    Protocol, Revision, RevisionSpec, RevisionState,
 };
 pub use sql::store::SqlStore;
 pub use tokens::{

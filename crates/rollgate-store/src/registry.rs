@@ -177,6 +177,45 @@ pub enum DataPlane {
         #[serde(default = "yes")]
         require_status: bool,
     },
+    /// Server-side apply each model's KServe `InferenceService` (field
+    /// manager `rollgate`): the live revisions' own predictors
+    /// (`RevisionSpec::predictor`), the candidate's share as the
+    /// predictor's `canaryTrafficPercent` (Knative mode) or a `spec.canary`
+    /// entry (Standard mode), and confirm from KServe's status that the
+    /// split is in force (`status.components.predictor.traffic`, or
+    /// `status.canaryStatuses`; never `status.observedGeneration`, which
+    /// KServe copies from a child object).
+    Kserve {
+        #[serde(default)]
+        cluster: KubeAccess,
+        namespace: String,
+        /// The InferenceService's name; `$model` is the model's.
+        #[serde(default = "default_object_name")]
+        name: String,
+        /// KServe's deployment mode of the InferenceService.
+        #[serde(default)]
+        mode: KserveMode,
+        /// Wait for KServe's status to show each split (default);
+        /// `false`: confirmed once the API server holds it.
+        #[serde(default = "yes")]
+        require_status: bool,
+    },
+}
+
+/// How KServe deploys an InferenceService, and so how it splits traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum KserveMode {
+    /// Knative revisions (`Serverless` before KServe 0.15): the latest
+    /// revision gets `canaryTrafficPercent`, the last one rolled out the rest.
+    #[default]
+    #[serde(alias = "serverless")]
+    Knative,
+    /// Deployments (`RawDeployment` before): each `spec.canary` entry its
+    /// own Deployment and share (KServe 0.20 and later).
+    #[serde(alias = "raw_deployment")]
+    Standard,
 }
 
 fn yes() -> bool {
@@ -204,6 +243,7 @@ impl DataPlane {
             DataPlane::Envoy { .. } => "envoy",
             DataPlane::GatewayApi { .. } => "gateway_api",
             DataPlane::Istio { .. } => "istio",
+            DataPlane::Kserve { .. } => "kserve",
         }
     }
 
@@ -284,6 +324,16 @@ impl DataPlane {
                 let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
                 kube_plane::check(&bad, cluster, namespace, mirror.as_ref())?;
                 kube_plane::check_virtual_service(&bad, name, hosts, mirror.as_ref())?;
+            }
+            DataPlane::Kserve {
+                cluster,
+                namespace,
+                name,
+                ..
+            } => {
+                let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
+                kube_plane::check(&bad, cluster, namespace, None)?;
+                kube_plane::check_object_name(&bad, name)?;
             }
         }
         Ok(())
@@ -576,6 +626,15 @@ pub struct RevisionSpec {
     /// audit log.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_env: Vec<String>,
+    /// The KServe predictor this revision deploys (`spec.predictor` of an
+    /// `InferenceService`: model format, storage URI, runtime, resources),
+    /// for a `kserve` data plane: rolling back writes the champion's back
+    /// exactly. Nulls and empty lists are dropped when it is registered
+    /// (KServe reports neither); `canaryTrafficPercent` and `name` are the
+    /// adapter's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub predictor: Option<serde_json::Value>,
 }
 
 /// An `env` name containing one of these (in any case) is always secret.
@@ -692,7 +751,12 @@ impl RevisionSpec {
                 "revision.timeout_ms must be positive".into(),
             ));
         }
+        let predictor = match &self.predictor {
+            None => None,
+            Some(p) => Some(check_predictor(p)?),
+        };
         Ok(RevisionSpec {
+            predictor,
             upstream,
             grpc_upstream,
             artifact: blank_to_none(&self.artifact),
@@ -712,6 +776,75 @@ impl RevisionSpec {
         let canonical = serde_json::to_string(&self.normalised()?)?;
         let digest = Sha256::digest(format!("{model}\n{canonical}"));
         Ok(format!("r{}", hex::encode(&digest[..8])))
+    }
+}
+
+/// A revision's KServe predictor in its canonical form: a JSON object
+/// with nulls and empty lists dropped at every depth (KServe reports
+/// neither; an empty map stays, as `emptyDir: {}` means something), and
+/// without the fields the adapter writes.
+fn check_predictor(predictor: &serde_json::Value) -> Result<serde_json::Value> {
+    let bad = |m: &str| Err(StoreError::Invalid(format!("revision.predictor {m}")));
+    let Some(fields) = predictor.as_object() else {
+        return bad("must be an object (an InferenceService's spec.predictor)");
+    };
+    for owned in ["canaryTrafficPercent", "name"] {
+        if fields.contains_key(owned) {
+            return bad(&format!(
+                "must not set {owned}: the kserve data plane writes it for each stage"
+            ));
+        }
+    }
+    if let Some(name) = secret_in_env(predictor) {
+        return bad(&format!(
+            "sets the secret-looking env {name:?} to a literal value: refer to a Secret \
+             (valueFrom.secretKeyRef), which the revision never holds"
+        ));
+    }
+    let canonical = without_empties(predictor).unwrap_or_default();
+    if canonical.as_object().is_none_or(|o| o.is_empty()) {
+        return bad("is empty: say what it serves (e.g. model.storageUri)");
+    }
+    Ok(canonical)
+}
+
+/// The name of an `env` entry (at any depth) that holds a literal value
+/// under a secret-looking name ([`SECRET_ENV_MARKS`]).
+fn secret_in_env(value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::Object(o) => o.iter().find_map(|(k, v)| {
+            let literal = |e: &Value| {
+                let name = e["name"].as_str()?.to_ascii_uppercase();
+                let marked = SECRET_ENV_MARKS.iter().any(|m| name.contains(m));
+                (marked && !e["value"].is_null()).then_some(name)
+            };
+            let here = (k == "env").then(|| v.as_array()?.iter().find_map(literal));
+            here.flatten().or_else(|| secret_in_env(v))
+        }),
+        Value::Array(a) => a.iter().find_map(secret_in_env),
+        _ => None,
+    }
+}
+
+/// `value` without nulls and empty lists (at every depth); `None` if
+/// nothing is left of it.
+pub fn without_empties(value: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    match value {
+        Value::Null => None,
+        Value::Array(a) => {
+            let kept: Vec<Value> = a.iter().filter_map(without_empties).collect();
+            (!kept.is_empty()).then_some(Value::Array(kept))
+        }
+        Value::Object(o) => {
+            let kept: serde_json::Map<String, Value> = o
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), without_empties(v)?)))
+                .collect();
+            Some(Value::Object(kept))
+        }
+        other => Some(other.clone()),
     }
 }
 

@@ -234,6 +234,11 @@ pub enum RevisionCmd {
         /// Upstream timeout for its requests, in milliseconds.
         #[arg(long)]
         timeout_ms: Option<u64>,
+        /// A JSON file holding the KServe predictor this revision deploys
+        /// (an InferenceService's `spec.predictor`), for a `kserve` data
+        /// plane.
+        #[arg(long, value_name = "FILE")]
+        predictor: Option<std::path::PathBuf>,
     },
     /// A model's revisions with their state, rejections and whether blocked.
     List {
@@ -571,6 +576,21 @@ fn revision_table(revs: &Value) {
 
 pub fn revision(g: &Global, cmd: &RevisionCmd) -> anyhow::Result<ExitCode> {
     let a = api(g)?;
+    // The user's file, read before anything is sent.
+    let predictor: Option<Value> =
+        match cmd {
+            RevisionCmd::Add {
+                predictor: Some(path),
+                ..
+            } => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("--predictor {}: {e}", path.display()))?;
+                Some(serde_json::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!("--predictor {}: not JSON: {e}", path.display())
+                })?)
+            }
+            _ => None,
+        };
     Ok(finish((|| match cmd {
         RevisionCmd::Add {
             model,
@@ -579,8 +599,12 @@ pub fn revision(g: &Global, cmd: &RevisionCmd) -> anyhow::Result<ExitCode> {
             artifact,
             readiness_path,
             timeout_ms,
+            ..
         } => {
             let mut spec = json!({ "upstream": upstream });
+            if let Some(p) = &predictor {
+                spec["predictor"] = p.clone();
+            }
             for (k, v) in [
                 ("grpc_upstream", json!(grpc_upstream)),
                 ("artifact", json!(artifact)),

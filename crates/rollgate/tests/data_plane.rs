@@ -131,8 +131,7 @@ impl Servers {
         )
         .await;
         assert_eq!(s, 201, "{r}");
-        let url = |p: &Proc| format!("http://{}", p.addr().replace("127.0.0.1", self.host));
-        let champion = register(c, ctl, &url(&self.champion)).await;
+        let champion = revision(c, ctl, self.host, &self.champion).await;
         let (s, r) = api(
             c,
             ctl,
@@ -144,17 +143,38 @@ impl Servers {
         assert_eq!(s, 200, "{r}");
         let revisions = Revisions {
             champion,
-            identical: register(c, ctl, &url(&self.identical)).await,
-            broken: register(c, ctl, &url(&self.broken)).await,
-            slow: register(c, ctl, &url(&self.slow)).await,
-            vanishing: register(c, ctl, &url(&self.vanishing)).await,
-            disagreeing: register(c, ctl, &url(&self.disagreeing)).await,
+            identical: revision(c, ctl, self.host, &self.identical).await,
+            broken: revision(c, ctl, self.host, &self.broken).await,
+            slow: revision(c, ctl, self.host, &self.slow).await,
+            vanishing: revision(c, ctl, self.host, &self.vanishing).await,
+            disagreeing: revision(c, ctl, self.host, &self.disagreeing).await,
         };
         self.prometheus
             .wait_for(c, "count(up == 1)", |v| v == 6.0)
             .await;
         revisions
     }
+}
+
+/// Registers the revision `p` serves, with its KServe predictor (what a
+/// `kserve` data plane writes; the others ignore it): its server's port
+/// as the container's, which the stand-in KServe routes to. Its id.
+async fn revision(c: &HttpClient, ctl: &Proc, host: &str, p: &Proc) -> String {
+    let url = format!("http://{}", p.addr().replace("127.0.0.1", host));
+    let port: u16 = p
+        .addr()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let spec = json!({ "upstream": url, "predictor": { "model": {
+        "modelFormat": { "name": "sklearn" },
+        "storageUri": format!("s3://rollgate-e2e/{port}"),
+        "ports": [{ "containerPort": port }],
+    }}});
+    let (s, r) = api(c, ctl, "POST", "/api/v1/models/m/revisions", Some(spec)).await;
+    assert_eq!(s, 201, "{r}");
+    r["id"].as_str().expect("id").to_string()
 }
 
 /// Runs a rollout of `candidate` under [`plan`] to its end; its record.

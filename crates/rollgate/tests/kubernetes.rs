@@ -1,5 +1,5 @@
 //! Rollouts whose traffic a Kubernetes route splits: the real controller
-//! declares a `gateway_api` or `istio` data plane on a real API server
+//! declares a `gateway_api`, `istio` or `kserve` data plane on a real API server
 //! (the prebuilt one of `tests/k8s`; `CI` fails without it, a local run
 //! skips), writes each stage's object and waits for its status; the
 //! route's controller is played by the test over a real nginx (rollgate's
@@ -50,7 +50,11 @@ async fn rollouts_through(plane: Value, route: Translation, check: impl Fn(&Dyna
     let mut plane = plane;
     plane["cluster"] = json!({ "url": server.url, "ca_file": server.ca });
     plane["namespace"] = json!("models");
-    plane["mirror"] = json!({ "service": "localhost", "port": gw_port });
+    // KServe has no mirror: the stand-in's nginx mirrors for it, as
+    // rollgate's gateway in front of an InferenceService would see copies.
+    if plane["kind"] != "kserve" {
+        plane["mirror"] = json!({ "service": "localhost", "port": gw_port });
+    }
     let ctl = start_controller_declaring(dir.path(), "edge", &plane);
     let c = client();
     let revs = servers.register(&c, &ctl).await;
@@ -140,6 +144,29 @@ async fn an_istio_data_plane_with_prometheus_evidence() {
         );
         assert_eq!(http["mirrorPercentage"]["value"], 100.0);
         assert_eq!(vs.data["spec"]["hosts"][0], "m.models.svc.cluster.local");
+    })
+    .await;
+}
+
+/// Through an `InferenceService` (Knative mode) whose predictor the
+/// controller writes from each revision's own and KServe (the test's)
+/// splits between the latest revision and the last one rolled out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kserve_data_plane_with_prometheus_evidence() {
+    let plane = json!({ "kind": "kserve" });
+    rollouts_through(plane, k8s::inference_services(), |isvc, _| {
+        let predictor = &isvc.data["spec"]["predictor"];
+        assert!(
+            predictor["model"]["storageUri"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("s3://rollgate-e2e/")),
+            "a revision's own predictor: {isvc:?}"
+        );
+        let traffic = &isvc.data["status"]["components"]["predictor"]["traffic"];
+        assert!(
+            traffic.as_array().is_some_and(|t| !t.is_empty()),
+            "{isvc:?}"
+        );
     })
     .await;
 }

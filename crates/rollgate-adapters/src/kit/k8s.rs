@@ -143,8 +143,9 @@ impl Cluster {
 #[derive(Debug, Clone)]
 pub struct Translation {
     pub resource: ApiResource,
-    /// The weighted destinations an object's spec routes to, in order, as
-    /// `(port, weight)` (every destination is a server on 127.0.0.1).
+    /// The weighted destinations an object routes to, in order, as
+    /// `(port, weight)` (every destination is a server on 127.0.0.1), read
+    /// from the object with the status about to be reported.
     pub weights: fn(&Value) -> Vec<(u16, u32)>,
     /// The status reporting generation `g` of the object `object` in force.
     pub status: fn(&Value, i64) -> Value,
@@ -162,8 +163,8 @@ pub fn http_routes() -> Translation {
             &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
             "httproutes",
         ),
-        weights: |spec| {
-            spec["rules"][0]["backendRefs"]
+        weights: |object| {
+            object["spec"]["rules"][0]["backendRefs"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -208,8 +209,8 @@ pub fn virtual_services() -> Translation {
             &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
             "virtualservices",
         ),
-        weights: |spec| {
-            spec["http"][0]["route"]
+        weights: |object| {
+            object["spec"]["http"][0]["route"]
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -223,6 +224,139 @@ pub fn virtual_services() -> Translation {
         },
         status: |_, generation| serde_json::json!({ "observedGeneration": generation.to_string() }),
     }
+}
+
+/// KServe's controller reading `InferenceService`s in Knative mode, as
+/// KServe does (kserve/kserve `ksvc_reconciler.go`): each predictor is a
+/// revision (named here by its container's port and a hash of its spec,
+/// where Knative numbers them); with `canaryTrafficPercent` the latest
+/// revision gets that share and the last one rolled out the rest, without
+/// it (or before anything rolled out) the latest gets everything and is
+/// then the one rolled out. Every revision is ready at once.
+pub fn inference_services() -> Translation {
+    Translation {
+        resource: isvc_resource(),
+        weights: |object| {
+            let traffic = object["status"]["components"]["predictor"]["traffic"].as_array();
+            // The last revision rolled out (the champion's) first.
+            let mut traffic: Vec<&Value> = traffic.into_iter().flatten().collect();
+            traffic.sort_by_key(|t| t["latestRevision"].as_bool().unwrap_or(false));
+            traffic
+                .into_iter()
+                .map(|t| {
+                    let name = t["revisionName"].as_str().unwrap_or_default();
+                    let port = name.rsplit('-').nth(1).and_then(|p| p.parse().ok());
+                    let percent = t["percent"].as_u64().unwrap_or(0);
+                    (port.unwrap_or(0), u32::try_from(percent).unwrap_or(0))
+                })
+                .collect()
+        },
+        status: |object, _| {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            let predictor = &object["spec"]["predictor"];
+            let latest = revision_name(name, predictor);
+            let was = &object["status"]["components"]["predictor"];
+            let rolled_out = was["latestRolledoutRevision"].as_str().map(str::to_string);
+            let share = predictor["canaryTrafficPercent"]
+                .as_u64()
+                .filter(|s| *s < 100);
+            let entry = |revision: &str, latest: bool, percent: u64| {
+                serde_json::json!({ "revisionName": revision, "latestRevision": latest,
+                    "percent": percent, "tag": if latest { "latest" } else { "prev" } })
+            };
+            let (traffic, now_rolled_out) = match (share, &rolled_out) {
+                (Some(share), Some(prev)) => (
+                    vec![entry(&latest, true, share), entry(prev, false, 100 - share)],
+                    prev.clone(),
+                ),
+                _ => (vec![entry(&latest, true, 100)], latest.clone()),
+            };
+            serde_json::json!({
+                "components": { "predictor": {
+                    "latestCreatedRevision": latest, "latestReadyRevision": latest,
+                    "latestRolledoutRevision": now_rolled_out,
+                    "previousRolledoutRevision": rolled_out,
+                    "traffic": traffic,
+                }},
+                "conditions": ready_conditions(),
+            })
+        },
+    }
+}
+
+/// KServe's controller reading `InferenceService`s in Standard mode (0.20's
+/// `spec.canary`, kserve/kserve `components/predictor.go`): the predictor
+/// gets what the canaries leave, each canary its `trafficPercent`; every
+/// canary reported ready at its share in `status.canaryStatuses`.
+pub fn standard_inference_services() -> Translation {
+    Translation {
+        resource: isvc_resource(),
+        weights: |object| {
+            let port = |p: &Value| {
+                let port = p["model"]["ports"][0]["containerPort"].as_u64();
+                port.and_then(|p| u16::try_from(p).ok()).unwrap_or(0)
+            };
+            let canaries = object["spec"]["canary"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let shares: Vec<(u16, u32)> = canaries
+                .iter()
+                .map(|c| {
+                    let share = c["trafficPercent"].as_u64().unwrap_or(0);
+                    (port(&c["predictor"]), u32::try_from(share).unwrap_or(0))
+                })
+                .collect();
+            let rest = 100u32.saturating_sub(shares.iter().map(|(_, s)| s).sum());
+            let mut out = vec![(port(&object["spec"]["predictor"]), rest)];
+            out.extend(shares);
+            out
+        },
+        status: |object, _| {
+            let canaries = object["spec"]["canary"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let reported: Vec<Value> = canaries
+                .iter()
+                .map(|c| {
+                    serde_json::json!({ "name": c["predictor"]["name"], "ready": true,
+                    "trafficPercent": c["trafficPercent"] })
+                })
+                .collect();
+            serde_json::json!({ "canaryStatuses": reported, "conditions": ready_conditions() })
+        },
+    }
+}
+
+fn isvc_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("serving.kserve.io", "v1beta1", "InferenceService"),
+        "inferenceservices",
+    )
+}
+
+fn ready_conditions() -> Value {
+    let condition = |kind: &str| {
+        serde_json::json!({ "type": kind, "status": "True",
+            "lastTransitionTime": "2026-12-04T00:00:00Z" })
+    };
+    serde_json::json!([condition("PredictorReady"), condition("Ready")])
+}
+
+/// The stand-in's name of the Knative revision of `predictor` (its share
+/// aside): `<isvc>-predictor-<port>-<hash>`.
+fn revision_name(isvc: &str, predictor: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut spec = predictor.clone();
+    spec.as_object_mut()
+        .map(|o| o.remove("canaryTrafficPercent"));
+    let port = spec["model"]["ports"][0]["containerPort"]
+        .as_u64()
+        .unwrap_or(0);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    spec.to_string().hash(&mut hasher);
+    format!("{isvc}-predictor-{port}-{:08x}", hasher.finish() as u32)
 }
 
 /// A route controller's data plane that is in force at once: for tests
@@ -301,8 +435,11 @@ impl RouteController {
                     if done.get(&name).is_some_and(|g| *g >= generation) {
                         continue;
                     }
-                    let spec = &object.data["spec"];
-                    let weights = basis_points(&(what.weights)(spec));
+                    let mut whole = serde_json::to_value(&object).unwrap_or_default();
+                    whole["metadata"]["generation"] = generation.into();
+                    let status = (what.status)(&whole, generation);
+                    whole["status"] = status.clone();
+                    let weights = basis_points(&(what.weights)(&whole));
                     if name == routed {
                         let desired = desired(&object, generation, &weights);
                         if let Err(e) = data_plane.apply(&desired).await {
@@ -313,9 +450,7 @@ impl RouteController {
                     if quiet.load(Ordering::SeqCst) {
                         continue;
                     }
-                    let mut whole = serde_json::to_value(&object).unwrap_or_default();
-                    whole["metadata"]["generation"] = generation.into();
-                    let status = serde_json::json!({ "status": (what.status)(&whole, generation) });
+                    let status = serde_json::json!({ "status": status });
                     let patched = api
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                         .await;
@@ -365,6 +500,7 @@ fn desired(object: &DynamicObject, generation: i64, weights: &[(u16, u32)]) -> D
         rollout: None,
         epoch: 0,
         generation: generation.max(0) as u64,
+        shadow: None,
         arms: weights
             .iter()
             .enumerate()
@@ -373,6 +509,7 @@ fn desired(object: &DynamicObject, generation: i64, weights: &[(u16, u32)]) -> D
                 revision: format!("port-{port}"),
                 upstream: format!("http://127.0.0.1:{port}"),
                 weight_bp: *w,
+                predictor: None,
             })
             .collect(),
     }

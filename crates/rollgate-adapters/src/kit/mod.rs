@@ -236,6 +236,7 @@ impl Upstreams {
             rollout: Some(1),
             epoch: 1,
             generation,
+            shadow: None,
             arms: vec![
                 self.arm(upstream::CHAMPION, 10_000 - candidate_bp),
                 self.arm(upstream::CANDIDATE, candidate_bp),
@@ -252,6 +253,7 @@ impl Upstreams {
             rollout: None,
             epoch: 0,
             generation,
+            shadow: None,
             arms: vec![self.arm(upstream::CHAMPION, 10_000)],
         }
     }
@@ -262,6 +264,26 @@ impl Upstreams {
             revision: format!("r-{name}"),
             upstream: self.url(name),
             weight_bp,
+            predictor: Some(self.predictor(name)),
         }
+    }
+
+    /// The KServe predictor of the kit's revision `name`: its own model,
+    /// its server's port as the container's (what the stand-in KServe of
+    /// [`k8s::inference_services`] routes to). Other kinds ignore it.
+    pub fn predictor(&self, name: &str) -> serde_json::Value {
+        let url = self.url(name);
+        let port: u16 = url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        serde_json::json!({
+            "model": {
+                "modelFormat": { "name": "sklearn" },
+                "storageUri": format!("s3://rollgate-kit/{name}"),
+                "ports": [{ "containerPort": port }],
+            },
+        })
     }
 }

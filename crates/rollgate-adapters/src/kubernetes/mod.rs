@@ -23,6 +23,7 @@
 mod access;
 pub mod gateway_api;
 pub mod istio;
+pub mod kserve;
 mod service;
 
 use std::time::Duration;
@@ -65,6 +66,17 @@ pub(crate) trait Shape: Send + Sync + std::fmt::Debug {
     /// `object` in force; `Err` says why not yet (for the error at the
     /// end of the wait).
     fn in_force(&self, object: &DynamicObject, generation: i64) -> Result<(), String>;
+    /// Annotations of the kind's own, beside rollgate's.
+    fn annotations(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+    /// Adjusts an object's spec to the object as read (`None`: absent).
+    fn revise(&self, _spec: &mut Value, _current: Option<&DynamicObject>) {}
+    /// Whether `object` still holds `spec` as written (its controller may
+    /// have rewritten defaults), where the kind can tell (`None`).
+    fn held(&self, _object: &DynamicObject, _spec: &Value) -> Option<bool> {
+        None
+    }
 }
 
 /// A routing object kind, the cluster it lives in, and whether its
@@ -138,13 +150,13 @@ impl<S: Shape> Kube<S> {
     }
 
     /// Every object checked against the guard and applied as a dry run,
-    /// then each for real: `(name, generation written)`.
+    /// then each for real: `(name, generation written, spec)`.
     async fn apply_all(
         &self,
         api: &Api<DynamicObject>,
         desired: &Desired,
         objects: &[(String, Value)],
-    ) -> Result<Vec<(String, i64)>, NotApplied> {
+    ) -> Result<Vec<Written>, NotApplied> {
         let mut bodies = Vec::with_capacity(objects.len());
         for (name, spec) in objects {
             let current = match api.get_opt(name).await {
@@ -156,24 +168,35 @@ impl<S: Shape> Kube<S> {
                 .and_then(|c| c.metadata.resource_version.clone());
             let have = current
                 .as_ref()
-                .and_then(|c| {
-                    c.metadata
-                        .annotations
-                        .as_ref()?
-                        .get(GENERATION)?
-                        .parse()
-                        .ok()
-                })
-                .unwrap_or(0);
+                .map_or(0, |c| annotation(c, GENERATION).parse::<u64>().unwrap_or(0));
             not_older(have, desired.generation).map_err(NotApplied::Failed)?;
-            bodies.push((name, self.body(name, spec, desired, version)));
+            let mut spec = spec.clone();
+            self.shape.revise(&mut spec, current.as_ref());
+            // Already written and still held: writing again would only
+            // undo the defaults its controller wrote (a loop, in the seeds).
+            if let Some(c) = current.as_ref().filter(|c| {
+                have == desired.generation
+                    && annotation(c, ROUTING) == desired.version
+                    && self.shape.held(c, &spec) == Some(true)
+            }) {
+                bodies.push((name, spec, None, c.metadata.generation.unwrap_or(0)));
+                continue;
+            }
+            let body = self.body(name, &spec, desired, version);
+            bodies.push((name, spec, Some(body), 0));
         }
-        for (name, body) in &bodies {
-            self.write(api, name, body, true).await?;
+        for (name, _, body, _) in &bodies {
+            if let Some(body) = body {
+                self.write(api, name, body, true).await?;
+            }
         }
         let mut written = Vec::with_capacity(bodies.len());
-        for (name, body) in &bodies {
-            written.push((name.to_string(), self.write(api, name, body, false).await?));
+        for (name, spec, body, held_at) in bodies {
+            let generation = match body {
+                Some(body) => self.write(api, name, &body, false).await?,
+                None => held_at,
+            };
+            written.push((name.to_string(), generation, spec));
         }
         Ok(written)
     }
@@ -246,6 +269,9 @@ impl<S: Shape> Kube<S> {
                 ROUTING: desired.version,
             },
         });
+        for (key, value) in self.shape.annotations() {
+            metadata["annotations"][key] = json!(value);
+        }
         if let Some(v) = version {
             metadata["resourceVersion"] = json!(v);
         }
@@ -266,30 +292,30 @@ impl<S: Shape> Kube<S> {
         &self,
         api: &Api<DynamicObject>,
         desired: &Desired,
-        written: &[(String, i64)],
+        written: &[Written],
         deadline: tokio::time::Instant,
     ) -> Result<(), NotApplied> {
-        let mut pending: Vec<&(String, i64)> = written.iter().collect();
+        let mut pending: Vec<&Written> = written.iter().collect();
         let mut why = String::new();
         loop {
             let mut still = Vec::with_capacity(pending.len());
-            for item @ (name, generation) in pending {
+            for item @ (name, generation, spec) in pending {
                 match api.get_opt(name).await {
                     Ok(Some(object)) => {
-                        let annotation = |key: &str| {
-                            let a = object.metadata.annotations.as_ref();
-                            a.and_then(|a| a.get(key)).cloned().unwrap_or_default()
-                        };
-                        let holds = annotation(GENERATION).parse::<u64>().unwrap_or(0);
+                        let holds = annotation(&object, GENERATION).parse::<u64>().unwrap_or(0);
                         not_older(holds, desired.generation).map_err(NotApplied::Failed)?;
                         if holds < desired.generation {
                             return Err(NotApplied::Raced);
                         }
                         let have = object.metadata.generation.unwrap_or(0);
-                        let verdict = if annotation(ROUTING) != desired.version {
-                            Err(format!("it holds routing {:?}", annotation(ROUTING)))
+                        let routing = annotation(&object, ROUTING);
+                        let verdict = if routing != desired.version {
+                            Err(format!("it holds routing {routing:?}"))
                         } else if have < *generation {
                             Err(format!("the API server holds generation {have}"))
+                        } else if self.shape.held(&object, spec) == Some(false) {
+                            // Its spec changed since (another writer): write again.
+                            return Err(NotApplied::Raced);
                         } else if self.require_status {
                             self.shape.in_force(&object, *generation)
                         } else {
@@ -339,6 +365,45 @@ impl<S: Shape> Kube<S> {
             },
             other => AdapterError::Io(format!("{object}: {other}")),
         }
+    }
+}
+
+/// An object written: its name, the generation written, and its spec.
+type Written = (String, i64, Value);
+
+/// An annotation of `object` (empty if absent).
+fn annotation(object: &DynamicObject, key: &str) -> String {
+    let a = object.metadata.annotations.as_ref();
+    a.and_then(|a| a.get(key)).cloned().unwrap_or_default()
+}
+
+/// Whether `have` holds every field of `want` (fields only `have` has are
+/// others': defaults, other managers'), where absent, null, zero, false,
+/// `""`, `[]` and `{}` are the same thing: a controller that omits an
+/// empty list or a zero default has not changed what was written.
+pub(crate) fn covers(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (_, w) if is_empty(w) => is_empty(have),
+        (Value::Object(h), Value::Object(w)) => w
+            .iter()
+            .all(|(k, v)| covers(h.get(k).unwrap_or(&Value::Null), v)),
+        (Value::Array(h), Value::Array(w)) => {
+            h.len() == w.len() && h.iter().zip(w).all(|(h, w)| covers(h, w))
+        }
+        (Value::Number(h), Value::Number(w)) => h.as_f64() == w.as_f64(),
+        (h, w) => h == w,
+    }
+}
+
+/// Whether `v` is what a Kubernetes controller may leave out.
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_empty),
     }
 }
 

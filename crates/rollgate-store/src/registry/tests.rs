@@ -124,6 +124,7 @@ fn absent_empty_and_default_spellings_share_one_identity() {
         served_name: Some(" ".into()),
         env: BTreeMap::new(),
         secret_env: vec![" ".into()],
+        predictor: None,
     };
     assert_eq!(
         plain.identity("m").expect("valid"),
@@ -300,4 +301,60 @@ fn prometheus_evidence_is_checked_where_it_is_given() {
         .validate()
         .is_ok()
     );
+}
+
+#[test]
+fn a_predictor_is_registered_without_what_kserve_omits_or_the_adapter_writes() {
+    let with = |p: serde_json::Value| RevisionSpec {
+        predictor: Some(p),
+        ..spec("http://127.0.0.1:9001")
+    };
+    let plain = with(serde_json::json!({
+        "model": { "modelFormat": { "name": "sklearn" }, "storageUri": "s3://m/v1" },
+        "volumes": [{ "name": "cache", "emptyDir": {} }],
+    }));
+    let spelled = with(serde_json::json!({
+        "model": {
+            "modelFormat": { "name": "sklearn" }, "storageUri": "s3://m/v1",
+            "env": [], "args": null,
+        },
+        "volumes": [{ "name": "cache", "emptyDir": {} }],
+        "tolerations": [],
+    }));
+    assert_eq!(
+        plain.identity("m").expect("valid"),
+        spelled.identity("m").expect("valid")
+    );
+    let normal = spelled.normalised().expect("valid");
+    assert_eq!(
+        normal.predictor, plain.predictor,
+        "an empty map means something: kept"
+    );
+    let other = with(serde_json::json!({ "model": { "storageUri": "s3://m/v2" } }));
+    let by_ref = with(serde_json::json!({ "model": { "env": [{ "name": "HF_TOKEN",
+        "valueFrom": { "secretKeyRef": { "name": "hf", "key": "token" } } }] } }));
+    assert!(by_ref.normalised().is_ok(), "a Secret by reference is fine");
+    assert_ne!(plain.identity("m").ok(), other.identity("m").ok());
+    for (bad, says) in [
+        (serde_json::json!("s3://m/v1"), "must be an object"),
+        (serde_json::json!({ "args": [] }), "is empty"),
+        (
+            serde_json::json!({ "canaryTrafficPercent": 10, "model": {} }),
+            "canaryTrafficPercent",
+        ),
+        (
+            serde_json::json!({ "name": "v2", "model": {} }),
+            "must not set name",
+        ),
+        (
+            serde_json::json!({ "model": { "env": [{ "name": "HF_TOKEN", "value": "hf_x" }] } }),
+            "secret-looking env \"HF_TOKEN\"",
+        ),
+    ] {
+        let err = with(bad).normalised().expect_err(says).to_string();
+        assert!(
+            err.contains(says) && err.contains("revision.predictor"),
+            "{says}: {err}"
+        );
+    }
 }
