@@ -55,6 +55,7 @@ fn kserve(server: &ApiServer, namespace: &str, mode: KserveMode) -> DataPlane {
         namespace: namespace.into(),
         name: "$model".into(),
         mode,
+        allow_predictor_fields: Vec::new(),
         require_status: true,
     }
 }

@@ -159,6 +159,7 @@ fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
             name,
             mode,
             require_status,
+            allow_predictor_fields,
         } => Box::new(Kube {
             access: cluster.clone(),
             namespace: namespace.clone(),
@@ -166,6 +167,7 @@ fn kube_adapter(plane: &DataPlane) -> Box<dyn Adapter> {
             shape: InferenceServices {
                 name: name.clone(),
                 mode: *mode,
+                allowed: allow_predictor_fields.clone(),
             },
         }),
         other => Box::new(NotBuilt(other.kind())),

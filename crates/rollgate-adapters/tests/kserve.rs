@@ -21,6 +21,7 @@ fn plane(access: KubeAccess, mode: KserveMode, require_status: bool) -> DataPlan
         namespace: NAMESPACE.into(),
         name: "$model".into(),
         mode,
+        allow_predictor_fields: Vec::new(),
         require_status,
     }
 }
@@ -134,6 +135,12 @@ async fn the_kserve_adapter_passes_the_kit_in_knative_mode_and_restores_the_cham
     assert_eq!(o.data["spec"]["predictor"]["canaryTrafficPercent"], 0);
     let by = kit::get(&peer.url, "user-1").await;
     assert_eq!(by.as_deref(), Some("champion"));
+    // Sent again (a retry, a restarted controller): the share stays 0, or
+    // KServe would send everything to the latest *ready* revision, which
+    // may still be the candidate's.
+    applied(adapter, &upstreams.champion_only(24)).await;
+    let o = object(&api).await;
+    assert_eq!(o.data["spec"]["predictor"]["canaryTrafficPercent"], 0);
 
     // KServe silent: not confirmed while status is required.
     cluster.controller.silent.store(true, Ordering::SeqCst);
@@ -165,8 +172,8 @@ async fn kserve_defaulting_is_not_drift_and_another_writer_is_not_overwritten() 
         "ports": upstreams.predictor("champion")["model"]["ports"].clone(),
         "readinessProbe": { "initialDelaySeconds": 0, "periodSeconds": 5 },
     }}));
-    // Over another predictor: a share of 0 first (everything to the last
-    // revision rolled out); sent again, the share goes.
+    // No canary in force: no share (the latest revision, once up, gets
+    // everything).
     applied(adapter, &champion).await;
     applied(adapter, &champion).await;
     let o = object(&api).await;
@@ -216,6 +223,20 @@ async fn kserve_defaulting_is_not_drift_and_another_writer_is_not_overwritten() 
         generation,
         "nothing half-applied"
     );
+    // A predictor choosing what runs (an image) is refused unless the
+    // data plane's declaration allows it.
+    let mut image = upstreams.split(500, 12, "9.2");
+    image.arms[1].predictor = Some(json!({ "model": { "modelFormat": { "name": "sklearn" },
+        "storageUri": "s3://m/v2", "image": "registry.example/evil:1" } }));
+    match adapter.apply(&image).await {
+        Err(AdapterError::Unroutable { why, .. }) => {
+            assert!(
+                why.contains("\"image\"") && why.contains("allow_predictor_fields"),
+                "{why}"
+            )
+        }
+        other => panic!("a guarded field is refused, got {other:?}"),
+    }
     // A revision without a predictor cannot be routed through KServe.
     let mut none = upstreams.split(500, 12, "9.2");
     none.arms[1].predictor = None;

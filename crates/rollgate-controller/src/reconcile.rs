@@ -178,14 +178,17 @@ pub async fn checkpoint(ctx: &Context) {
 }
 
 /// The readiness URL of a revision: its configured path, or the protocol's.
+/// (The name the server serves the model under: `served_name` when the
+/// revision has one, as the gateway rewrites requests to it.)
 pub fn readiness_url(model: &Model, rev: &Revision) -> String {
+    let name = rev.spec.served_name.as_deref().unwrap_or(&model.name);
     let path = rev
         .spec
         .readiness_path
         .clone()
         .unwrap_or_else(|| match model.spec.protocol {
-            Protocol::KserveV1 => format!("/v1/models/{}", model.name),
-            Protocol::OipV2 => format!("/v2/models/{}/ready", model.name),
+            Protocol::KserveV1 => format!("/v1/models/{name}"),
+            Protocol::OipV2 => format!("/v2/models/{name}/ready"),
             Protocol::Json => "/".to_string(),
         });
     format!("{}{}", rev.spec.upstream, path)
@@ -573,4 +576,52 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
     }
     lease.abort();
     ctx.leader.resign(&ctx.store).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use rollgate_core::Timestamp;
+    use rollgate_store::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
+
+    use super::readiness_url;
+
+    #[test]
+    fn readiness_asks_for_the_name_the_server_serves() {
+        let model = |protocol| Model {
+            name: "fraud".into(),
+            spec: ModelSpec {
+                protocol,
+                ..ModelSpec::default()
+            },
+            champion: None,
+            created_at: Timestamp(0),
+        };
+        let revision = |served_name: Option<&str>| Revision {
+            id: "r1".into(),
+            model: "fraud".into(),
+            spec: RevisionSpec {
+                upstream: "http://m:8080".into(),
+                served_name: served_name.map(str::to_string),
+                ..RevisionSpec::default()
+            },
+            state: RevisionState::Available,
+            rejections: 0,
+            blocked: false,
+            created_at: Timestamp(0),
+        };
+        let v1 = model(Protocol::KserveV1);
+        assert_eq!(
+            readiness_url(&v1, &revision(None)),
+            "http://m:8080/v1/models/fraud"
+        );
+        assert_eq!(
+            readiness_url(&v1, &revision(Some("fraud-v2"))),
+            "http://m:8080/v1/models/fraud-v2"
+        );
+        let v2 = model(Protocol::OipV2);
+        assert_eq!(
+            readiness_url(&v2, &revision(Some("fraud-v2"))),
+            "http://m:8080/v2/models/fraud-v2/ready"
+        );
+    }
 }

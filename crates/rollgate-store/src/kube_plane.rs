@@ -81,6 +81,31 @@ pub struct MirrorTo {
     pub namespace: Option<String>,
 }
 
+/// Predictor fields that choose what runs in the cluster, under which
+/// identity, or which Secrets it reads: an API caller registers revisions,
+/// so a predictor holding one is routed only where the operator's
+/// declaration allows it (`allow_predictor_fields`).
+pub const GUARDED_PREDICTOR_FIELDS: [&str; 18] = [
+    "image",
+    "command",
+    "containers",
+    "initContainers",
+    "serviceAccountName",
+    "serviceAccount",
+    "automountServiceAccountToken",
+    "volumes",
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
+    "securityContext",
+    "nodeName",
+    "imagePullSecrets",
+    "workerSpec",
+    "envFrom",
+    "secretKeyRef",
+    "secret",
+];
+
 /// A DNS-1123 label: what Kubernetes accepts as a namespace's or a
 /// Service's name.
 pub fn is_dns_label(s: &str) -> bool {
@@ -179,6 +204,23 @@ pub(crate) fn check_routes(
         }
     }
     Ok(())
+}
+
+/// A KServe data plane's `allow_predictor_fields`: each one of
+/// [`GUARDED_PREDICTOR_FIELDS`].
+pub(crate) fn check_allowed_fields(
+    bad: &dyn Fn(String) -> StoreError,
+    allowed: &[String],
+) -> Result<()> {
+    match allowed
+        .iter()
+        .find(|a| !GUARDED_PREDICTOR_FIELDS.contains(&a.as_str()))
+    {
+        Some(a) => Err(bad(format!(
+            "allow_predictor_fields: {a:?} is not guarded (only {GUARDED_PREDICTOR_FIELDS:?} are)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// An object's name (`name`): a Kubernetes name once `$model` is filled.
@@ -327,6 +369,11 @@ mod tests {
             ("/namespace", json!("a.b"), "data_planes.k8s.namespace"),
             ("/name", json!("$model.v1"), "data_planes.k8s.name"),
             ("/mode", json!("modelmesh"), "unknown variant"),
+            (
+                "/allow_predictor_fields",
+                json!(["model"]),
+                "allow_predictor_fields",
+            ),
             ("/canary", json!(10), "unknown field"),
         ] {
             let err = plane(&with(&good, pointer, value)).expect_err(pointer);

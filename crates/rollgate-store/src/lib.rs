@@ -34,7 +34,9 @@ pub use checkpoint::{
     AnchorProblem, AnchorReport, Checkpoint, CheckpointKey, append_to_sink, checkpoint_head,
     key_fits_store, read_sink, verify_anchors, verify_store_anchors,
 };
-pub use kube_plane::{KubeAccess, MirrorTo, ParentRef, RouteTemplate, is_dns_label};
+pub use kube_plane::{
+    GUARDED_PREDICTOR_FIELDS, KubeAccess, MirrorTo, ParentRef, RouteTemplate, is_dns_label,
+};
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, Model, ModelSpec, PrometheusEvidence,

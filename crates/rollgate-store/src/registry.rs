@@ -199,6 +199,12 @@ pub enum DataPlane {
         /// `false`: confirmed once the API server holds it.
         #[serde(default = "yes")]
         require_status: bool,
+        /// Fields of `GUARDED_PREDICTOR_FIELDS` a revision's predictor may
+        /// hold (a container image, a command, a service account, a
+        /// Secret by reference, ...): none by default, since whoever
+        /// registers revisions would choose what runs in the cluster.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        allow_predictor_fields: Vec<String>,
     },
 }
 
@@ -329,11 +335,13 @@ impl DataPlane {
                 cluster,
                 namespace,
                 name,
+                allow_predictor_fields,
                 ..
             } => {
                 let bad = |m: String| StoreError::Invalid(format!("{at}.{m}"));
                 kube_plane::check(&bad, cluster, namespace, None)?;
                 kube_plane::check_object_name(&bad, name)?;
+                kube_plane::check_allowed_fields(&bad, allow_predictor_fields)?;
             }
         }
         Ok(())
@@ -753,7 +761,7 @@ impl RevisionSpec {
         }
         let predictor = match &self.predictor {
             None => None,
-            Some(p) => Some(check_predictor(p)?),
+            Some(p) => Some(check_predictor(p, &self.secret_env)?),
         };
         Ok(RevisionSpec {
             predictor,
@@ -783,7 +791,10 @@ impl RevisionSpec {
 /// with nulls and empty lists dropped at every depth (KServe reports
 /// neither; an empty map stays, as `emptyDir: {}` means something), and
 /// without the fields the adapter writes.
-fn check_predictor(predictor: &serde_json::Value) -> Result<serde_json::Value> {
+fn check_predictor(
+    predictor: &serde_json::Value,
+    secret_env: &[String],
+) -> Result<serde_json::Value> {
     let bad = |m: &str| Err(StoreError::Invalid(format!("revision.predictor {m}")));
     let Some(fields) = predictor.as_object() else {
         return bad("must be an object (an InferenceService's spec.predictor)");
@@ -795,7 +806,7 @@ fn check_predictor(predictor: &serde_json::Value) -> Result<serde_json::Value> {
             ));
         }
     }
-    if let Some(name) = secret_in_env(predictor) {
+    if let Some(name) = secret_in_env(predictor, secret_env) {
         return bad(&format!(
             "sets the secret-looking env {name:?} to a literal value: refer to a Secret \
              (valueFrom.secretKeyRef), which the revision never holds"
@@ -809,20 +820,22 @@ fn check_predictor(predictor: &serde_json::Value) -> Result<serde_json::Value> {
 }
 
 /// The name of an `env` entry (at any depth) that holds a literal value
-/// under a secret-looking name ([`SECRET_ENV_MARKS`]).
-fn secret_in_env(value: &serde_json::Value) -> Option<String> {
+/// under a secret-looking name ([`SECRET_ENV_MARKS`]) or one of the
+/// revision's `secret_env`.
+fn secret_in_env(value: &serde_json::Value, secret_env: &[String]) -> Option<String> {
     use serde_json::Value;
     match value {
         Value::Object(o) => o.iter().find_map(|(k, v)| {
             let literal = |e: &Value| {
                 let name = e["name"].as_str()?.to_ascii_uppercase();
-                let marked = SECRET_ENV_MARKS.iter().any(|m| name.contains(m));
+                let marked = SECRET_ENV_MARKS.iter().any(|m| name.contains(m))
+                    || secret_env.iter().any(|s| s.eq_ignore_ascii_case(&name));
                 (marked && !e["value"].is_null()).then_some(name)
             };
             let here = (k == "env").then(|| v.as_array()?.iter().find_map(literal));
-            here.flatten().or_else(|| secret_in_env(v))
+            here.flatten().or_else(|| secret_in_env(v, secret_env))
         }),
-        Value::Array(a) => a.iter().find_map(secret_in_env),
+        Value::Array(a) => a.iter().find_map(|v| secret_in_env(v, secret_env)),
         _ => None,
     }
 }

@@ -162,10 +162,24 @@ async fn a_kserve_data_plane_with_prometheus_evidence() {
                 .is_some_and(|u| u.starts_with("s3://rollgate-e2e/")),
             "a revision's own predictor: {isvc:?}"
         );
-        let traffic = &isvc.data["status"]["components"]["predictor"]["traffic"];
+        // No rollout left: no canary share (none, or 0 after a rollback).
+        let share = &predictor["canaryTrafficPercent"];
         assert!(
-            traffic.as_array().is_some_and(|t| !t.is_empty()),
-            "{isvc:?}"
+            share.is_null() || share == 0,
+            "champion-only at the end: {isvc:?}"
+        );
+        let traffic = &isvc.data["status"]["components"]["predictor"]["traffic"];
+        let latest: u64 = traffic
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["latestRevision"] == true)
+            .filter_map(|t| t["percent"].as_u64())
+            .sum();
+        assert_eq!(
+            latest,
+            share.as_u64().unwrap_or(100),
+            "KServe's split: {isvc:?}"
         );
     })
     .await;

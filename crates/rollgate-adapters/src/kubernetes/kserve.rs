@@ -23,7 +23,7 @@
 //! KServe copies it from a child object (kserve/kserve#6081).
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use rollgate_store::KserveMode;
+use rollgate_store::{GUARDED_PREDICTOR_FIELDS, KserveMode};
 use serde_json::{Value, json};
 
 use super::{Shape, fill};
@@ -34,6 +34,9 @@ use crate::{AdapterError, Arm, Desired};
 const SHARE: &str = "canaryTrafficPercent";
 /// KServe's annotation naming the deployment mode.
 const MODE: &str = "serving.kserve.io/deploymentMode";
+/// rollgate's note of the revision whose predictor KServe last rolled out
+/// (Knative mode): the one a share of 0 sends everything to.
+const ROLLED_OUT: &str = "rollgate.dev/kserve-rolled-out";
 /// Fields KServe refuses on a canary (it scales a canary from its share).
 const NOT_ON_A_CANARY: [&str; 5] = [
     "maxReplicas",
@@ -49,6 +52,9 @@ pub(crate) struct InferenceServices {
     /// The object's name (`$model` filled in).
     pub name: String,
     pub mode: KserveMode,
+    /// Of [`GUARDED_PREDICTOR_FIELDS`], those the operator lets a
+    /// predictor hold.
+    pub allowed: Vec<String>,
 }
 
 impl Shape for InferenceServices {
@@ -86,18 +92,19 @@ impl Shape for InferenceServices {
         let share = candidate.map(|c| percent(c.weight_bp));
         let spec = match self.mode {
             KserveMode::Knative => {
-                let mut predictor = predictor(candidate.unwrap_or(champion))?;
+                let mut predictor = self.predictor(candidate.unwrap_or(champion))?;
                 if let Some(share) = share {
                     predictor[SHARE] = json!(share);
                 }
                 json!({ "predictor": predictor })
             }
             KserveMode::Standard => {
-                let mut stable = predictor(champion)?;
+                let mut stable = self.predictor(champion)?;
                 stable["name"] = json!(champion.revision);
                 let mut spec = json!({ "predictor": stable });
                 if let (Some(c), Some(share)) = (candidate, share) {
-                    let mut canary = predictor(c)?;
+                    let mut canary = self.predictor(c)?;
+                    same_storage_refused(champion, c, &stable, &canary)?;
                     canary["name"] = json!(c.revision);
                     for field in NOT_ON_A_CANARY {
                         canary.as_object_mut().map(|o| o.remove(field));
@@ -110,18 +117,40 @@ impl Shape for InferenceServices {
         Ok(vec![(fill(&self.name, &desired.model), spec)])
     }
 
-    /// Knative mode, champion-only over an object holding another
-    /// predictor (a rollback, an abort): a share of 0 for the latest
-    /// revision, so that KServe routes everything to the last revision
-    /// rolled out (the champion's) at once.
-    fn revise(&self, spec: &mut Value, current: Option<&DynamicObject>) {
-        let Some(current) = current else { return };
-        if self.mode != KserveMode::Knative || !spec["predictor"][SHARE].is_null() {
-            return;
+    /// Knative mode. One revision alone: if it is the one KServe last
+    /// rolled out and a share is in force (a canary, a SHADOW: a rollback
+    /// or an abort), a share of 0, so that KServe sends everything to it
+    /// at once, rather than to the latest *ready* revision (the
+    /// candidate's) until its predictor's new revision is up; the share
+    /// stays 0 until the next promotion. Otherwise (the first routing, a
+    /// promotion, a champion switched by hand) no share: the latest
+    /// revision gets everything once ready, and is then the one rolled
+    /// out. A split keeps the note of the revision rolled out.
+    fn revise(
+        &self,
+        spec: &mut Value,
+        desired: &Desired,
+        current: Option<&DynamicObject>,
+    ) -> Vec<(&'static str, String)> {
+        if self.mode != KserveMode::Knative {
+            return Vec::new();
         }
-        if !same_predictor(&current.data["spec"]["predictor"], &spec["predictor"]) {
+        let rolled_out =
+            current.and_then(|c| c.metadata.annotations.as_ref()?.get(ROLLED_OUT).cloned());
+        let live: Vec<&Arm> = desired.arms.iter().filter(|a| a.weight_bp > 0).collect();
+        let alone = match live.as_slice() {
+            [only] if desired.shadow.is_none() => &only.revision,
+            _ => {
+                return rolled_out
+                    .map(|r| vec![(ROLLED_OUT, r)])
+                    .unwrap_or_default();
+            }
+        };
+        let sharing = current.is_some_and(|c| c.data["spec"]["predictor"][SHARE].is_number());
+        if sharing && rolled_out.as_ref() == Some(alone) {
             spec["predictor"][SHARE] = json!(0);
         }
+        vec![(ROLLED_OUT, alone.clone())]
     }
 
     fn held(&self, object: &DynamicObject, spec: &Value) -> Option<bool> {
@@ -135,7 +164,15 @@ impl Shape for InferenceServices {
 
     fn in_force(&self, object: &DynamicObject, _generation: i64) -> Result<(), String> {
         match self.mode {
-            KserveMode::Knative => knative_split(object),
+            KserveMode::Knative => {
+                let routing = object.metadata.annotations.as_ref();
+                let routing = routing.and_then(|a| a.get(super::ROUTING));
+                // Champion-only with a share of 0 routes to a revision that
+                // is up already; anything else (a SHADOW's dark candidate)
+                // must be up itself.
+                let champion_only = routing.is_some_and(|r| r.starts_with("champion:"));
+                knative_split(object, !champion_only)
+            }
             KserveMode::Standard => standard_split(object),
         }
     }
@@ -152,19 +189,72 @@ fn same_predictor(have: &Value, want: &Value) -> bool {
     super::covers(&without_share(have), &without_share(want))
 }
 
-/// An arm's predictor, or why it cannot be routed.
-fn predictor(arm: &Arm) -> Result<Value, AdapterError> {
-    match &arm.predictor {
-        Some(p @ Value::Object(_)) => Ok(p.clone()),
-        _ => Err(AdapterError::Unroutable {
+impl InferenceServices {
+    /// An arm's predictor, or why it cannot be routed: none, or one
+    /// holding a guarded field the declaration does not allow.
+    fn predictor(&self, arm: &Arm) -> Result<Value, AdapterError> {
+        let refused = |why: String| AdapterError::Unroutable {
             upstream: arm.upstream.clone(),
-            why: format!(
+            why,
+        };
+        let Some(p @ Value::Object(_)) = &arm.predictor else {
+            return Err(refused(format!(
                 "revision {} carries no KServe predictor (register it with one: \
                  `rollgate revision add --predictor FILE`)",
                 arm.revision
-            ),
-        }),
+            )));
+        };
+        let guarded = GUARDED_PREDICTOR_FIELDS
+            .into_iter()
+            .find(|f| !self.allowed.iter().any(|a| a == f) && holds_key(p, f));
+        if let Some(field) = guarded {
+            return Err(refused(format!(
+                "revision {}'s predictor sets {field:?}, which chooses what runs in the cluster \
+                 or what it reads: the data plane's allow_predictor_fields does not list it",
+                arm.revision
+            )));
+        }
+        Ok(p.clone())
     }
+}
+
+/// Whether `key` is a field name anywhere in `value`.
+fn holds_key(value: &Value, key: &str) -> bool {
+    match value {
+        Value::Object(o) => o.iter().any(|(k, v)| k == key || holds_key(v, key)),
+        Value::Array(a) => a.iter().any(|v| holds_key(v, key)),
+        _ => false,
+    }
+}
+
+/// Standard mode: KServe refuses to rename the predictor (a promotion)
+/// unless its storage URI changes too, so a candidate with the champion's
+/// storage URI could never be promoted: refused from its first stage.
+fn same_storage_refused(
+    champion: &Arm,
+    candidate: &Arm,
+    stable: &Value,
+    canary: &Value,
+) -> Result<(), AdapterError> {
+    let uri = |p: &Value| -> Option<Value> {
+        let o = p.as_object()?;
+        o.get("storageUri")
+            .or_else(|| o.values().find_map(|v| v.get("storageUri")))
+            .cloned()
+    };
+    if uri(stable) == uri(canary) {
+        return Err(AdapterError::Unroutable {
+            upstream: candidate.upstream.clone(),
+            why: format!(
+                "revision {} has the storage URI of the champion {} ({}): KServe's Standard mode \
+                 promotes a canary only to a new storage URI",
+                candidate.revision,
+                champion.revision,
+                uri(canary).map_or("none".into(), |u| u.to_string())
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A candidate's share in whole percent (KServe's unit): at least 1% while
@@ -178,8 +268,9 @@ fn percent(bp: u32) -> u32 {
 }
 
 /// Knative mode: the traffic KServe reports is the split the predictor
-/// asks for, and (with a share) the latest revision is ready.
-fn knative_split(object: &DynamicObject) -> Result<(), String> {
+/// asks for, and the latest revision is ready when it has a share or
+/// `latest_up` says so.
+fn knative_split(object: &DynamicObject, latest_up: bool) -> Result<(), String> {
     let share = object.data["spec"]["predictor"][SHARE].as_u64();
     let status = &object.data["status"]["components"]["predictor"];
     let Some(traffic) = status["traffic"].as_array() else {
@@ -202,7 +293,7 @@ fn knative_split(object: &DynamicObject) -> Result<(), String> {
     }
     let created = status["latestCreatedRevision"].as_str().unwrap_or_default();
     let ready = status["latestReadyRevision"].as_str().unwrap_or_default();
-    if want > 0 && (created.is_empty() || created != ready) {
+    if (want > 0 || latest_up) && (created.is_empty() || created != ready) {
         return Err(format!(
             "the latest revision {created:?} is not ready yet (ready: {ready:?})"
         ));

@@ -70,8 +70,16 @@ pub(crate) trait Shape: Send + Sync + std::fmt::Debug {
     fn annotations(&self) -> Vec<(&'static str, String)> {
         Vec::new()
     }
-    /// Adjusts an object's spec to the object as read (`None`: absent).
-    fn revise(&self, _spec: &mut Value, _current: Option<&DynamicObject>) {}
+    /// Adjusts an object's spec for `desired` to the object as read
+    /// (`None`: absent); annotations of the kind's own to write with it.
+    fn revise(
+        &self,
+        _spec: &mut Value,
+        _desired: &Desired,
+        _current: Option<&DynamicObject>,
+    ) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
     /// Whether `object` still holds `spec` as written (its controller may
     /// have rewritten defaults), where the kind can tell (`None`).
     fn held(&self, _object: &DynamicObject, _spec: &Value) -> Option<bool> {
@@ -171,7 +179,7 @@ impl<S: Shape> Kube<S> {
                 .map_or(0, |c| annotation(c, GENERATION).parse::<u64>().unwrap_or(0));
             not_older(have, desired.generation).map_err(NotApplied::Failed)?;
             let mut spec = spec.clone();
-            self.shape.revise(&mut spec, current.as_ref());
+            let noted = self.shape.revise(&mut spec, desired, current.as_ref());
             // Already written and still held: writing again would only
             // undo the defaults its controller wrote (a loop, in the seeds).
             if let Some(c) = current.as_ref().filter(|c| {
@@ -182,7 +190,10 @@ impl<S: Shape> Kube<S> {
                 bodies.push((name, spec, None, c.metadata.generation.unwrap_or(0)));
                 continue;
             }
-            let body = self.body(name, &spec, desired, version);
+            let mut body = self.body(name, &spec, desired, version);
+            for (key, value) in noted {
+                body["metadata"]["annotations"][key] = json!(value);
+            }
             bodies.push((name, spec, Some(body), 0));
         }
         for (name, _, body, _) in &bodies {
@@ -391,8 +402,42 @@ pub(crate) fn covers(have: &Value, want: &Value) -> bool {
             h.len() == w.len() && h.iter().zip(w).all(|(h, w)| covers(h, w))
         }
         (Value::Number(h), Value::Number(w)) => h.as_f64() == w.as_f64(),
+        // Kubernetes writes quantities back in its own spelling (`1` as
+        // "1", "0.5" as "500m").
+        (Value::String(_) | Value::Number(_), Value::String(_) | Value::Number(_)) => {
+            have == want || quantity(have).is_some_and(|h| quantity(want) == Some(h))
+        }
         (h, w) => h == w,
     }
+}
+
+/// A number, or a Kubernetes quantity ("500m", "2Gi", "1e3"), as a number.
+fn quantity(v: &Value) -> Option<f64> {
+    let s = match v {
+        Value::Number(n) => return n.as_f64(),
+        Value::String(s) => s.trim(),
+        _ => return None,
+    };
+    const SUFFIXES: [(&str, f64); 12] = [
+        ("Ki", 1024.0),
+        ("Mi", 1_048_576.0),
+        ("Gi", 1_073_741_824.0),
+        ("Ti", 1_099_511_627_776.0),
+        ("Pi", 1_125_899_906_842_624.0),
+        ("n", 1e-9),
+        ("u", 1e-6),
+        ("m", 1e-3),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+    ];
+    let (digits, factor) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, f)| Some((s.strip_suffix(suffix)?, *f)))
+        .unwrap_or((s, 1.0));
+    let number: f64 = digits.parse().ok()?;
+    Some(number * factor)
 }
 
 /// Whether `v` is what a Kubernetes controller may leave out.
@@ -435,6 +480,29 @@ fn only_our_own(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::only_our_own;
+
+    #[test]
+    fn kubernetes_spellings_of_a_quantity_are_the_same() {
+        use serde_json::json;
+        assert!(super::covers(&json!({ "cpu": "1" }), &json!({ "cpu": 1 })));
+        assert!(super::covers(
+            &json!({ "cpu": "500m" }),
+            &json!({ "cpu": "0.5" })
+        ));
+        assert!(super::covers(
+            &json!({ "memory": "1Gi" }),
+            &json!({ "memory": "1024Mi" })
+        ));
+        assert!(!super::covers(
+            &json!({ "cpu": "2" }),
+            &json!({ "cpu": "500m" })
+        ));
+        assert!(!super::covers(
+            &json!({ "uri": "s3://a" }),
+            &json!({ "uri": "s3://b" })
+        ));
+        assert!(!super::covers(&json!({ "n": 1 }), &json!({ "n": true })));
+    }
 
     #[test]
     fn conflicts_with_our_own_create_are_a_race_others_are_not() {

@@ -333,7 +333,19 @@ fn a_predictor_is_registered_without_what_kserve_omits_or_the_adapter_writes() {
     let other = with(serde_json::json!({ "model": { "storageUri": "s3://m/v2" } }));
     let by_ref = with(serde_json::json!({ "model": { "env": [{ "name": "HF_TOKEN",
         "valueFrom": { "secretKeyRef": { "name": "hf", "key": "token" } } }] } }));
-    assert!(by_ref.normalised().is_ok(), "a Secret by reference is fine");
+    assert!(
+        by_ref.normalised().is_ok(),
+        "a Secret by reference is the data plane's to allow"
+    );
+    let declared = RevisionSpec {
+        secret_env: vec!["db_pass".into()],
+        ..with(serde_json::json!({ "model": { "env": [{ "name": "DB_PASS", "value": "x" }] } }))
+    };
+    let err = declared
+        .normalised()
+        .expect_err("a declared secret")
+        .to_string();
+    assert!(err.contains("DB_PASS"), "{err}");
     assert_ne!(plain.identity("m").ok(), other.identity("m").ok());
     for (bad, says) in [
         (serde_json::json!("s3://m/v1"), "must be an object"),
