@@ -129,7 +129,7 @@ def main():
                 f.write(f'[api]\nlisten = "127.0.0.1:{api_port}"\n'
                         f'[controller]\ntick = "{args.tick}"\n'
                         f'[gateway]\nlisten = "127.0.0.1:{gw_port}"\n')
-            log = open(f"{d}/up.log", "w")
+            log = open(os.environ.get("CADENCE_LOG", f"{d}/up.log"), "w")
             up = subprocess.Popen([rollgate, "up", "--data", f"{d}/data", "--config", f"{d}/up.toml"],
                                   stdout=log, stderr=log)
             procs.append(up)

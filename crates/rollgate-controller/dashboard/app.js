@@ -72,10 +72,18 @@ const approvalPoint = (a) => (a === "promotion" ? "promotion" : `${a}%`);
 // --- views ----------------------------------------------------------------
 
 async function overview() {
-  const [live, models] = await Promise.all([
+  const [live, models, leader] = await Promise.all([
     api("/api/v1/rollouts?active=true&limit=1000"),
     api("/api/v1/models?limit=1000"),
+    api("/api/v1/leader").catch(() => null),
   ]);
+  // Behind: the controller looks at each rollout less often than its tick.
+  const cadence = leader && leader.this.leading ? leader.cadence : null;
+  const behind = cadence && cadence.lag_seconds > 1.5 * cadence.tick_seconds
+    ? h("p", { class: "warning", id: "lag", "data-lag": cadence.lag_seconds.toFixed(1) },
+      `The controller is behind: a rollout waited ${cadence.lag_seconds.toFixed(1)} s between looks ` +
+      `(tick ${cadence.tick_seconds} s). Decisions come that much later.`)
+    : null;
   const liveRows = live.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `#/rollouts/${r.id}` }, `#${r.id}`)),
     h("td", {}, h("a", { href: `#/models/${encodeURIComponent(r.model)}` }, r.model)),
@@ -88,6 +96,7 @@ async function overview() {
     h("td", {}, m.champion ?? h("span", { class: "muted" }, "none"))));
   return [
     h("h1", {}, "Overview"),
+    behind,
     h("section", { id: "live" }, h("h2", {}, "Live rollouts"),
       liveRows.length ? h("table", {}, h("tr", {}, ["Rollout", "Model", "Champion → candidate", "Phase", "Weight", "Evaluations"].map((t) => h("th", {}, t))), liveRows)
         : h("p", { class: "muted" }, "No rollout is running.")),

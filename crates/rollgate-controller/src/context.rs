@@ -60,6 +60,41 @@ pub struct Context {
     /// The data planes and credentials the operator's config declares: all
     /// a model spec may name of the host.
     pub host: Arc<crate::host::Host>,
+    /// Looks not committed yet, by rollout (they changed nothing).
+    pub looks: Arc<Looks>,
+}
+
+/// Looks at a rollout that changed nothing but the count of looks: they
+/// are committed with the next look that is (at the latest every
+/// [`Looks::COMMIT_EVERY_TICKS`] ticks), so an idle rollout costs a store
+/// write every few seconds, not every tick. Kept by the process: a
+/// controller that stops loses its uncommitted count (never a decision).
+#[derive(Debug, Default)]
+pub struct Looks(std::sync::Mutex<std::collections::HashMap<i64, u64>>);
+
+impl Looks {
+    /// An unchanged look is committed at least this many ticks after the
+    /// rollout's last commit.
+    pub const COMMIT_EVERY_TICKS: u32 = 10;
+
+    /// Notes one uncommitted look at `rollout`.
+    pub fn skipped(&self, rollout: i64) {
+        *self.lock().entry(rollout).or_insert(0) += 1;
+    }
+
+    /// The uncommitted looks at `rollout`, forgotten (they are committed now).
+    pub fn take(&self, rollout: i64) -> u64 {
+        self.lock().remove(&rollout).unwrap_or(0)
+    }
+
+    /// The uncommitted looks at `rollout`.
+    pub fn pending(&self, rollout: i64) -> u64 {
+        self.lock().get(&rollout).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<i64, u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl std::fmt::Debug for Context {

@@ -8,6 +8,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use rollgate_store::RolloutRecord;
 
@@ -50,6 +51,34 @@ pub struct ControllerMetrics {
     notifications_sent: Family<ReceiverLabel, Counter>,
     notification_failures: Family<ReceiverLabel, Counter>,
     notifications_behind: Family<ReceiverLabel, Gauge>,
+    pass_seconds: Histogram,
+    lag_seconds: Histogram,
+    /// The largest look interval of the last pass, for the API's overview.
+    last_lag: Mutex<f64>,
+}
+
+/// Buckets (seconds) of a pass's duration and of a rollout's look
+/// interval: a tick is usually 1 s.
+const SECONDS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// The histograms of the controller's cadence: each pass's duration, and
+/// the time between two looks at a rollout.
+fn cadence(registry: &mut Registry) -> (Histogram, Histogram) {
+    let pass_seconds = Histogram::new(SECONDS);
+    registry.register(
+        "rollgate_controller_pass_seconds",
+        "How long each pass over the due rollouts took",
+        pass_seconds.clone(),
+    );
+    let lag_seconds = Histogram::new(SECONDS);
+    registry.register(
+        "rollgate_controller_rollout_lag_seconds",
+        "Time between two looks at a rollout (a tick when the controller keeps up)",
+        lag_seconds.clone(),
+    );
+    (pass_seconds, lag_seconds)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -135,7 +164,11 @@ impl Default for ControllerMetrics {
             "1 while this controller holds the lease and reconciles, 0 while it stands by",
             leader.clone(),
         );
+        let (pass_seconds, lag_seconds) = cadence(&mut registry);
         ControllerMetrics {
+            pass_seconds,
+            lag_seconds,
+            last_lag: Mutex::new(0.0),
             registry: Mutex::new(registry),
             active,
             evaluations,
@@ -187,6 +220,22 @@ impl ControllerMetrics {
             .set(i64::try_from(records).unwrap_or(i64::MAX));
     }
 
+    /// A pass took `seconds`; the rollouts it looked at had waited
+    /// `waits` (seconds since each one's previous look).
+    pub fn pass(&self, seconds: f64, waits: &[f64]) {
+        self.pass_seconds.observe(seconds);
+        for w in waits {
+            self.lag_seconds.observe(*w);
+        }
+        let largest = waits.iter().copied().fold(0.0, f64::max);
+        *self.last_lag.lock().unwrap_or_else(|p| p.into_inner()) = largest;
+    }
+
+    /// The longest a rollout looked at in the last pass had waited.
+    pub fn last_lag(&self) -> f64 {
+        *self.last_lag.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
@@ -208,13 +257,16 @@ impl ControllerMetrics {
             .iter()
             .map(|r| (r.spec.model.clone(), r.state.phase.name().to_string()))
             .collect();
+        // Sets: a pass over 1,000 rollouts must not compare every pair.
+        let current: std::collections::HashSet<&(String, String)> = now.iter().collect();
+        let models: std::collections::HashSet<&str> = now.iter().map(|(m, _)| m.as_str()).collect();
         let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
-        for (model, phase) in shown.iter().filter(|s| !now.contains(s)) {
+        for (model, phase) in shown.iter().filter(|s| !current.contains(s)) {
             self.phase.remove(&ModelPhaseLabel {
                 model: model.clone(),
                 phase: phase.clone(),
             });
-            if !now.iter().any(|(m, _)| m == model) {
+            if !models.contains(model.as_str()) {
                 self.weight.remove(&ModelLabel {
                     model: model.clone(),
                 });

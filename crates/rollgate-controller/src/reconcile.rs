@@ -321,6 +321,13 @@ pub async fn commit(
     fence: Option<Fence>,
 ) -> Result<Option<RolloutRecord>, Error> {
     pre_route_to_champion(ctx, rec, &effects, &state).await;
+    // An evaluation alone (only audited) leaves the routes as they were:
+    // nothing to push, which would cost the in-process gateway a new
+    // routing table per look.
+    let routes_moved = state.phase != rec.state.phase
+        || state.epoch != rec.state.epoch
+        || state.paused != rec.state.paused
+        || effects.iter().any(|e| !matches!(e, Effect::Audit { .. }));
     let (id, version, actor) = (rec.id, rec.version, actor.to_string());
     let out = blocking(&ctx.store, move |s| {
         match s.apply(TransitionWrite {
@@ -346,7 +353,9 @@ pub async fn commit(
     };
     if let Some(done) = &out {
         log_decision(rec, done);
-        push_model(ctx, &rec.spec.model).await;
+        if routes_moved {
+            push_model(ctx, &rec.spec.model).await;
+        }
     }
     Ok(out)
 }
@@ -384,6 +393,16 @@ fn log_decision(before: &RolloutRecord, after: &RolloutRecord) {
 /// One pass over rollout `id`.
 pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     let rec = blocking(&ctx.store, move |s| s.rollout(id)).await?;
+    look(rec, ctx).await
+}
+
+/// One look at a rollout as read (at most a pass ago: a commit made
+/// since, an operator's pause say, makes this look's commit a version
+/// conflict, and the next look reads it).
+async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
+    let id = rec.id;
+    // Looks that changed nothing are counted with this one.
+    rec.state.evaluations += ctx.looks.pending(id);
     if rec.state.phase.is_terminal() {
         return Ok(Action::await_change());
     }
@@ -421,13 +440,27 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     if t.state == rec.state && t.effects.is_empty() {
         return Ok(Action::requeue(ctx.tick));
     }
+    // A look that changed nothing but the count of looks (a WAIT on
+    // evidence that did not move: nothing audited, no routing) is not
+    // written until ten ticks after the last commit.
+    if t.effects.is_empty()
+        && only_looked(&rec.state, &t.state)
+        && now.since(rec.updated_at) < ctx.tick * crate::context::Looks::COMMIT_EVERY_TICKS
+    {
+        ctx.looks.skipped(id);
+        return Ok(Action::requeue(ctx.tick));
+    }
     // Only the leader's decisions commit, each under its fence.
     let Some(fence) = ctx.leader.fence() else {
         return Ok(Action::requeue(ctx.tick));
     };
     let evaluated = t.state.evaluations > rec.state.evaluations;
     let next = t.state.phase.clone();
-    if let Some(done) = commit(ctx, &rec, t.state, t.effects, "controller", Some(fence)).await? {
+    let committed = commit(ctx, &rec, t.state, t.effects, "controller", Some(fence)).await?;
+    if committed.is_some() {
+        ctx.looks.take(id);
+    }
+    if let Some(done) = committed {
         if evaluated {
             ctx.metrics.evaluation();
         }
@@ -444,6 +477,18 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::requeue(ctx.tick))
 }
 
+/// Whether `after` differs from `before` only by the look it counted:
+/// its verdict, and the ledger's note of a look that counted nothing.
+fn only_looked(before: &RolloutState, after: &RolloutState) -> bool {
+    let mut same = after.clone();
+    same.evaluations = before.evaluations;
+    same.last_verdict.clone_from(&before.last_verdict);
+    same.evidence = after.evidence.counted();
+    let mut was = before.clone();
+    was.evidence = before.evidence.counted();
+    same == was
+}
+
 /// On an error, retry after a back-off that doubles with each consecutive
 /// failure of the rollout (from one tick, at least 500 ms, up to 30 s): the
 /// store is the truth, so a later pass simply starts again from it.
@@ -457,28 +502,46 @@ pub fn error_policy(err: &Error, ctx: &Context, failures: u32) -> Action {
 }
 
 /// When each active rollout is due, from the `Action` its last pass
-/// returned, and how many of its passes failed in a row.
+/// returned, when it was last looked at, and how many of its passes
+/// failed in a row.
 #[derive(Debug, Default)]
 pub struct Schedule {
     due: std::collections::HashMap<i64, tokio::time::Instant>,
+    looked: std::collections::HashMap<i64, tokio::time::Instant>,
     failures: std::collections::HashMap<i64, u32>,
 }
 
 impl Schedule {
-    /// The active rollouts due at `now` (new ones are due at once), in
-    /// order; forgets rollouts no longer active.
-    pub fn due(&mut self, active: &[RolloutRecord], now: tokio::time::Instant) -> Vec<i64> {
-        let live: std::collections::HashSet<i64> = active.iter().map(|r| r.id).collect();
+    /// The active rollouts due at `now`, the one due longest first (new
+    /// ones are due at once, before all): when a pass runs late, no
+    /// rollout waits behind others that waited less. Forgets rollouts no
+    /// longer active.
+    pub fn due(&mut self, active: &[i64], now: tokio::time::Instant) -> Vec<i64> {
+        let live: std::collections::HashSet<i64> = active.iter().copied().collect();
         self.due.retain(|id, _| live.contains(id));
+        self.looked.retain(|id, _| live.contains(id));
         self.failures.retain(|id, _| live.contains(id));
-        active
+        let mut due: Vec<(Option<tokio::time::Instant>, i64)> = active
             .iter()
-            .map(|r| r.id)
-            .filter(|id| self.due.get(id).is_none_or(|t| *t <= now))
+            .map(|id| (self.due.get(id).copied(), *id))
+            .filter(|(at, _)| at.is_none_or(|t| t <= now))
+            .collect();
+        due.sort();
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// How long each of `ids` has waited since its last look (none for a
+    /// first look), noting `now` as its look.
+    pub fn look(&mut self, ids: &[i64], now: tokio::time::Instant) -> Vec<f64> {
+        ids.iter()
+            .filter_map(|id| {
+                let before = self.looked.insert(*id, now)?;
+                Some(now.duration_since(before).as_secs_f64())
+            })
             .collect()
     }
 
-    /// Records a pass's outcome.
+    /// Records the outcome of a look that began at `now`.
     pub fn done(
         &mut self,
         id: i64,
@@ -523,17 +586,29 @@ pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error
     let rollouts = blocking(&ctx.store, |s| s.rollouts(true)).await?;
     ctx.metrics.set_active(&rollouts);
     ctx.stats.next_pass();
-    let due = schedule.due(&rollouts, tokio::time::Instant::now());
+    let started = tokio::time::Instant::now();
+    let ids: Vec<i64> = rollouts.iter().map(|r| r.id).collect();
+    let due = schedule.due(&ids, started);
+    let waits = schedule.look(&due, started);
+    // The records just listed, in the order they are due.
+    let mut listed: std::collections::HashMap<i64, RolloutRecord> =
+        rollouts.into_iter().map(|r| (r.id, r)).collect();
+    let due: Vec<RolloutRecord> = due.iter().filter_map(|id| listed.remove(id)).collect();
     let outcomes: Vec<(i64, Result<Action, Error>)> = futures::stream::iter(due)
-        .map(|id| async move { (id, reconcile(id, ctx).await) })
+        .map(|rec| async move { (rec.id, look(rec, ctx).await) })
         .buffer_unordered(ctx.concurrency.max(1))
         .collect()
         .await;
     let now = tokio::time::Instant::now();
     let n = outcomes.len();
+    // Due again a tick after this look began, not after the pass ended:
+    // a pass that takes part of a tick does not stretch every rollout's
+    // cadence by that part.
     for (id, outcome) in outcomes {
-        schedule.done(id, outcome, ctx, now);
+        schedule.done(id, outcome, ctx, started);
     }
+    ctx.metrics
+        .pass(now.duration_since(started).as_secs_f64(), &waits);
     Ok(n)
 }
 
@@ -583,7 +658,35 @@ mod tests {
     use rollgate_core::Timestamp;
     use rollgate_store::{Model, ModelSpec, Protocol, Revision, RevisionSpec, RevisionState};
 
-    use super::readiness_url;
+    use super::{Schedule, readiness_url};
+
+    #[test]
+    fn a_late_pass_looks_first_at_the_rollout_that_waited_longest() {
+        let t0 = tokio::time::Instant::now();
+        let looked_at = |s: &mut Schedule, id: i64, at, after| {
+            s.due.insert(id, at + after);
+            s.looked.insert(id, at);
+        };
+        let mut s = Schedule::default();
+        let tick = std::time::Duration::from_secs(1);
+        // 3 looked at first, then 1, then 2; 4 is new.
+        looked_at(&mut s, 3, t0, tick);
+        looked_at(&mut s, 1, t0 + tick / 2, tick);
+        looked_at(&mut s, 2, t0 + tick, tick);
+        let late = t0 + tick * 5;
+        assert_eq!(s.due(&[1, 2, 3, 4], late), vec![4, 3, 1, 2]);
+        assert_eq!(
+            s.due(&[1, 2, 3], t0 + tick * 3 / 2),
+            vec![3, 1],
+            "2 is not due yet"
+        );
+        let waits = s.look(&[3, 1, 4], late);
+        assert_eq!(waits, vec![5.0, 4.5], "a first look has no wait");
+        assert!(
+            s.due(&[1], late).len() == 1 && !s.looked.contains_key(&3),
+            "3 ended: forgotten"
+        );
+    }
 
     #[test]
     fn readiness_asks_for_the_name_the_server_serves() {

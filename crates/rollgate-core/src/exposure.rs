@@ -283,6 +283,18 @@ impl Ledger {
             .fold((0, 0), |(r, f), l| (r + l.requests, f + l.failures))
     }
 
+    /// The ledger as far as counts go: without what a look changes when it
+    /// counted nothing (each series' last look, looks that counted no
+    /// request). Two ledgers alike here hold the same evidence.
+    pub fn counted(&self) -> Ledger {
+        let mut out = self.clone();
+        for s in out.series.values_mut() {
+            s.last_seen = Timestamp(0);
+        }
+        out.recent.retain(|l| l.requests > 0 || l.failures > 0);
+        out
+    }
+
     /// How many series are kept apart (archived ones not counted).
     pub fn series_count(&self) -> usize {
         self.series.len()
@@ -509,5 +521,36 @@ mod tests {
         }
         // Looks at 14..=19 s are within 5 s of 19 s.
         assert_eq!(l.recent_champion(Timestamp(19_000), 5000), (60, 50));
+    }
+
+    #[test]
+    fn a_look_that_counted_nothing_leaves_the_counted_ledger_alike() {
+        let mut l = Ledger::default();
+        l.absorb(
+            &Exposure::default().with_epochs("g/1", epochs(&[(1, 5, 1)])),
+            1,
+            Timestamp(1_000),
+        );
+        l.note_champion(Timestamp(1_000), 5, 1, 60_000);
+        let before = l.clone();
+        // The same counts seen again later, the champion's look counting none.
+        l.absorb(
+            &Exposure::default().with_epochs("g/1", epochs(&[(1, 5, 1)])),
+            1,
+            Timestamp(2_000),
+        );
+        l.note_champion(Timestamp(2_000), 0, 0, 60_000);
+        assert_ne!(l, before, "the look is noted");
+        assert_eq!(l.counted(), before.counted(), "but nothing was counted");
+        // A request counted is a difference.
+        l.note_champion(Timestamp(3_000), 1, 0, 60_000);
+        assert_ne!(l.counted(), before.counted());
+        let mut more = before.clone();
+        more.absorb(
+            &Exposure::default().with_epochs("g/1", epochs(&[(1, 6, 1)])),
+            1,
+            Timestamp(3_000),
+        );
+        assert_ne!(more.counted(), before.counted());
     }
 }

@@ -134,6 +134,30 @@ impl Recorders {
         )
     }
 
+    /// As [`Recorders::retire_except`] for one model (`live`: the epoch it
+    /// is routed under, `None` if it is not): what a change of one model's
+    /// route costs, whatever the number of models.
+    pub fn retire_model_except(&self, model: &str, live: Option<&str>) {
+        let known: BTreeSet<String> = lock(&self.revisions)
+            .keys()
+            .chain(lock(&self.pairs).keys())
+            .filter(|(m, _, _)| m == model)
+            .map(|(_, e, _)| e.clone())
+            .collect();
+        let mut retired = lock(&self.retired);
+        let list = retired.entry(model.to_string()).or_default();
+        for epoch in known.iter().filter(|e| Some(e.as_str()) != live) {
+            if !list.contains(epoch) {
+                list.push(epoch.clone());
+            }
+        }
+        list.retain(|e| Some(e.as_str()) != live);
+        while list.len() > RETIRED_EPOCHS_KEPT {
+            let epoch = list.remove(0);
+            self.fold(model, &epoch);
+        }
+    }
+
     /// Notes the epochs now routed; epochs no longer routed are retired,
     /// and beyond [`RETIRED_EPOCHS_KEPT`] per model folded away.
     pub fn retire_except(&self, live: &BTreeSet<(String, String)>) {

@@ -228,7 +228,8 @@ impl RoutingTable {
             Some(Err(u)) => t.insert_unroutable(u),
             None => {}
         }
-        rec.retire_except(&t.live());
+        let live = t.by_name.get(name).map(|r| r.epoch.as_str());
+        rec.retire_model_except(name, live);
         t
     }
 

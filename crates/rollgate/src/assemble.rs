@@ -215,6 +215,7 @@ async fn context(
     local: Option<PushToGateway>,
 ) -> anyhow::Result<Context> {
     Ok(Context {
+        looks: Default::default(),
         anchor: {
             let (audit, data, store) = (c.audit.clone(), data.to_path_buf(), Arc::clone(store));
             tokio::task::spawn_blocking(move || {

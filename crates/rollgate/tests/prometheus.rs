@@ -201,6 +201,15 @@ async fn an_alert_on_the_rollback_counter_sees_the_first_rollback() {
         .await;
     eprintln!("increase(rollgate_rollbacks_total[1m]) after one rollback: {increase}");
     assert!(increase < 2.5, "one rollback, not {increase}");
+    // The controller's cadence: its passes, and the time between two
+    // looks at a rollout, as histograms.
+    for series in [
+        "rollgate_controller_pass_seconds_count",
+        "rollgate_controller_rollout_lag_seconds_count",
+    ] {
+        prom.wait_for(&c, &format!("sum({series})"), |v| v >= 1.0)
+            .await;
+    }
     // Every query of the committed Grafana dashboard is valid PromQL over
     // these metrics, and the traffic panels show the traffic.
     let dashboard: Value = serde_json::from_str(

@@ -38,6 +38,20 @@ struct LeaderView {
     /// (epoch ms), if they have not.
     #[serde(skip_serializing_if = "Option::is_none")]
     store_unreachable_since: Option<Timestamp>,
+    /// Whether this controller keeps its cadence.
+    cadence: Cadence,
+}
+
+/// How often this controller looks at each active rollout.
+#[derive(Debug, Serialize, ToSchema)]
+struct Cadence {
+    /// Every active rollout is looked at this often when the controller
+    /// keeps up (`[controller] tick`).
+    tick_seconds: f64,
+    /// The longest any rollout of the last pass had waited since its
+    /// previous look: above the tick, passes take longer than a tick
+    /// (`rollgate_controller_rollout_lag_seconds` has the distribution).
+    lag_seconds: f64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -102,6 +116,10 @@ pub(super) async fn leader(State(s): State<ApiState>) -> ApiResult<impl IntoResp
         lease,
         store_answered,
         store_unreachable_since: seen.unreachable_since,
+        cadence: Cadence {
+            tick_seconds: s.ctx.tick.as_secs_f64(),
+            lag_seconds: s.ctx.metrics.last_lag(),
+        },
     }))
 }
 
