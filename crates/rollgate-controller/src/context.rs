@@ -87,6 +87,12 @@ impl Looks {
         self.lock().remove(&rollout).unwrap_or(0)
     }
 
+    /// Forgets rollouts no longer active.
+    pub fn keep_only(&self, active: &[i64]) {
+        let active: std::collections::HashSet<&i64> = active.iter().collect();
+        self.lock().retain(|id, _| active.contains(id));
+    }
+
     /// The uncommitted looks at `rollout`.
     pub fn pending(&self, rollout: i64) -> u64 {
         self.lock().get(&rollout).copied().unwrap_or(0)

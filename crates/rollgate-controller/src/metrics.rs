@@ -227,8 +227,11 @@ impl ControllerMetrics {
         for w in waits {
             self.lag_seconds.observe(*w);
         }
-        let largest = waits.iter().copied().fold(0.0, f64::max);
-        *self.last_lag.lock().unwrap_or_else(|p| p.into_inner()) = largest;
+        // A pass with nothing due says nothing of the lag.
+        if !waits.is_empty() {
+            let largest = waits.iter().copied().fold(0.0, f64::max);
+            *self.last_lag.lock().unwrap_or_else(|p| p.into_inner()) = largest;
+        }
     }
 
     /// The longest a rollout looked at in the last pass had waited.
@@ -240,8 +243,9 @@ impl ControllerMetrics {
         self.leader.set(i64::from(leading));
     }
 
-    pub fn evaluation(&self) {
-        self.evaluations.inc();
+    /// `n` looks committed.
+    pub fn evaluations(&self, n: u64) {
+        self.evaluations.inc_by(n);
     }
 
     pub fn rollback(&self, reason: &str) {

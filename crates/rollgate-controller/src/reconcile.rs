@@ -300,10 +300,18 @@ async fn pre_route_to_champion(
     if !back {
         return;
     }
-    let model = rec.spec.model.clone();
-    if let Ok((generation, Some(mut routes))) =
-        blocking(&ctx.store, move |s| versioned_routes(s, &model)).await
-    {
+    let (model, id, version) = (rec.spec.model.clone(), rec.id, rec.version);
+    // Only while the record decided on is still the stored one (a look
+    // uses the record its pass listed): a decision whose commit will
+    // lose to an operator's meanwhile takes nothing back.
+    let read = blocking(&ctx.store, move |s| {
+        if s.rollout(id)?.version != version {
+            return Ok((0, None));
+        }
+        versioned_routes(s, &model)
+    })
+    .await;
+    if let Ok((generation, Some(mut routes))) = read {
         routes.rollout = None;
         route(ctx, &rec.spec.model, Some(routes), generation).await;
     }
@@ -401,6 +409,7 @@ pub async fn reconcile(id: i64, ctx: &Context) -> Result<Action, Error> {
 /// conflict, and the next look reads it).
 async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
     let id = rec.id;
+    let stored_evaluations = rec.state.evaluations;
     // Looks that changed nothing are counted with this one.
     rec.state.evaluations += ctx.looks.pending(id);
     if rec.state.phase.is_terminal() {
@@ -444,6 +453,7 @@ async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
     // evidence that did not move: nothing audited, no routing) is not
     // written until ten ticks after the last commit.
     if t.effects.is_empty()
+        && t.state.evidence.series_count() + 1 < rollgate_core::MAX_SERIES
         && only_looked(&rec.state, &t.state)
         && now.since(rec.updated_at) < ctx.tick * crate::context::Looks::COMMIT_EVERY_TICKS
     {
@@ -462,7 +472,9 @@ async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
     }
     if let Some(done) = committed {
         if evaluated {
-            ctx.metrics.evaluation();
+            // This look and those not committed before it.
+            ctx.metrics
+                .evaluations(done.state.evaluations.saturating_sub(stored_evaluations));
         }
         // A dry run's "rollback" took nothing back: not counted as one.
         if let Phase::RolledBack { reason } = &next
@@ -532,9 +544,14 @@ impl Schedule {
 
     /// How long each of `ids` has waited since its last look (none for a
     /// first look), noting `now` as its look.
+    /// A rollout in error back-off waits by design: not counted.
     pub fn look(&mut self, ids: &[i64], now: tokio::time::Instant) -> Vec<f64> {
         ids.iter()
             .filter_map(|id| {
+                if self.failures.contains_key(id) {
+                    self.looked.insert(*id, now);
+                    return None;
+                }
                 let before = self.looked.insert(*id, now)?;
                 Some(now.duration_since(before).as_secs_f64())
             })
@@ -571,6 +588,12 @@ impl Schedule {
         }
     }
 
+    /// Forgets when rollouts were last looked at (standing by: the next
+    /// leadership's first looks are not late).
+    pub fn stand_by(&mut self) {
+        self.looked.clear();
+    }
+
     /// The earliest time a rollout is due.
     pub fn next(&self) -> Option<tokio::time::Instant> {
         self.due.values().min().copied()
@@ -588,6 +611,7 @@ pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error
     ctx.stats.next_pass();
     let started = tokio::time::Instant::now();
     let ids: Vec<i64> = rollouts.iter().map(|r| r.id).collect();
+    ctx.looks.keep_only(&ids);
     let due = schedule.due(&ids, started);
     let waits = schedule.look(&due, started);
     // The records just listed, in the order they are due.
@@ -630,7 +654,9 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
     let lease = tokio::spawn(keep_lease(ctx.clone()));
     let mut schedule = Schedule::default();
     loop {
-        if ctx.leader.fence().is_some() {
+        if ctx.leader.fence().is_none() {
+            schedule.stand_by();
+        } else {
             if let Err(e) = pass(&ctx, &mut schedule).await {
                 tracing::warn!(error = %e, "listing active rollouts failed; retrying");
             }

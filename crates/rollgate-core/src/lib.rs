@@ -26,7 +26,9 @@ pub mod types;
 pub mod unit;
 pub mod words;
 
-pub use exposure::{Epoch, Exposure, GatewaySnapshot, Ledger, SeriesReport, epoch_label, epoch_of};
+pub use exposure::{
+    Epoch, Exposure, GatewaySnapshot, Ledger, MAX_SERIES, SeriesReport, epoch_label, epoch_of,
+};
 pub use gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
 pub use histogram::{LatencyHistogram, MAX_LATENCY_US};
 pub use plan::{Advance, Mode, Plan, PlanError, Policy};
