@@ -48,6 +48,22 @@ fn shadow(upstreams: &Upstreams, generation: u64, version: &str) -> Desired {
     d
 }
 
+/// 5%, 25% and 50% applied in turn (generations 21–23): each stage's
+/// share and the object as it was right after.
+async fn stages(
+    adapter: &dyn Adapter,
+    upstreams: &Upstreams,
+    api: &Api<DynamicObject>,
+) -> Vec<(u32, DynamicObject)> {
+    let mut out = Vec::new();
+    for (i, bp) in [500u32, 2_500, 5_000].into_iter().enumerate() {
+        let version = format!("7.{}", i + 1);
+        applied(adapter, &upstreams.split(bp, 21 + i as u64, &version)).await;
+        out.push((bp, object(api).await));
+    }
+    out
+}
+
 async fn applied(adapter: &dyn Adapter, d: &Desired) {
     if let Err(e) = adapter.apply(d).await {
         panic!(
@@ -108,13 +124,7 @@ async fn the_kserve_adapter_passes_the_kit_in_knative_mode_and_restores_the_cham
     );
 
     // 5/25/50%: the object's share is the stage's at every step.
-    for (i, bp) in [500u32, 2_500, 5_000].into_iter().enumerate() {
-        applied(
-            adapter,
-            &upstreams.split(bp, 21 + i as u64, &format!("7.{}", i + 1)),
-        )
-        .await;
-        let o = object(&api).await;
+    for (bp, o) in stages(adapter, upstreams, &api).await {
         assert_eq!(
             o.data["spec"]["predictor"]["canaryTrafficPercent"],
             bp / 100,
@@ -288,13 +298,7 @@ async fn the_kserve_adapter_passes_the_kit_in_standard_mode_with_spec_canary() {
     assert_eq!(canary[0]["trafficPercent"], 0, "deployed dark: {o:?}");
     assert_eq!(canary[0]["predictor"]["name"], "r-candidate");
     assert_eq!(o.data["spec"]["predictor"]["name"], "r-champion");
-    for (i, bp) in [500u32, 2_500, 5_000].into_iter().enumerate() {
-        applied(
-            adapter,
-            &upstreams.split(bp, 21 + i as u64, &format!("7.{}", i + 1)),
-        )
-        .await;
-        let o = object(&api).await;
+    for (bp, o) in stages(adapter, upstreams, &api).await {
         assert_eq!(
             o.data["spec"]["canary"][0]["trafficPercent"],
             bp / 100,

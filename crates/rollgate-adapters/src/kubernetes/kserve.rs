@@ -26,7 +26,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use rollgate_store::{GUARDED_PREDICTOR_FIELDS, KserveMode};
 use serde_json::{Value, json};
 
-use super::{Shape, fill};
+use super::{ROUTING, Shape, annotation, fill};
 use crate::{AdapterError, Arm, Desired};
 
 /// What rollgate writes of an `InferenceService`'s predictor beside the
@@ -135,8 +135,9 @@ impl Shape for InferenceServices {
         if self.mode != KserveMode::Knative {
             return Vec::new();
         }
-        let rolled_out =
-            current.and_then(|c| c.metadata.annotations.as_ref()?.get(ROLLED_OUT).cloned());
+        let rolled_out = current
+            .map(|c| annotation(c, ROLLED_OUT))
+            .filter(|r| !r.is_empty());
         let live: Vec<&Arm> = desired.arms.iter().filter(|a| a.weight_bp > 0).collect();
         let alone = match live.as_slice() {
             [only] if desired.shadow.is_none() => &only.revision,
@@ -165,12 +166,10 @@ impl Shape for InferenceServices {
     fn in_force(&self, object: &DynamicObject, _generation: i64) -> Result<(), String> {
         match self.mode {
             KserveMode::Knative => {
-                let routing = object.metadata.annotations.as_ref();
-                let routing = routing.and_then(|a| a.get(super::ROUTING));
-                // Champion-only with a share of 0 routes to a revision that
-                // is up already; anything else (a SHADOW's dark candidate)
-                // must be up itself.
-                let champion_only = routing.is_some_and(|r| r.starts_with("champion:"));
+                // Champion-only at a share of 0 routes to a revision up
+                // already; anything else (a SHADOW's dark candidate) must
+                // be up itself.
+                let champion_only = annotation(object, ROUTING).starts_with("champion:");
                 knative_split(object, !champion_only)
             }
             KserveMode::Standard => standard_split(object),
