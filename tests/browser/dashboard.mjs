@@ -17,6 +17,11 @@
 //                        to the rollout's length, the candidate beside
 //                        the champion for rates and latency, round
 //                        numbers; prints "axes {...}"
+//   lag                  the overview with the controller's answer to
+//                        /api/v1/leader changed to say a rollout waited
+//                        5 s at a 1 s tick: the "behind" warning shows,
+//                        with the wait; at 1.2 s (within 1.5 ticks) it
+//                        goes on the next refresh
 //   weigh ID             bytes transferred for the page and rollout ID's
 //                        view, and the time until its plots are drawn
 import { chromium } from "playwright-core";
@@ -144,6 +149,24 @@ async function run(page) {
       if (buttons !== 0) fail(`a viewer is offered ${buttons} action buttons`);
       const phase = await phaseOf(page);
       console.log(`viewer sees ${phase} and ${buttons} action buttons`);
+      break;
+    }
+    case "lag": {
+      // The controller's own answer, with its cadence set here: whether a
+      // real controller is behind depends on the machine's speed.
+      let lag = 5;
+      await page.route("**/api/v1/leader", async (route) => {
+        const real = await (await route.fetch()).json();
+        if (!real.cadence) fail(`no cadence in ${JSON.stringify(real)}`);
+        real.cadence = { ...real.cadence, tick_seconds: 1, lag_seconds: lag };
+        await route.fulfill({ json: real });
+      });
+      await open(page, "");
+      const said = await page.textContent("#lag", { timeout: 15_000 });
+      console.log(`lag ${said}`);
+      if (!said.includes("5.0 s")) fail(`the warning does not say the wait: ${said}`);
+      lag = 1.2;
+      await page.waitForSelector("#lag", { state: "detached", timeout: 15_000 });
       break;
     }
     case "weigh": {

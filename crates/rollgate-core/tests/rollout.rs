@@ -554,6 +554,49 @@ fn every_evaluation_is_audited_or_summarised_with_its_verdict() {
     );
 }
 
+/// An idle rollout (no request counted, a stage waiting out its minimum
+/// duration) records what it said once; its later looks, which all say
+/// the same, are counted but not recorded again — under both policies,
+/// over an hour of looks a second apart. Evidence that moves is summarised
+/// again (the test above).
+#[test]
+fn an_idle_rollouts_unchanged_looks_are_not_recorded_again() {
+    for policy in [
+        rollgate_core::Policy::Sequential,
+        rollgate_core::Policy::Windowed,
+    ] {
+        let spec = spec(Plan {
+            policy,
+            min_stage_duration: Duration::from_secs(7200),
+            evidence_timeout: Duration::from_secs(7200),
+            ..quick_plan()
+        });
+        let mut state = RolloutState::new(Timestamp(0));
+        let mut records = Vec::new();
+        for s in 0..3600 {
+            let t = observe(&spec, &state, true, Some(Snapshot::default()), s);
+            records.extend(t.effects.iter().filter_map(|e| match e {
+                Effect::Audit { event } if event.kind == AuditKind::Evaluated => Some(s),
+                _ => None,
+            }));
+            state = t.state;
+        }
+        assert!(!state.phase.is_terminal(), "{policy:?}: {:?}", state.phase);
+        assert!(
+            state.evaluations >= 3_590,
+            "{policy:?}: {}",
+            state.evaluations
+        );
+        // The first look, and one per change of what a stage says (into
+        // SHADOW, evidence awaited): a handful, all in the first minutes.
+        assert!(records.len() <= 4, "{policy:?}: records at {records:?}");
+        assert!(
+            records.iter().all(|&s| s < 120),
+            "{policy:?}: records at {records:?}"
+        );
+    }
+}
+
 #[test]
 fn a_gateway_restart_neither_invents_nor_loses_evidence() {
     let spec = spec(quick_plan());

@@ -249,6 +249,14 @@ async fn the_dashboard_follows_explains_and_acts_in_a_real_browser() {
         Check::start(&b, &["viewer", &base2, &vw, &id_s]).passed(Duration::from_secs(90))
     })
     .await;
+    // The overview says when the controller is behind its tick (the
+    // leader's answer changed in the browser: making a real pass late
+    // would need a slow store), and not when it keeps it.
+    let (b, base2, op) = (Arc::clone(&browser), base.clone(), operator.clone());
+    let lag =
+        blocking(move || Check::start(&b, &["lag", &base2, &op]).passed(Duration::from_secs(90)))
+            .await;
+    assert!(lag.iter().any(|l| l.contains("waited 5.0 s")), "{lag:?}");
     let (b, base2, id_s, op) = (
         Arc::clone(&browser),
         base.clone(),

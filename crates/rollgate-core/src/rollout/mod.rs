@@ -17,7 +17,7 @@ mod state;
 
 pub use state::{
     AuditedEvaluation, Awaiting, EPOCHS_TIMED, EVALUATION_SUMMARY_EVERY, Phase, RolloutSpec,
-    RolloutState, Routing, StageClock,
+    RolloutState, Routing, StageClock, gates_fingerprint,
 };
 
 use crate::exposure::{Exposure, StaleSeries};
@@ -305,15 +305,19 @@ fn record_evaluation(
             .as_ref()
             .map_or(0, |c| c.consecutive_breaches)
     );
-    let (due, alike) = match &t.state.audited {
+    let (due, alike) = match &mut t.state.audited {
         None => (true, 0),
-        Some(a) => (
-            a.said != said
-                || note.is_some()
-                || verdict.outcome == Outcome::Fail
-                || now.since(a.at) >= EVALUATION_SUMMARY_EVERY,
-            t.state.evaluations - a.evaluation - 1,
-        ),
+        Some(a) => {
+            let news = a.said != said || note.is_some() || verdict.outcome == Outcome::Fail;
+            let summary = !news && now.since(a.at) >= EVALUATION_SUMMARY_EVERY;
+            let moved = summary && gates_fingerprint(&verdict) != a.gates;
+            if summary && !moved {
+                // Nothing to say: look again in a summary's time, not at
+                // every look (the fingerprint is not free).
+                a.at = now;
+            }
+            (news || moved, t.state.evaluations - a.evaluation - 1)
+        }
     };
     if due {
         let summary =
@@ -326,6 +330,7 @@ fn record_evaluation(
             at: now,
             evaluation: t.state.evaluations,
             said,
+            gates: gates_fingerprint(&verdict),
         });
         audit(
             t,

@@ -247,10 +247,25 @@ pub struct AuditedEvaluation {
     pub evaluation: u64,
     /// Its outcome and reason code.
     pub said: String,
+    /// A fingerprint of its gates (verdicts and the evidence they read):
+    /// a summary is written only if they moved since, so an idle rollout's
+    /// looks, which all say the same, are not recorded again.
+    #[serde(default)]
+    pub gates: u64,
+}
+
+/// A fingerprint of a verdict's gates, for [`AuditedEvaluation::gates`]
+/// (stable within a build; after an upgrade at most one extra summary).
+pub fn gates_fingerprint(v: &StageVerdict) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    format!("{:?}", v.gates).hash(&mut h);
+    h.finish()
 }
 
 /// An evaluation that says what the last one written said is written at
-/// most this often (as a summary); one that says something new, at once.
+/// most this often (as a summary), and only if its gates moved; one that
+/// says something new, at once.
 pub const EVALUATION_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl RolloutState {
