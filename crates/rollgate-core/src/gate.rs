@@ -71,7 +71,14 @@ pub enum Reason {
     /// The candidate's requests come from fewer unit groups (of keys) than
     /// the 8 needed to judge per key: the gate may fail but not pass
     /// (docs/statistics.md, "The statistical unit").
-    TooFewKeys { groups: u64, need: u64 },
+    TooFewKeys {
+        groups: u64,
+        need: u64,
+        /// The keys the model's traffic carries: declared (`plan.keys`) or
+        /// estimated from the unit groups it occupies; absent when many.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keys: Option<u64>,
+    },
     /// The champion has too few samples to judge, so the candidate cannot be
     /// judged against it either.
     ChampionNoVerdict { have: u64, need: u64 },

@@ -10,6 +10,7 @@ pub mod exposition;
 pub mod exposure;
 pub mod gate;
 pub mod histogram;
+pub mod keys;
 mod memo;
 pub mod plan;
 pub mod plot;

@@ -59,6 +59,13 @@ pub struct Plan {
     pub reject_on: RejectOn,
     /// How live traffic is split: per key (sticky) or per request.
     pub assignment: Assignment,
+    /// About how many distinct keys (users, tenants) the model's traffic
+    /// carries, when a team knows it is few: a sticky `sequential` plan
+    /// whose steps cannot hold the keys a stage needs to be judged per key
+    /// is refused up front (see `rollgate_core::keys`). Unset, rollgate
+    /// estimates it from the traffic during the rollout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<u64>,
     /// A candidate request that cannot reach the candidate (connection
     /// refused) is sent to the champion instead; the candidate's failure
     /// is still counted, and so is the fallback.
@@ -273,6 +280,7 @@ impl Default for Plan {
             outage_window: Duration::from_secs(5),
             reject_on: RejectOn::ShownWorse,
             assignment: Assignment::Sticky,
+            keys: None,
             fallback_to_champion: false,
             gates: Gates::default(),
             approvals: Vec::new(),
@@ -515,6 +523,31 @@ mod tests {
         assert_eq!(field_of(|p| p.steps = vec![0, 5]), "steps[0]");
         assert_eq!(field_of(|p| p.steps = vec![5, 100]), "steps[1]");
         assert_eq!(field_of(|p| p.steps = vec![]), "steps");
+    }
+
+    /// A declared key count that a sticky step cannot hold enough of is
+    /// refused at that step, saying what works; split per request, or with
+    /// steps large enough, the same count is fine.
+    #[test]
+    fn steps_must_hold_enough_of_the_declared_keys() {
+        let few = |p: &mut Plan| p.keys = Some(12);
+        assert_eq!(field_of(few), "steps[0]");
+        let mut p = Plan::default();
+        few(&mut p);
+        let e = p.validate().expect_err("5% of 12 keys");
+        assert!(
+            e.message.contains("0.6 keys") && e.message.contains("67%"),
+            "{e}"
+        );
+        p.steps = vec![70, 90];
+        assert_eq!(p.validate(), Ok(()));
+        p.steps = vec![5, 25, 50];
+        p.assignment = Assignment::PerRequest;
+        assert_eq!(p.validate(), Ok(()));
+        p.assignment = Assignment::Sticky;
+        p.keys = Some(10_000);
+        assert_eq!(p.validate(), Ok(()));
+        assert_eq!(field_of(|p| p.keys = Some(0)), "keys");
     }
 
     #[test]

@@ -51,6 +51,14 @@ pub enum StageReason {
     MetricsMissing {
         gates: Vec<GateKind>,
     },
+    /// A sticky canary stage can never be judged per key: its weight gives
+    /// the candidate on average fewer than half the keys a stage needs, of
+    /// the `keys` the model's traffic carries (declared or estimated).
+    /// Fails safe after the stage's minimum duration, not at its deadline.
+    TooFewKeys {
+        keys: u64,
+        weight_percent: u32,
+    },
     /// Every gate showed the candidate within budget.
     AllGatesPass,
     /// The stage passed on time (`advance = "on_time"`): no gate showed a
@@ -73,6 +81,7 @@ impl StageReason {
             StageReason::AwaitingEvidence { .. } => "awaiting_evidence",
             StageReason::EvidenceTimeout { .. } => "evidence_timeout",
             StageReason::MetricsMissing { .. } => "metrics_missing",
+            StageReason::TooFewKeys { .. } => "too_few_keys",
             StageReason::AllGatesPass => "all_gates_pass",
             StageReason::NoRegressionShown { .. } => "no_regression_shown",
         }
@@ -149,6 +158,10 @@ pub enum RollbackReason {
     EvidenceTimeout { gates: Vec<GateKind> },
     /// Traffic was seen but metrics were missing.
     MetricsMissing { gates: Vec<GateKind> },
+    /// A sticky stage could never be judged per key with the keys the
+    /// model's traffic carries (the candidate is not rejected: nothing was
+    /// shown against it).
+    TooFewKeys { keys: u64, weight_percent: u32 },
     /// The `sequential` policy's anytime-valid test rejected "no worse than
     /// the champion" (its error is bounded by `sequential.alpha` over the
     /// whole rollout, so no confirmation is needed).
@@ -187,12 +200,13 @@ impl RollbackReason {
 
     /// Every reason's [`code`](Self::code), so a counter by reason can
     /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 8] = [
+    pub const CODES: [&'static str; 9] = [
         "readiness_timeout",
         "breach",
         "gross_breach",
         "evidence_timeout",
         "metrics_missing",
+        "too_few_keys",
         "anytime_breach",
         "approval_timeout",
         "routing_not_applied",
@@ -205,6 +219,7 @@ impl RollbackReason {
             RollbackReason::GrossBreach { .. } => "gross_breach",
             RollbackReason::EvidenceTimeout { .. } => "evidence_timeout",
             RollbackReason::MetricsMissing { .. } => "metrics_missing",
+            RollbackReason::TooFewKeys { .. } => "too_few_keys",
             RollbackReason::AnytimeBreach { .. } => "anytime_breach",
             RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
             RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",

@@ -441,10 +441,18 @@ fn serde_reason(g: &GateVerdict) -> String {
     match &g.reason {
         WithinBudget => "within budget".into(),
         InsufficientSamples { have, need } => format!("{have}/{need} samples"),
-        TooFewKeys { groups, need } => format!(
-            "the candidate's requests come from {groups} of the {need} key groups needed \
-             to judge per key (few keys: split per request, or run SHADOW first)"
-        ),
+        TooFewKeys { groups, need, keys } => {
+            let about = keys.map_or(String::new(), |k| {
+                format!(
+                    "; the model's traffic carries about {k} keys: {}",
+                    crate::keys::advice(k)
+                )
+            });
+            format!(
+                "the candidate's requests come from {groups} of the {need} key groups needed \
+                 to judge per key{about}"
+            )
+        }
         ChampionNoVerdict { have, need } => format!("champion has {have}/{need} samples"),
         Inconclusive => "inconclusive".into(),
         Breach => "breach".into(),
@@ -555,6 +563,14 @@ fn rollback_words(r: &RollbackReason) -> String {
         RollbackReason::MetricsMissing { gates } => {
             format!("traffic seen but metrics missing ({})", names(gates))
         }
+        RollbackReason::TooFewKeys {
+            keys,
+            weight_percent,
+        } => format!(
+            "a {weight_percent}% stage of about {keys} keys holds too few of them to be \
+             judged per key: {}",
+            crate::keys::advice(*keys)
+        ),
         RollbackReason::AnytimeBreach { gates } => {
             format!(
                 "{} shown worse than the champion (anytime-valid test)",
@@ -627,6 +643,40 @@ mod tests {
             ..Plan::default()
         };
         assert!(rejection_line(&starved, &strict).starts_with("candidate REJECTED"));
+    }
+
+    /// Few keys are said with the keys and what works, while a gate waits
+    /// and when the stage fails; the candidate is not rejected.
+    #[test]
+    fn too_few_keys_say_how_many_and_what_works() {
+        use crate::gate::{Evidence, GateVerdict, Reason};
+        let evidence = Evidence::Latency {
+            candidate_successes: 40,
+            champion_successes: 900,
+            median: None,
+            tail: None,
+        };
+        let reason = Reason::TooFewKeys {
+            groups: 1,
+            need: 8,
+            keys: Some(12),
+        };
+        let g = GateVerdict::new(GateKind::Latency, crate::Outcome::Wait, reason, evidence);
+        let line = gate_lines(&g).join("\n");
+        assert!(
+            line.contains("about 12 keys") && line.contains("67%"),
+            "{line}"
+        );
+        let failed = RollbackReason::TooFewKeys {
+            keys: 12,
+            weight_percent: 5,
+        };
+        let said = rollback_words(&failed);
+        assert!(
+            said.contains("5% stage of about 12 keys") && said.contains("per_request"),
+            "{said}"
+        );
+        assert!(rejection_line(&failed, &Plan::default()).starts_with("candidate not rejected"));
     }
 
     #[test]

@@ -76,3 +76,44 @@ fn a_stage_holding_few_keys_never_passes_a_failing_candidate() {
         );
     }
 }
+
+/// The same 12-key model with an identical candidate: a 5% stage holds
+/// about 0.6 keys and can never reach the per-key floor, so the rollout
+/// says so and fails safe once the stage's minimum duration is over —
+/// not ten minutes later at its evidence deadline — naming the keys it
+/// estimated and the stage's weight, without rejecting the candidate.
+#[test]
+fn a_stage_that_cannot_hold_enough_keys_fails_fast_and_says_why() {
+    let m = matrix();
+    let s = m
+        .scenarios
+        .iter()
+        .find(|s| s.name == "conc-12-keys-sticky")
+        .expect("scenario");
+    let plan = s.plan(&m.plan);
+    for seed in 0..12 {
+        let r = simulate(&m.plan, s, seed);
+        let Phase::RolledBack { reason } = &r.phase else {
+            panic!("seed {seed}: {:?}", r.phase);
+        };
+        let RollbackReason::TooFewKeys {
+            keys,
+            weight_percent,
+        } = reason
+        else {
+            panic!("seed {seed}: {reason:?}");
+        };
+        assert_eq!(*weight_percent, m.plan.steps[0], "seed {seed}");
+        assert!(
+            (6..=24).contains(keys),
+            "seed {seed}: estimated {keys} keys"
+        );
+        let min = plan.min_stage_duration.as_secs_f64();
+        assert!(
+            r.seconds >= min && r.seconds < min + 5.0,
+            "seed {seed}: decided at {} s",
+            r.seconds
+        );
+        assert!(!reason.rejects(&plan), "seed {seed}: candidate rejected");
+    }
+}

@@ -35,7 +35,8 @@ pub fn summary(rec: &AuditRecord) -> String {
             let gates = match reason {
                 rollgate_core::RollbackReason::ReadinessTimeout
                 | rollgate_core::RollbackReason::ApprovalTimeout { .. }
-                | rollgate_core::RollbackReason::RoutingNotApplied { .. } => vec![],
+                | rollgate_core::RollbackReason::RoutingNotApplied { .. }
+                | rollgate_core::RollbackReason::TooFewKeys { .. } => vec![],
                 rollgate_core::RollbackReason::Breach { gates, .. }
                 | rollgate_core::RollbackReason::GrossBreach { gates }
                 | rollgate_core::RollbackReason::EvidenceTimeout { gates }

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    ApprovalPoint, ErrorRateGate, Gates, GuardRails, LatencyGate, Plan, PlanError, SequentialPlan,
-    ShadowGate, ShadowPlan, ShiftGate,
+    ApprovalPoint, Assignment, ErrorRateGate, Gates, GuardRails, LatencyGate, Plan, PlanError,
+    Policy, SequentialPlan, ShadowGate, ShadowPlan, ShiftGate,
 };
 
 /// The error naming `field`.
@@ -71,12 +71,18 @@ impl Plan {
         if self.steps.is_empty() {
             return Err(err("steps", "needs at least one canary step"));
         }
+        if let Some(keys) = self.keys {
+            count("keys", keys)?;
+        }
         for (i, &s) in self.steps.iter().enumerate() {
             if !(1..=99).contains(&s) {
                 return Err(err(
                     &format!("steps[{i}]"),
                     format!("must be a percentage in 1..=99, got {s}"),
                 ));
+            }
+            if let Some(problem) = self.too_few_keys_for(s) {
+                return Err(err(&format!("steps[{i}]"), problem));
             }
             if i > 0 && s <= self.steps[i - 1] {
                 return Err(err(
@@ -90,6 +96,23 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// A sticky `sequential` step that cannot hold the keys a stage needs
+    /// to be judged per key, with the declared `keys`, in words.
+    fn too_few_keys_for(&self, step: u32) -> Option<String> {
+        let keys = self.keys?;
+        let judged_per_key =
+            self.assignment == Assignment::Sticky && self.policy == Policy::Sequential;
+        (judged_per_key && crate::keys::too_few(keys, step)).then(|| {
+            format!(
+                "a {step}% stage of {keys} keys (plan.keys) holds {:.1} keys on average, fewer \
+                 than the {} a stage needs to be judged per key: {}",
+                crate::keys::in_stage(keys, step),
+                crate::unit::MIN_UNITS,
+                crate::keys::advice(keys)
+            )
+        })
     }
 
     /// The evidence deadline (positive, at least the minimum stage

@@ -76,6 +76,13 @@ pub(super) fn failed_safe(reason: &StageReason) -> RollbackReason {
         StageReason::EvidenceTimeout { gates } => RollbackReason::EvidenceTimeout {
             gates: gates.clone(),
         },
+        &StageReason::TooFewKeys {
+            keys,
+            weight_percent,
+        } => RollbackReason::TooFewKeys {
+            keys,
+            weight_percent,
+        },
         _ => RollbackReason::EvidenceTimeout { gates: vec![] },
     }
 }

@@ -61,7 +61,7 @@ use crate::gate::{
     shift_verdict,
 };
 use crate::histogram::LatencyHistogram;
-use crate::plan::Plan;
+use crate::plan::{Assignment, Plan};
 use crate::safety::{champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
@@ -489,16 +489,44 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
         },
     ));
     let (champion, outage_ended) = champion_now(plan, state, ledger, input.now, h.latency());
-    let groups = candidate_groups(&whole, input.candidate);
-    hold_below_stage_floors(plan, &mut gates, (ledger, groups), input, outage_ended);
+    let (outcome, reason) = judge_stage(
+        plan,
+        input,
+        (ledger, &whole),
+        &mut gates,
+        (&champion, outage_ended),
+    );
+    base(outcome, reason, Some(champion), gates)
+}
+
+/// The stage's outcome from its gates: held below the stage's floors (its
+/// own samples, the per-key floor), judged by the shared rule chain, and
+/// failed fast when it can never hold the keys it needs.
+fn judge_stage(
+    plan: &Plan,
+    input: &LookInput,
+    (ledger, whole): (&Ledger, &Snapshot),
+    gates: &mut [GateVerdict],
+    (champion, outage_ended): (&ChampionHealth, bool),
+) -> (Outcome, StageReason) {
+    let groups = candidate_groups(whole, input.candidate);
+    let keys = model_keys(plan, whole, (input.champion, input.candidate));
+    hold_below_stage_floors(plan, gates, (ledger, groups, keys), input, outage_ended);
     let (outcome, reason) = judge(
         plan,
         plan.sequential.advance,
-        &champion,
-        &gates,
+        champion,
+        gates,
         input.elapsed,
     );
-    base(outcome, reason, Some(champion), gates)
+    // Only a stage waiting for evidence (rule 4), never one held by a
+    // shared outage.
+    match reason {
+        StageReason::AwaitingEvidence { .. } => {
+            few_keys_fail_fast(plan, input, gates, (groups, keys)).unwrap_or((outcome, reason))
+        }
+        _ => (outcome, reason),
+    }
 }
 
 /// Each stage needs its own sample floor before it may pass, whatever the
@@ -508,7 +536,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
 fn hold_below_stage_floors(
     plan: &Plan,
     gates: &mut [GateVerdict],
-    (ledger, groups): (&Ledger, usize),
+    (ledger, groups, keys): (&Ledger, usize, Option<u64>),
     input: &LookInput,
     outage_ended: bool,
 ) {
@@ -528,7 +556,7 @@ fn hold_below_stage_floors(
         if let Some(r) = stage_floor(plan, v.gate, &stage_window) {
             v.outcome = Outcome::Wait;
             v.reason = r;
-        } else if let Some(r) = unit_floor(v.gate, groups) {
+        } else if let Some(r) = unit_floor(v.gate, groups, keys) {
             v.outcome = Outcome::Wait;
             v.reason = r;
         }
@@ -553,7 +581,7 @@ fn candidate_groups(whole: &Snapshot, candidate: &str) -> usize {
 /// still fail). A stage of a model with few keys then fails safe at its
 /// deadline instead of passing on one or two users. A source without unit
 /// groups (no group holds anything) states independence and is not held.
-fn unit_floor(gate: GateKind, groups: usize) -> Option<Reason> {
+fn unit_floor(gate: GateKind, groups: usize, keys: Option<u64>) -> Option<Reason> {
     let tempered = matches!(
         gate,
         GateKind::ErrorRate | GateKind::GuardRails | GateKind::Latency
@@ -561,7 +589,64 @@ fn unit_floor(gate: GateKind, groups: usize) -> Option<Reason> {
     (tempered && (1..MIN_UNITS).contains(&groups)).then_some(Reason::TooFewKeys {
         groups: groups as u64,
         need: MIN_UNITS as u64,
+        keys,
     })
+}
+
+/// The keys the model's traffic carries, if few enough to matter: the
+/// plan's declared count, or an estimate from the unit groups either arm's
+/// requests occupied over the rollout ([`crate::keys::estimate`]) once the
+/// requests are many enough for every key to have shown. `None` when
+/// split per request (the request is the unit).
+fn model_keys(plan: &Plan, whole: &Snapshot, (champion, candidate): (&str, &str)) -> Option<u64> {
+    if plan.assignment == Assignment::PerRequest {
+        return None;
+    }
+    if plan.keys.is_some() {
+        return plan.keys;
+    }
+    let mut occupied = BTreeMap::<u16, u64>::new();
+    for id in [champion, candidate] {
+        for (g, u) in whole.revision(id).units() {
+            *occupied.entry(*g).or_default() += u.requests;
+        }
+    }
+    occupied.retain(|_, requests| *requests > 0);
+    let requests = occupied.values().sum();
+    crate::keys::estimate(occupied.len()).filter(|&k| crate::keys::seen_all(k, requests))
+}
+
+/// A canary stage starved below the per-key floor that can never reach it
+/// fails as soon as its minimum duration is over (its keys have had time
+/// to show), naming why, instead of at its evidence deadline: its weight
+/// gives the candidate on average fewer than half the keys the floor
+/// needs ([`crate::keys::hopeless`]) — often none at all. Not a breach:
+/// nothing was shown against the candidate.
+fn few_keys_fail_fast(
+    plan: &Plan,
+    input: &LookInput,
+    gates: &[GateVerdict],
+    (groups, keys): (usize, Option<u64>),
+) -> Option<(Outcome, StageReason)> {
+    let keys = keys?;
+    let held = groups < MIN_UNITS && gates.iter().any(GateVerdict::starving);
+    // The stage's index among the canary steps.
+    let canary = input
+        .stage_starts
+        .len()
+        .checked_sub(1 + usize::from(plan.shadow.enabled))?;
+    let weight_percent = *plan.steps.get(canary)?;
+    (input.stage == StageKind::Canary
+        && held
+        && input.elapsed >= plan.min_stage_duration
+        && crate::keys::hopeless(keys, weight_percent))
+    .then_some((
+        Outcome::Fail,
+        StageReason::TooFewKeys {
+            keys,
+            weight_percent,
+        },
+    ))
 }
 
 /// The candidate's and the champion's stats in `s`.
