@@ -189,6 +189,9 @@ fn degrees_of_freedom(sizes: impl Iterator<Item = f64>, groups: f64) -> f64 {
     (sum * sum / squares).clamp(1.0, (groups - 1.0).max(1.0))
 }
 
+/// The fewest degrees of freedom the small-sample factor is taken at.
+const MIN_DF: f64 = 3.0;
+
 /// The tail at which a studentised count is calibrated: about where an
 /// e-process at a rollout's `α` crosses its boundary (z ≈ 3.1).
 const SMALL_SAMPLE_TAIL: f64 = 0.001;
@@ -251,8 +254,13 @@ fn count_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -> (f64, f64
         return (1.0, n, k);
     }
     match sandwich(groups.into_iter()) {
-        Some((var, df)) => (var * small_sample_factor(df) / k, n, k),
+        // Bounded: below MIN_DF degrees of freedom the factor stays at
+        // MIN_DF's (about 11), so one key holding nearly all of an arm's
+        // volume (df ≈ 1, factor ~10⁴) weakens the count, not erases it.
+        Some((var, df)) => (var * small_sample_factor(df.max(MIN_DF)) / k, n, k),
         None => {
+            // Each group taken as one unit: the variance if every group's
+            // count moved as one.
             let squares: f64 = units.values().map(|u| (pick(u).1 as f64).powi(2)).sum();
             (squares / k, n, k)
         }
@@ -533,6 +541,26 @@ mod tests {
         assert_eq!(degrees_of_freedom([10.0; 64].into_iter(), 64.0), 63.0);
         let one_heavy = degrees_of_freedom([1.0; 63].into_iter().chain([630.0]), 64.0);
         assert!((1.0..1.3).contains(&one_heavy), "{one_heavy}");
+    }
+
+    /// The factor is bounded: one key holding nearly all of an arm's
+    /// volume (df ≈ 1, where the factor would be ~10⁴) weakens the count
+    /// by the factor at MIN_DF degrees of freedom (about 11), no more.
+    #[test]
+    fn the_small_sample_factor_is_bounded() {
+        let pick = |u: &UnitTotals| (u.requests, u.failures);
+        let mut groups = vec![(10, 1); 9];
+        groups.push((100_000, 30_000));
+        let (d, _, k) = count_effect(&units_of(&groups), pick);
+        let raw = sandwich(groups.iter().map(|&(n, k)| (n as f64, k as f64)))
+            .map(|(v, _)| v / k)
+            .expect("10 groups");
+        let most = small_sample_factor(MIN_DF);
+        assert!((10.0..12.0).contains(&most), "{most}");
+        assert!(
+            (d / raw - most).abs() < 1e-9 * most,
+            "{d} vs {raw} x {most}"
+        );
     }
 
     /// Calibration under heavy keys, as the error test compares the arms:

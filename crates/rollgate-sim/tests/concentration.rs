@@ -117,3 +117,29 @@ fn a_stage_that_cannot_hold_enough_keys_fails_fast_and_says_why() {
         assert!(!reason.rejects(&plan), "seed {seed}: candidate rejected");
     }
 }
+
+/// Many keys with heavy volumes and little traffic look, early on, like a
+/// model with few keys (a few keys send most requests); rollgate must not
+/// fail such a model's stages as `too_few_keys`.
+#[test]
+fn a_model_with_many_heavy_tailed_keys_is_not_taken_for_a_few_key_one() {
+    let m = matrix();
+    let s = m
+        .scenarios
+        .iter()
+        .find(|s| s.name == "conc-sigma4-1000-keys-10rps")
+        .expect("scenario");
+    for seed in 0..12 {
+        let r = simulate(&m.plan, s, seed);
+        assert!(
+            !matches!(
+                &r.phase,
+                Phase::RolledBack {
+                    reason: RollbackReason::TooFewKeys { .. }
+                }
+            ),
+            "seed {seed}: {:?}",
+            r.phase
+        );
+    }
+}

@@ -596,8 +596,8 @@ fn unit_floor(gate: GateKind, groups: usize, keys: Option<u64>) -> Option<Reason
 /// The keys the model's traffic carries, if few enough to matter: the
 /// plan's declared count, or an estimate from the unit groups either arm's
 /// requests occupied over the rollout ([`crate::keys::estimate`]) once the
-/// requests are many enough for every key to have shown. `None` when
-/// split per request (the request is the unit).
+/// requests say every key has shown ([`crate::keys::seen_all`]). `None`
+/// when split per request (the request is the unit).
 fn model_keys(plan: &Plan, whole: &Snapshot, (champion, candidate): (&str, &str)) -> Option<u64> {
     if plan.assignment == Assignment::PerRequest {
         return None;
@@ -613,7 +613,8 @@ fn model_keys(plan: &Plan, whole: &Snapshot, (champion, candidate): (&str, &str)
     }
     occupied.retain(|_, requests| *requests > 0);
     let requests = occupied.values().sum();
-    crate::keys::estimate(occupied.len()).filter(|&k| crate::keys::seen_all(k, requests))
+    let rarest = occupied.values().copied().min().unwrap_or(0);
+    crate::keys::estimate(occupied.len()).filter(|&k| crate::keys::seen_all(k, requests, rarest))
 }
 
 /// A canary stage starved below the per-key floor that can never reach it

@@ -308,7 +308,10 @@ fn record_evaluation(
     let (due, alike) = match &mut t.state.audited {
         None => (true, 0),
         Some(a) => {
-            let news = a.said != said || note.is_some() || verdict.outcome == Outcome::Fail;
+            // A failing look is news (it decides), but not again and again
+            // while a pause holds the rollout on it.
+            let failing = verdict.outcome == Outcome::Fail && !t.state.paused;
+            let news = a.said != said || note.is_some() || failing;
             let summary = !news && now.since(a.at) >= EVALUATION_SUMMARY_EVERY;
             let moved = summary && gates_fingerprint(&verdict) != a.gates;
             if summary && !moved {

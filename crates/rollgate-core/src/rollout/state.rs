@@ -10,7 +10,7 @@ use crate::exposure::Ledger;
 use crate::plan::{ApprovalPoint, Assignment, Plan};
 use crate::policy::PolicyTests;
 use crate::policy::sequential::SequentialState;
-use crate::stage::{RollbackReason, StageKind, StageVerdict};
+use crate::stage::{RollbackReason, StageKind, StageReason, StageVerdict};
 use crate::types::{Epoch, Timestamp};
 
 /// Where a rollout stands.
@@ -254,12 +254,18 @@ pub struct AuditedEvaluation {
     pub gates: u64,
 }
 
-/// A fingerprint of a verdict's gates, for [`AuditedEvaluation::gates`]
-/// (stable within a build; after an upgrade at most one extra summary).
+/// A fingerprint of what a verdict read, for [`AuditedEvaluation::gates`]:
+/// its gates, the champion's health and its reason (but the time left of
+/// a minimum duration, which moves at every look). Stable within a build;
+/// after an upgrade at most one extra summary.
 pub fn gates_fingerprint(v: &StageVerdict) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
-    format!("{:?}", v.gates).hash(&mut h);
+    let reason = match v.reason {
+        StageReason::MinDuration { .. } => None,
+        ref r => Some(r),
+    };
+    format!("{:?}{:?}{:?}", v.gates, v.champion, reason).hash(&mut h);
     h.finish()
 }
 
