@@ -597,6 +597,45 @@ fn an_idle_rollouts_unchanged_looks_are_not_recorded_again() {
     }
 }
 
+/// A stage that fails safe while paused (here: no stats past its
+/// deadline) is held, and its failing look is recorded once, not at every
+/// look of the pause.
+#[test]
+fn a_failing_look_held_by_a_pause_is_recorded_once() {
+    let spec = spec(quick_plan());
+    let mut state = observe(&spec, &RolloutState::new(Timestamp(0)), true, None, 0).state;
+    state = step(
+        &spec,
+        &state,
+        Input::Operator {
+            actor: "alice".into(),
+            action: OperatorAction::Pause,
+        },
+        Timestamp(0),
+    )
+    .expect("pause")
+    .state;
+    let mut failing = 0;
+    for s in 1..600 {
+        let t = observe(&spec, &state, true, None, s);
+        failing += t
+            .effects
+            .iter()
+            .filter(|e| {
+                matches!(e, Effect::Audit { event } if event.kind == AuditKind::Evaluated
+                && event.verdict.as_ref().is_some_and(|v| v.outcome == Outcome::Fail))
+            })
+            .count();
+        state = t.state;
+    }
+    assert!(!state.phase.is_terminal(), "{:?}", state.phase);
+    assert_eq!(
+        state.last_verdict.as_ref().map(|v| v.outcome),
+        Some(Outcome::Fail)
+    );
+    assert_eq!(failing, 1, "failing looks recorded while paused");
+}
+
 #[test]
 fn a_gateway_restart_neither_invents_nor_loses_evidence() {
     let spec = spec(quick_plan());
