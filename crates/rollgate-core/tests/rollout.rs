@@ -189,6 +189,15 @@ fn audits(effects: &[Effect]) -> Vec<AuditKind> {
         .collect()
 }
 
+/// `state` paused by an operator at time 0.
+fn paused(spec: &RolloutSpec, state: &RolloutState) -> RolloutState {
+    let pause = Input::Operator {
+        actor: "alice".into(),
+        action: OperatorAction::Pause,
+    };
+    step(spec, state, pause, Timestamp(0)).expect("pause").state
+}
+
 fn observe(
     spec: &RolloutSpec,
     state: &RolloutState,
@@ -604,17 +613,7 @@ fn an_idle_rollouts_unchanged_looks_are_not_recorded_again() {
 fn a_failing_look_held_by_a_pause_is_recorded_once() {
     let spec = spec(quick_plan());
     let mut state = observe(&spec, &RolloutState::new(Timestamp(0)), true, None, 0).state;
-    state = step(
-        &spec,
-        &state,
-        Input::Operator {
-            actor: "alice".into(),
-            action: OperatorAction::Pause,
-        },
-        Timestamp(0),
-    )
-    .expect("pause")
-    .state;
+    state = paused(&spec, &state);
     let mut failing = 0;
     for s in 1..600 {
         let t = observe(&spec, &state, true, None, s);
@@ -702,17 +701,7 @@ fn paused_rollout_does_not_advance_but_still_rolls_back_on_a_breach() {
     )
     .state;
     traffic.routing = Routing::for_phase(&spec.plan, &Phase::Shadow);
-    state = step(
-        &spec,
-        &state,
-        Input::Operator {
-            actor: "alice".into(),
-            action: OperatorAction::Pause,
-        },
-        Timestamp(0),
-    )
-    .expect("pause")
-    .state;
+    state = paused(&spec, &state);
     for s in 1..=120 {
         traffic.tick();
         state = observe(&spec, &state, true, Some(traffic.snapshot.clone()), s).state;

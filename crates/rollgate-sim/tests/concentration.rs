@@ -19,6 +19,13 @@ fn matrix() -> Matrix {
     toml::from_str(&std::fs::read_to_string(path).expect("scenario file")).expect("valid matrix")
 }
 
+fn scenario<'a>(m: &'a Matrix, name: &str) -> &'a rollgate_sim::Scenario {
+    m.scenarios
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("scenario {name}"))
+}
+
 #[test]
 fn a_failing_bot_in_the_first_canary_step_does_not_roll_back_an_identical_candidate() {
     let m = matrix();
@@ -62,11 +69,7 @@ fn a_failing_bot_in_the_first_canary_step_does_not_roll_back_an_identical_candid
 #[test]
 fn a_stage_holding_few_keys_never_passes_a_failing_candidate() {
     let m = matrix();
-    let s = m
-        .scenarios
-        .iter()
-        .find(|s| s.name == "conc-12-keys-sticky-50pct-failing")
-        .expect("scenario");
+    let s = scenario(&m, "conc-12-keys-sticky-50pct-failing");
     for seed in 0..12 {
         let r = simulate(&m.plan, s, seed);
         assert!(
@@ -85,11 +88,7 @@ fn a_stage_holding_few_keys_never_passes_a_failing_candidate() {
 #[test]
 fn a_stage_that_cannot_hold_enough_keys_fails_fast_and_says_why() {
     let m = matrix();
-    let s = m
-        .scenarios
-        .iter()
-        .find(|s| s.name == "conc-12-keys-sticky")
-        .expect("scenario");
+    let s = scenario(&m, "conc-12-keys-sticky");
     let plan = s.plan(&m.plan);
     for seed in 0..12 {
         let r = simulate(&m.plan, s, seed);
@@ -124,11 +123,7 @@ fn a_stage_that_cannot_hold_enough_keys_fails_fast_and_says_why() {
 #[test]
 fn a_model_with_many_heavy_tailed_keys_is_not_taken_for_a_few_key_one() {
     let m = matrix();
-    let s = m
-        .scenarios
-        .iter()
-        .find(|s| s.name == "conc-sigma4-1000-keys-10rps")
-        .expect("scenario");
+    let s = scenario(&m, "conc-sigma4-1000-keys-10rps");
     for seed in 0..12 {
         let r = simulate(&m.plan, s, seed);
         assert!(
