@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a throwaway Kubernetes API server for custom resources (etcd and
 # apiextensions-apiserver, prebuilt: ../shared/k8s/README.md) on 127.0.0.1,
-# in a temporary directory, and installs the CRDs of tests/k8s/crds. Prints
+# in a temporary directory, and installs the CRDs of tests/k8s/crds and deploy/kubernetes/crds.yaml. Prints
 # shell assignments to eval:
 #   export ROLLGATE_K8S_URL=https://127.0.0.1:PORT
 #   export ROLLGATE_K8S_CA=DIR/certs/apiserver.crt   (its self-signed certificate)
@@ -31,7 +31,9 @@ api_port=$api_port
 ENV
 "$here/ctl.sh" start "$dir" >&2
 url="https://127.0.0.1:$api_port"
-for crd in "$here"/crds/*.yaml; do
+# The routing kinds the adapters write (tests/k8s/crds) and rollgate's own
+# (deploy/kubernetes/crds.yaml, as users apply them).
+for crd in "$here"/crds/*.yaml "$here/../../deploy/kubernetes/crds.yaml"; do
   # One CRD per document.
   awk -v out="$dir/crd-$(basename "$crd" .yaml)" 'BEGIN{n=0} /^---/{n++; next} {print > (out "-" n ".yaml")}' "$crd"
 done

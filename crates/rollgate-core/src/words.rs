@@ -117,6 +117,17 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
     lines
 }
 
+/// A gate in a few words, for a column (`kubectl get`): its outcome and
+/// reason, no numbers (`error_rate WAIT (120/200 samples)`).
+pub fn gate_summary(g: &GateVerdict) -> String {
+    format!(
+        "{} {} ({})",
+        g.gate.as_str(),
+        outcome(g.outcome),
+        serde_reason(g)
+    )
+}
+
 /// The numbers a gate's test used, one kind of evidence at a time: what
 /// the `sequential` tests showed where they decided, the bounds otherwise.
 fn evidence_words(evidence: &Evidence) -> String {

@@ -297,6 +297,24 @@ fn the_adapters_sit_below_the_controller() {
     );
 }
 
+/// The operator reaches rollgate only through its admin API: it depends
+/// on neither the controller, the store, the gateway nor the adapters, so
+/// every change a Kubernetes object asks for passes the API's validator,
+/// roles, host boundary and audit like any other caller's.
+#[test]
+fn the_operator_reaches_rollgate_only_through_its_api() {
+    let operator = normal_dependency_closure("rollgate-operator");
+    assert!(operator.contains("kube-runtime"), "{operator:?}");
+    for other in [
+        "rollgate-controller",
+        "rollgate-store",
+        "rollgate-gateway",
+        "rollgate-adapters",
+    ] {
+        assert!(!operator.contains(other), "the operator depends on {other}");
+    }
+}
+
 /// A crate with one test binary (`autotests = false`) compiles only the
 /// files its `tests/suite.rs` names: a test file added beside it and not
 /// named there would silently never run.

@@ -10,6 +10,8 @@ mod follow;
 mod gateway;
 mod kit;
 mod logging;
+#[cfg(feature = "kubernetes")]
+mod operator;
 mod seed;
 mod serve;
 mod sim;
@@ -56,6 +58,11 @@ enum Command {
     Audit(cli::AuditArgs),
     /// API tokens: create (with a role), list, revoke.
     Token(cli::Admin<cli::TokenCmd>),
+    /// Kubernetes custom resources (`Model`, `ModelRollout`): `run` follows
+    /// them into rollgate, `crds` prints their definitions.
+    #[cfg(feature = "kubernetes")]
+    #[command(subcommand)]
+    Operator(operator::OperatorCmd),
     /// Data planes the controller's config declares: `seed` prints the
     /// files one needs before it first starts.
     #[command(subcommand, name = "data-plane")]
@@ -127,6 +134,8 @@ fn main() -> ExitCode {
         Command::Audit(a) => cli::audit(&a.global, a),
         Command::Token(a) => cli::token(&a.global, &a.cmd),
         Command::DataPlane(cmd) => seed::run(cmd),
+        #[cfg(feature = "kubernetes")]
+        Command::Operator(cmd) => operator::run(cmd),
         Command::Train(a) => kit::train(a),
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),

@@ -28,7 +28,7 @@ use rollgate_adapters::kit::{Nginx, listening, stop_nginx};
 
 /// A plan without a shadow stage (a data plane that mirrors nothing to
 /// rollgate's gateway; see [`with_shadow`]).
-fn plan() -> Value {
+pub(crate) fn plan() -> Value {
     json!({
         "steps": [20, 50],
         "min_stage_duration": "1s",
@@ -44,7 +44,7 @@ fn plan() -> Value {
 
 /// `plan` with a SHADOW stage first: rollgate's gateway pairs the copies
 /// the data plane mirrors to it.
-fn with_shadow(mut plan: Value) -> Value {
+pub(crate) fn with_shadow(mut plan: Value) -> Value {
     plan["shadow"] = json!({ "enabled": true });
     plan["gates"]["shadow"] = json!({ "min_pairs": 50 });
     plan
@@ -54,15 +54,15 @@ fn with_shadow(mut plan: Value) -> Value {
 pub(crate) struct Servers {
     pub(crate) champion: Proc,
     pub(crate) identical: Proc,
-    broken: Proc,
+    pub(crate) broken: Proc,
     /// 100 ms slower than the champion on every prediction.
     slow: Proc,
     /// Killed once its rollout's stage has begun.
     vanishing: Proc,
     /// The model trained with its strongest feature dead: answers fast and
     /// well-formed, and differently.
-    disagreeing: Proc,
-    prometheus: Prometheus,
+    pub(crate) disagreeing: Proc,
+    pub(crate) prometheus: Prometheus,
     /// The host the revisions' upstreams name (`127.0.0.1`, or
     /// `localhost` where a data plane routes by Service name).
     host: &'static str,
@@ -408,7 +408,7 @@ impl AnsweredBy {
 /// the latency gate's tail needs the champion's samples), until `stop`.
 /// Each client sends the traffic generator's rows (varied features: a
 /// model that answers differently shows it).
-fn busy_traffic(
+pub(crate) fn busy_traffic(
     through: &str,
     by: AnsweredBy,
     stop: &Arc<AtomicBool>,
@@ -424,7 +424,7 @@ fn busy_traffic(
 }
 
 /// What [`busy_traffic`]'s clients counted, added up.
-async fn counted(
+pub(crate) async fn counted(
     clients: Vec<tokio::task::JoinHandle<BTreeMap<String, u64>>>,
 ) -> BTreeMap<String, u64> {
     let mut all = BTreeMap::new();

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -78,6 +79,11 @@ fn every_manifest_is_a_kubernetes_object_of_its_version() {
             ("apps/v1", "Deployment") => typed::<Deployment>(&doc),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => typed::<ClusterRole>(&doc),
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => typed::<RoleBinding>(&doc),
+            // rollgate's own (generated: rollgate-operator's test keeps
+            // them equal to the types).
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+                typed::<CustomResourceDefinition>(&doc)
+            }
             // Custom resources of other projects: their shape is checked
             // below, against what they must select.
             ("monitoring.coreos.com/v1", "PodMonitor") => Ok(()),
@@ -87,7 +93,10 @@ fn every_manifest_is_a_kubernetes_object_of_its_version() {
         if let Err(e) = checked {
             panic!("{file}: {kind} {name}: {e}");
         }
-        if kind != "Namespace" && kind != "ClusterRole" {
+        if !matches!(
+            kind.as_str(),
+            "Namespace" | "ClusterRole" | "CustomResourceDefinition"
+        ) {
             assert!(
                 doc["metadata"]["namespace"].is_string(),
                 "{file}: {kind} {name} names its namespace"
@@ -248,6 +257,46 @@ fn the_manifests_refer_to_each_other_consistently() {
             rule["verbs"],
             serde_json::json!(["get", "create", "patch"]),
             "{rule}"
+        );
+    }
+    // The operator follows the namespace its role is bound in, and the
+    // role covers both of rollgate's kinds and their status.
+    let operator = of("Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "rollgate-operator")
+        .expect("the operator's Deployment");
+    let args: Vec<&str> = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let followed = args
+        .windows(2)
+        .find(|w| w[0] == "--namespace")
+        .map(|w| w[1])
+        .expect("--namespace");
+    assert!(
+        of("RoleBinding")
+            .iter()
+            .any(|b| b["metadata"]["name"] == "rollgate-operator"
+                && b["metadata"]["namespace"] == followed),
+        "the operator's role is bound where it looks ({followed})"
+    );
+    let crds: Vec<String> = of("CustomResourceDefinition")
+        .iter()
+        .filter_map(|c| c["spec"]["names"]["plural"].as_str().map(str::to_string))
+        .collect();
+    let role = of("ClusterRole")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "rollgate-operator")
+        .expect("the operator's role");
+    let granted = role["rules"].to_string();
+    for plural in &crds {
+        assert!(
+            granted.contains(&format!("\"{plural}\""))
+                && granted.contains(&format!("\"{plural}/status\"")),
+            "the operator may read {plural} and write its status: {granted}"
         );
     }
     let grant = &of("ReferenceGrant")[0];

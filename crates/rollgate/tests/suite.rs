@@ -15,6 +15,7 @@ mod kubernetes;
 mod manifests;
 mod notify;
 mod openapi;
+mod operator;
 mod payloads;
 mod prometheus;
 mod tls;

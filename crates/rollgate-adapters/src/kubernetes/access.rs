@@ -47,7 +47,9 @@ pub(crate) async fn client(access: &KubeAccess) -> Result<Client, AdapterError> 
 /// The client configuration `access` declares: an explicit URL (with a
 /// CA file and a token file), a kubeconfig file and context, or what
 /// kube infers (in-cluster, then `$KUBECONFIG` / `~/.kube/config`).
-async fn config(access: &KubeAccess) -> Result<Config, AdapterError> {
+/// Also how `rollgate operator` reaches its cluster (with its own
+/// timeouts: a watch waits minutes for an event).
+pub async fn config(access: &KubeAccess) -> Result<Config, AdapterError> {
     let io = |what: &str, e: &dyn std::fmt::Display| {
         AdapterError::Io(format!("Kubernetes access: {what}: {e}"))
     };

@@ -38,6 +38,7 @@ use crate::error::not_older;
 use crate::{Adapter, AdapterError, Desired};
 
 pub(crate) use access::client;
+pub use access::config;
 pub use service::Service;
 
 /// The field manager rollgate applies under.
