@@ -118,7 +118,8 @@ pub fn gate_lines(g: &GateVerdict) -> Vec<String> {
 }
 
 /// A gate in a few words, for a column (`kubectl get`): its outcome and
-/// reason, no numbers (`error_rate WAIT (120/200 samples)`).
+/// its reason, without the test's statistics (`error_rate WAIT
+/// (inconclusive)`, `latency WAIT (120/200 samples)`).
 pub fn gate_summary(g: &GateVerdict) -> String {
     format!(
         "{} {} ({})",

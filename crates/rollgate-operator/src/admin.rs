@@ -19,9 +19,9 @@ const CALL_WITHIN: Duration = Duration::from_secs(15);
 /// Why a call failed, and whose fault it is.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AdminError {
-    /// rollgate refused the object's input (4xx): the object's fault,
-    /// said in its `Valid` condition; retried only when the object
-    /// changes (or, for a conflict, later).
+    /// rollgate refused the object's input (400, 404, 409, 422): the
+    /// object's fault, said in its `Valid` condition; retried only when
+    /// the object changes (or, for a conflict, later).
     #[error("{message}")]
     Refused {
         status: u16,
@@ -30,7 +30,9 @@ pub enum AdminError {
         /// The message, with the field where the API named one.
         message: String,
     },
-    /// rollgate could not be reached or failed (5xx): retried.
+    /// rollgate could not be reached, failed (5xx), refused the operator
+    /// itself (401, 403, 429) or asked for a retry (a version conflict):
+    /// retried.
     #[error("the rollgate API: {0}")]
     Unavailable(String),
 }
@@ -112,9 +114,17 @@ impl AdminApi {
             .await
             .map_err(|_| AdminError::Unavailable(format!("{url} did not answer in time")))??;
         let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        match status {
-            200..=299 => Ok(value),
-            400..=499 => Err(refused(status, &value)),
+        match (status, value["error"]["code"].as_str()) {
+            (200..=299, _) => Ok(value),
+            // The API's own "retry" and a refusal of the operator itself
+            // (its token, its role, a rate): not the object's fault.
+            (409, Some("version_conflict")) | (401 | 403 | 408 | 429, _) => {
+                Err(AdminError::Unavailable(format!(
+                    "{method} {path} answered {status}: {}",
+                    value["error"]["message"]
+                )))
+            }
+            (400 | 404 | 409 | 422, _) => Err(refused(status, &value)),
             _ => Err(AdminError::Unavailable(format!(
                 "{method} {path} answered {status}"
             ))),

@@ -8,8 +8,9 @@
 //! status is what rollgate says back. Every change goes through the admin
 //! API, so the validator, the roles, the host boundary and the audit
 //! apply to a Kubernetes object exactly as to any other caller (the
-//! operator's token is an admin's; the Kubernetes client or the
-//! `rollgate.dev/on-behalf-of` annotation is recorded "on behalf of").
+//! operator's token is an admin's, so whoever may write these objects in
+//! the followed namespace acts as an admin for them; the Kubernetes client
+//! that asked is recorded "on behalf of").
 //! One object refused or unreachable never stops the others: each is its
 //! own reconcile, and rollgate's refusal is a status condition, never a
 //! crash or a retry storm.
@@ -57,10 +58,10 @@ pub(crate) struct Context {
 /// Where the operator looks and how often.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The namespace to follow; every namespace when `None`. A `Model`
-    /// is registered in rollgate under its name, so two namespaces'
-    /// `Model`s of one name are the same rollgate model.
-    pub namespace: Option<String>,
+    /// The namespace to follow (one: a `Model` is registered in rollgate
+    /// under its name, and whoever may write these objects there acts as
+    /// a rollgate admin for them).
+    pub namespace: String,
     /// How often an active rollout's status is refreshed (and a failed
     /// reconcile retried).
     pub resync: Duration,
@@ -79,13 +80,8 @@ pub async fn run(
         admin,
         resync: options.resync,
     });
-    let (models, rollouts): (Api<Model>, Api<ModelRollout>) = match &options.namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client, ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client)),
-    };
+    let models: Api<Model> = Api::namespaced(client.clone(), &options.namespace);
+    let rollouts: Api<ModelRollout> = Api::namespaced(client, &options.namespace);
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -121,17 +117,38 @@ where
     if shown == Some(status) {
         return Ok(());
     }
-    let patch = kube::api::Patch::Merge(serde_json::json!({ "status": status }));
+    // A merge patch leaves what it does not name: a field the new status
+    // no longer has is sent as null, so that it goes.
+    let mut new = serde_json::to_value(status).map_err(|e| Error::Unreadable(e.to_string()))?;
+    if let (Some(old), Some(new)) = (
+        shown.and_then(|s| serde_json::to_value(s).ok()),
+        new.as_object_mut(),
+    ) && let Some(old) = old.as_object()
+    {
+        for key in old.keys() {
+            new.entry(key.clone()).or_insert(serde_json::Value::Null);
+        }
+    }
+    let patch = kube::api::Patch::Merge(serde_json::json!({ "status": new }));
     let params = kube::api::PatchParams::apply(status::FIELD_MANAGER);
     api.patch_status(name, &params, &patch).await?;
     Ok(())
 }
 
+/// A failed reconcile (rollgate or the Kubernetes API away) is tried
+/// again after five resyncs, not at once: N objects do not storm an API
+/// that is down.
 fn retry<K>(_: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %err, "reconcile failed; retrying");
-    Action::requeue(ctx.resync)
+    Action::requeue(ctx.resync * 5)
 }
 
+/// Now, as a condition's `lastTransitionTime` says it.
+pub(crate) fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// Each reconcile's end, at debug level (a failure is logged by [`retry`]).
 fn log<T: std::fmt::Debug, E: std::fmt::Display>(kind: &str, r: Result<T, E>) {
     match r {
         Ok(o) => tracing::debug!(kind, object = ?o, "reconciled"),

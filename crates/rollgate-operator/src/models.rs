@@ -9,33 +9,47 @@ use std::sync::Arc;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::admin::AdminError;
-use crate::resources::{Model, ModelStatus};
+use crate::resources::{ADOPT, Model, ModelStatus};
 use crate::status::{actor, camel, condition, or_empty, set_condition};
-use crate::{Context, Error, write_status};
+use crate::{Context, Error, now, write_status};
 
 /// Brings rollgate's model in line with the object and writes its status.
 pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = obj.name_any();
     let generation = obj.meta().generation;
     let who = actor(obj.meta(), &["f:spec"]);
-    let mut status = obj.status.clone().unwrap_or_default();
+    let api: Api<Model> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    // Read afresh: the watched copy may predate the operator's own last
+    // write.
+    let shown = api.get_status(&name).await?.status;
+    let mut status = shown.clone().unwrap_or_default();
     let changed = status.observed_generation != generation;
+    let refused = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Synced" && c.status == "False" && c.reason != "WaitsForRollout");
+    if !changed && refused {
+        // This generation's settings were refused: nothing to do until
+        // the object changes.
+        return Ok(Action::await_change());
+    }
     let mut problems: Vec<String> = Vec::new();
     let mut waiting = None;
 
     if changed {
-        match sync_settings(&ctx, &name, &obj.spec.settings, &who).await {
+        match sync_settings(&ctx, &obj, &mut status, &who).await {
             Ok(()) => {}
+            // A rollout of the model is active: the change waits for it.
             Err(AdminError::Refused {
                 status: 409,
+                code,
                 message,
-                ..
-            }) => waiting = Some(message),
+            }) if code != "exists" => waiting = Some(message),
             Err(AdminError::Refused { code, message, .. }) => {
-                return refuse(&ctx, &obj, status, &camel(&code), &message).await;
+                return refuse(&api, &obj, shown.as_ref(), status, &camel(&code), &message).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -71,8 +85,34 @@ pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Acti
             .unwrap_or(id)
     });
 
-    // A generation's problems are found when it is mirrored: a later
-    // look (the champion refreshed) keeps what was said of it.
+    say(
+        &mut status,
+        &problems,
+        waiting.as_deref(),
+        changed,
+        generation,
+    );
+    write_status(&api, &name, shown.as_ref(), &status).await?;
+    // Promotions move the champion: looked at again now and then; a
+    // change waiting for a rollout sooner.
+    Ok(Action::requeue(if waiting.is_some() {
+        ctx.resync * 5
+    } else {
+        ctx.resync * 15
+    }))
+}
+
+/// The conditions a look says: `Valid` when the generation was mirrored
+/// (its problems are found then: a later look, refreshing the champion,
+/// keeps what was said) or a look found problems; `Synced` when the
+/// generation was mirrored, waiting or not.
+fn say(
+    status: &mut ModelStatus,
+    problems: &[String],
+    waiting: Option<&str>,
+    changed: bool,
+    generation: Option<i64>,
+) {
     if changed || !problems.is_empty() {
         let valid = problems.is_empty();
         let message = if valid {
@@ -81,38 +121,25 @@ pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Acti
             problems.join("; ")
         };
         let reason = if valid { "Accepted" } else { "Invalid" };
-        set_condition(
-            &mut status.conditions,
-            condition("Valid", valid, reason, &message, generation),
-        );
+        let c = condition("Valid", valid, reason, &message, generation);
+        set_condition(&mut status.conditions, c, now());
     }
-    match &waiting {
-        Some(why) => set_condition(
-            &mut status.conditions,
-            condition("Synced", false, "WaitsForRollout", why, generation),
-        ),
-        None => {
-            set_condition(
-                &mut status.conditions,
+    if changed {
+        let synced = match waiting {
+            Some(why) => condition("Synced", false, "WaitsForRollout", why, generation),
+            None => {
+                status.observed_generation = generation;
                 condition(
                     "Synced",
                     true,
                     "Synced",
                     "mirrored into rollgate",
                     generation,
-                ),
-            );
-            status.observed_generation = generation;
-        }
+                )
+            }
+        };
+        set_condition(&mut status.conditions, synced, now());
     }
-    write(&ctx, &obj, &status).await?;
-    // Promotions move the champion: looked at again now and then; a
-    // change waiting for a rollout sooner.
-    Ok(Action::requeue(if waiting.is_some() {
-        ctx.resync * 5
-    } else {
-        ctx.resync * 15
-    }))
 }
 
 /// Registers each named revision (idempotent: rollgate names a revision
@@ -177,27 +204,44 @@ async fn seed_champion(
     }
 }
 
-/// Registers the model, or replaces its settings when they differ.
+/// Registers the model, or replaces its settings when they differ. A
+/// model rollgate already has and this object did not register is taken
+/// over only with the `rollgate.dev/adopt: "true"` annotation.
 async fn sync_settings(
     ctx: &Context,
-    name: &str,
-    settings: &Value,
+    obj: &Model,
+    status: &mut ModelStatus,
     who: &str,
 ) -> Result<(), AdminError> {
+    let name = obj.name_any();
+    let settings = or_empty(&obj.spec.settings);
     let path = format!("/api/v1/models/{name}");
+    let adopt = obj.annotations().get(ADOPT).is_some_and(|v| v == "true");
     match ctx.admin.call("GET", &path, None, who).await {
-        Ok(held) if held["spec"] == or_empty(settings) => Ok(()),
-        Ok(_) => ctx
-            .admin
-            .call("PUT", &path, Some(&or_empty(settings)), who)
-            .await
-            .map(drop),
+        Ok(_) if !status.mirrored && !adopt => Err(AdminError::Refused {
+            status: 409,
+            code: "exists".into(),
+            message: format!(
+                "rollgate already has a model {name:?} this object did not register; set the \
+                 annotation {ADOPT}: \"true\" to take it over (its settings are replaced)"
+            ),
+        }),
+        Ok(held) if held["spec"] == settings => {
+            status.mirrored = true;
+            Ok(())
+        }
+        Ok(_) => {
+            ctx.admin.call("PUT", &path, Some(&settings), who).await?;
+            status.mirrored = true;
+            Ok(())
+        }
         Err(e) if e.is_not_found() => {
-            let body = json!({ "name": name, "spec": or_empty(settings) });
+            let body = json!({ "name": name, "spec": settings });
             ctx.admin
                 .call("POST", "/api/v1/models", Some(&body), who)
-                .await
-                .map(drop)
+                .await?;
+            status.mirrored = true;
+            Ok(())
         }
         Err(e) => Err(e),
     }
@@ -206,34 +250,24 @@ async fn sync_settings(
 /// The object's settings refused: said in its status, not retried until
 /// it changes.
 async fn refuse(
-    ctx: &Context,
+    api: &Api<Model>,
     obj: &Model,
+    shown: Option<&ModelStatus>,
     mut status: ModelStatus,
     reason: &str,
     message: &str,
 ) -> Result<Action, Error> {
     let g = obj.meta().generation;
     let message = format!("spec.settings: {message}");
+    let valid = condition("Valid", false, reason, &message, g);
+    set_condition(&mut status.conditions, valid, now());
+    let why = "not mirrored: rollgate refused the settings";
     set_condition(
         &mut status.conditions,
-        condition("Valid", false, reason, &message, g),
-    );
-    set_condition(
-        &mut status.conditions,
-        condition(
-            "Synced",
-            false,
-            reason,
-            "not mirrored: rollgate refused the settings",
-            g,
-        ),
+        condition("Synced", false, reason, why, g),
+        now(),
     );
     status.observed_generation = g;
-    write(ctx, obj, &status).await?;
+    write_status(api, &obj.name_any(), shown, &status).await?;
     Ok(Action::await_change())
-}
-
-async fn write(ctx: &Context, obj: &Model, status: &ModelStatus) -> Result<(), Error> {
-    let api: Api<Model> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    write_status(&api, &obj.name_any(), obj.status.as_ref(), status).await
 }

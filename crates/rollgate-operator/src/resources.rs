@@ -26,9 +26,14 @@ pub const APPROVE: &str = "rollgate.dev/approve";
 /// Set on a `ModelRollout` (its value the reason): promote now,
 /// skipping the remaining stages. Acted on once per distinct value.
 pub const PROMOTE: &str = "rollgate.dev/promote";
-/// Who a change to the object is made for, as the audit records it ("on
-/// behalf of"); without it, the field manager of the latest change.
+/// Who a change to the object is made for, added to what the audit
+/// records (the field manager of the change) as what its client says.
 pub const ON_BEHALF_OF: &str = "rollgate.dev/on-behalf-of";
+/// Set on a `Model` (`"true"`) whose name rollgate already has a model
+/// under: this object takes it over (its settings replace the model's).
+/// Without it such a `Model` is refused, so that writing an object cannot
+/// silently take a model someone else registered.
+pub const ADOPT: &str = "rollgate.dev/adopt";
 /// The finalizer that aborts a deleted `ModelRollout`'s rollout.
 pub const FINALIZER: &str = "rollgate.dev/abort-on-delete";
 
@@ -88,6 +93,9 @@ pub struct ModelStatus {
     /// Each revision's rollgate id, by its name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub revisions: BTreeMap<String, String>,
+    /// This object registered the model in rollgate, or adopted it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mirrored: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default)]
@@ -165,7 +173,13 @@ pub struct ModelRolloutStatus {
     /// What the promotion guarantees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guarantee: Option<String>,
-    /// The annotation values already acted on (approve, promote), so
+    /// Written before the first start is asked for, never cleared: a
+    /// rollout found active for this candidate is then this object's own
+    /// (its id not recorded yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_requested: bool,
+    /// What was already acted on (`paused`: the value of `spec.paused`
+    /// last passed on; `approve`, `promote`: the annotation values), so
     /// that each is acted on once.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub handled: BTreeMap<String, String>,
@@ -179,8 +193,8 @@ pub struct ModelRolloutStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// `Valid` (rollgate accepted the spec) or `Synced` (mirrored into
-    /// rollgate).
+    /// `Valid` (rollgate accepted the spec), `Synced` (mirrored into
+    /// rollgate) or `Acted` (the last action passed on).
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
@@ -191,6 +205,9 @@ pub struct Condition {
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// When its status last changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
 }
 
 /// Both CRDs, as `kubectl apply` takes them.

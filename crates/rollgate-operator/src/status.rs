@@ -25,11 +25,13 @@ pub struct RolloutView {
     pub routing: RoutingView,
 }
 
+/// What the operator reads of a rollout's spec.
 #[derive(Debug, Deserialize)]
 pub struct SpecView {
     pub plan: Plan,
 }
 
+/// What the operator reads of a rollout's state.
 #[derive(Debug, Deserialize)]
 pub struct StateView {
     pub phase: Phase,
@@ -41,6 +43,7 @@ pub struct StateView {
     pub awaiting: Option<Value>,
 }
 
+/// What the operator reads of a rollout's routing.
 #[derive(Debug, Deserialize)]
 pub struct RoutingView {
     pub candidate_weight_bp: u32,
@@ -107,7 +110,7 @@ fn running_verdict(v: Option<&StageVerdict>) -> String {
 }
 
 /// At most [`VERDICT_CHARS`] characters, control characters escaped.
-fn short(s: &str) -> String {
+pub fn short(s: &str) -> String {
     let clean = words::clean(s);
     match clean.char_indices().nth(VERDICT_CHARS) {
         Some((at, _)) => format!("{}…", &clean[..at]),
@@ -129,11 +132,18 @@ pub fn condition(
         reason: reason.into(),
         message: short(message),
         observed_generation: generation,
+        last_transition_time: None,
     }
 }
 
-/// Sets `c` in `conditions`, replacing the one of its type.
-pub fn set_condition(conditions: &mut Vec<Condition>, c: Condition) {
+/// Sets `c` in `conditions`, replacing the one of its type; its
+/// `lastTransitionTime` is `now` when its status changed, else the old one.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut c: Condition, now: String) {
+    let old = conditions.iter().find(|old| old.type_ == c.type_);
+    c.last_transition_time = match old {
+        Some(old) if old.status == c.status => old.last_transition_time.clone(),
+        _ => Some(now),
+    };
     conditions.retain(|old| old.type_ != c.type_);
     conditions.push(c);
     conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
@@ -152,20 +162,16 @@ pub fn camel(code: &str) -> String {
         .collect()
 }
 
-/// Who a change to the object is made for: the `rollgate.dev/on-behalf-of`
-/// annotation, else the field manager that owns `field` (a path of
-/// `managedFields` keys such as `["f:spec", "f:paused"]`: whoever set it
-/// last), else the newest writer of the spec or annotations. Kubernetes
-/// records the client (`kubectl-patch`, `argocd-controller`), not the
-/// person: the API server's audit log has the person. Prefixed
-/// `kubernetes:`; the admin API keeps it as "on behalf of".
+/// Who a change to the object is made for, as `kubernetes:<client>`: the
+/// field manager that owns `field` (a path of `managedFields` keys such as
+/// `["f:spec", "f:paused"]`: whoever set it last), else the newest writer
+/// of the spec or annotations. Kubernetes records the client
+/// (`kubectl-patch`, `argocd-controller`), not the person: the API
+/// server's audit log has the person. A `rollgate.dev/on-behalf-of`
+/// annotation is added as what the client says (`kubernetes:kubectl-patch
+/// for alice`), never in its place. The admin API keeps it as "on behalf
+/// of".
 pub fn actor(meta: &ObjectMeta, field: &[&str]) -> String {
-    let named = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ON_BEHALF_OF))
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty());
     let owner = |path: &str| {
         meta.managed_fields
             .as_ref()?
@@ -185,12 +191,29 @@ pub fn actor(meta: &ObjectMeta, field: &[&str]) -> String {
             .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
             .collect::<String>()
     };
-    let who = named
-        .or_else(|| owner(&pointer(field)))
+    let client = owner(&pointer(field))
         .or_else(|| owner("/f:spec"))
         .or_else(|| owner("/f:metadata/f:annotations"))
         .unwrap_or_else(|| "unknown".to_string());
-    format!("kubernetes:{who}")
+    claimed(&format!("kubernetes:{client}"), meta)
+}
+
+/// `who`, with what the object's `rollgate.dev/on-behalf-of` annotation
+/// says added; control characters dropped and at most 64 characters (what
+/// the admin API keeps), so that no annotation can make a request
+/// unsendable.
+pub fn claimed(who: &str, meta: &ObjectMeta) -> String {
+    let says = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ON_BEHALF_OF))
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty());
+    let full = match says {
+        Some(s) => format!("{who} for {s}"),
+        None => who.to_string(),
+    };
+    full.chars().filter(|c| !c.is_control()).take(64).collect()
 }
 
 /// `value` as JSON with absent and null meaning the same: the form

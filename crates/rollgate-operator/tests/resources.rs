@@ -5,7 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     FieldsV1, ManagedFieldsEntry, ObjectMeta, Time,
 };
 use rollgate_operator::resources::{ModelRolloutStatus, ON_BEHALF_OF};
-use rollgate_operator::status::{RolloutView, actor, camel, rollout_status};
+use rollgate_operator::status::{
+    RolloutView, actor, camel, condition, rollout_status, set_condition,
+};
 use serde_json::{Value, json};
 
 const COMMITTED: &str = concat!(
@@ -125,9 +127,10 @@ fn entry(manager: &str, at: i64, fields: Value, subresource: Option<&str>) -> Ma
     }
 }
 
-/// The person when the object names one; else the owner of the field
-/// that asked (whoever set it last, whatever the order of entries of one
-/// second), never the operator's own status writes.
+/// The owner of the field that asked (whoever set it last, whatever the
+/// order of entries of one second), never the operator's own status
+/// writes; what an annotation says is added, never in its place, and
+/// nothing in it can make the request unsendable.
 #[test]
 fn a_change_is_recorded_for_whoever_made_it() {
     let mut meta = ObjectMeta {
@@ -171,12 +174,48 @@ fn a_change_is_recorded_for_whoever_made_it() {
     );
     let approve = ["f:metadata", "f:annotations", "f:rollgate.dev/approve"];
     assert_eq!(actor(&meta, &approve), "kubernetes:argocd");
-    meta.annotations = Some([(ON_BEHALF_OF.to_string(), "alice".to_string())].into());
-    assert_eq!(actor(&meta, &["f:spec", "f:paused"]), "kubernetes:alice");
+    meta.annotations = Some([(ON_BEHALF_OF.to_string(), "alice\r\nx".to_string())].into());
+    assert_eq!(
+        actor(&meta, &["f:spec", "f:paused"]),
+        "kubernetes:kubectl-patch for alicex"
+    );
+    meta.annotations = Some([(ON_BEHALF_OF.to_string(), "b".repeat(100))].into());
+    assert_eq!(actor(&meta, &["f:spec", "f:paused"]).chars().count(), 64);
     assert_eq!(
         actor(&ObjectMeta::default(), &["f:spec"]),
         "kubernetes:unknown"
     );
+}
+
+/// A condition's `lastTransitionTime` moves only when its status does.
+#[test]
+fn a_condition_keeps_its_transition_time_while_its_status_holds() {
+    let mut conditions = Vec::new();
+    set_condition(
+        &mut conditions,
+        condition("Valid", true, "Accepted", "ok", Some(1)),
+        "t1".into(),
+    );
+    set_condition(
+        &mut conditions,
+        condition("Valid", true, "Accepted", "still", Some(2)),
+        "t2".into(),
+    );
+    assert_eq!(conditions[0].last_transition_time.as_deref(), Some("t1"));
+    assert_eq!(conditions[0].message, "still");
+    set_condition(
+        &mut conditions,
+        condition("Valid", false, "Invalid", "no", Some(3)),
+        "t3".into(),
+    );
+    assert_eq!(conditions[0].last_transition_time.as_deref(), Some("t3"));
+    set_condition(
+        &mut conditions,
+        condition("Acted", true, "Done", "pause: done", Some(3)),
+        "t4".into(),
+    );
+    let kinds: Vec<&str> = conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(kinds, ["Acted", "Valid"], "one of each, sorted");
 }
 
 #[test]

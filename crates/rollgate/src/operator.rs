@@ -30,9 +30,10 @@ pub struct RunArgs {
     /// A PEM file of CA certificates to trust for an `https://` API.
     #[arg(long, env = "ROLLGATE_CA_CERT", value_name = "FILE")]
     ca_cert: Option<PathBuf>,
-    /// Follow this namespace only (default: every namespace).
+    /// The namespace whose objects to follow (one: whoever may write
+    /// these objects there acts as a rollgate admin for them).
     #[arg(long, env = "ROLLGATE_NAMESPACE")]
-    namespace: Option<String>,
+    namespace: String,
     /// How often an active rollout's status is refreshed.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     resync: Duration,
@@ -115,7 +116,7 @@ fn follow(args: &RunArgs) -> anyhow::Result<ExitCode> {
             "rollgate operator: probes on http://{probes} and Model and ModelRollout objects mirrored into {}",
             args.api
         );
-        tracing::info!(api = %args.api, namespace = ?args.namespace, "following Model and ModelRollout");
+        tracing::info!(api = %args.api, namespace = %args.namespace, "following Model and ModelRollout");
         rollgate_operator::run(client, admin, options, crate::serve::shutdown_signal()).await;
         let _ = stop.send(true);
         let _ = health.await;

@@ -283,22 +283,38 @@ fn the_manifests_refer_to_each_other_consistently() {
                 && b["metadata"]["namespace"] == followed),
         "the operator's role is bound where it looks ({followed})"
     );
-    let crds: Vec<String> = of("CustomResourceDefinition")
-        .iter()
-        .filter_map(|c| c["spec"]["names"]["plural"].as_str().map(str::to_string))
-        .collect();
+    // Exactly the verbs the operator calls, and no write of a spec.
     let role = of("ClusterRole")
         .into_iter()
         .find(|r| r["metadata"]["name"] == "rollgate-operator")
         .expect("the operator's role");
-    let granted = role["rules"].to_string();
-    for plural in &crds {
-        assert!(
-            granted.contains(&format!("\"{plural}\""))
-                && granted.contains(&format!("\"{plural}/status\"")),
-            "the operator may read {plural} and write its status: {granted}"
-        );
-    }
+    let granted: BTreeMap<String, Value> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| {
+            let verbs = r["verbs"].clone();
+            r["resources"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .map(move |x| (x, verbs.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let plurals: Vec<String> = of("CustomResourceDefinition")
+        .iter()
+        .filter_map(|c| c["spec"]["names"]["plural"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(plurals, ["models", "modelrollouts"]);
+    let want = serde_json::json!({
+        "models": ["get", "list", "watch"],
+        "modelrollouts": ["list", "watch", "patch"],
+        "models/status": ["get", "patch"],
+        "modelrollouts/status": ["get", "patch"],
+    });
+    assert_eq!(serde_json::to_value(&granted).expect("json"), want);
     let grant = &of("ReferenceGrant")[0];
     assert!(
         of("Service")

@@ -96,6 +96,35 @@ async fn watch_rollout(
     }
 }
 
+/// What `kubectl get modelrollouts` prints, as the API server renders it
+/// from the CRD's printer columns (a `Table`): each object's cells by
+/// column name.
+async fn columns(kube: &kube::Client) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let request = http::Request::get(format!(
+        "/apis/rollgate.dev/v1alpha1/namespaces/{NS}/modelrollouts"
+    ))
+    .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+    .body(Vec::new())
+    .expect("request");
+    let table: Value = kube.request(request).await.expect("a Table");
+    let names: Vec<String> = table["columnDefinitions"]
+        .as_array()
+        .expect("columns")
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+        .collect();
+    table["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| {
+            let cells = row["cells"].as_array().cloned().unwrap_or_default();
+            let by: BTreeMap<String, Value> = names.iter().cloned().zip(cells).collect();
+            (by["Name"].as_str().unwrap_or_default().to_string(), by)
+        })
+        .collect()
+}
+
 fn ended(s: &ModelRolloutStatus) -> bool {
     matches!(
         s.phase.as_deref(),
@@ -111,7 +140,9 @@ fn ended(s: &ModelRolloutStatus) -> bool {
 /// told so in a condition while the others go on; a rollout paused from
 /// its spec (audited on behalf of the Kubernetes client) and deleted
 /// mid-canary: aborted, the route champion-only; one promoted by an
-/// annotation; a registered revision's spec changed under its name,
+/// annotation; a model someone else registered not taken over; an
+/// operator stopped between asking for a start and recording it finding
+/// that rollout; a registered revision's spec changed under its name,
 /// refused in a condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
@@ -304,6 +335,23 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         )
         .await
         .expect("created");
+    // A model rollgate already has, registered by someone else: not
+    // taken over without the adopt annotation.
+    let (st, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "taken" })),
+    )
+    .await;
+    assert_eq!(st, 201, "{r}");
+    let mut taken = model.clone();
+    taken.metadata.name = Some("taken".into());
+    models
+        .create(&PostParams::default(), &taken)
+        .await
+        .expect("created");
     let mut invalid_model = model.clone();
     invalid_model.metadata.name = Some("elsewhere".into());
     invalid_model.spec.settings = json!({ "data_plane": "nowhere" });
@@ -341,6 +389,33 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         "champion-only after the rollback"
     );
 
+    // The columns `kubectl get` shows, rendered by the real API server.
+    let table = columns(&kube).await;
+    eprintln!("kubectl get modelrollouts: {table:?}");
+    let (v2, v3) = (&table["m-v2"], &table["m-v3"]);
+    assert_eq!(
+        (&v2["Phase"], &v2["Weight"]),
+        (&json!("PROMOTED"), &json!(100)),
+        "{v2:?}"
+    );
+    assert_eq!(
+        (&v3["Phase"], &v3["Weight"]),
+        (&json!("ROLLED_BACK"), &json!(0)),
+        "{v3:?}"
+    );
+    assert!(
+        v3["Verdict"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("ROLLED BACK: error_rate")),
+        "{v3:?}"
+    );
+    assert_eq!(
+        (&v3["Model"], &v3["Candidate"]),
+        (&json!("m"), &json!("v3")),
+        "{v3:?}"
+    );
+    assert!(v3["Age"].is_string(), "{v3:?}");
+
     let s = watch_rollout(
         &rollouts,
         "m-invalid",
@@ -355,6 +430,14 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         valid.message.starts_with("spec.plan") && valid.message.contains("step"),
         "{valid:?}"
     );
+    let table = columns(&kube).await;
+    let refused = &table["m-invalid"];
+    assert!(
+        refused["Verdict"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("spec.plan")),
+        "why there is no rollout, in the Verdict column: {refused:?}"
+    );
     let m = models.get_status("elsewhere").await.expect("elsewhere");
     let valid = m
         .status
@@ -368,7 +451,36 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         "{valid:?}"
     );
 
-    // Paused from the spec, then deleted mid-canary.
+    let started = Instant::now();
+    let valid = loop {
+        let m = models.get_status("taken").await.expect("taken");
+        let valid = m
+            .status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Valid"))
+            .cloned();
+        if let Some(v) = valid {
+            break v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "taken looked at"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        valid.status == "False" && valid.message.contains("rollgate.dev/adopt"),
+        "{valid:?}"
+    );
+    let (_, held) = api(&c, &ctl, "GET", "/api/v1/models/taken", None).await;
+    assert!(
+        held["spec"]["data_plane"].is_null(),
+        "its settings untouched: {held}"
+    );
+
+    // Paused from the spec; a resume from the API is not undone (the spec
+    // is acted on when it changes); deleted mid-canary while rollgate is
+    // away: held by the finalizer until rollgate answers, then aborted.
     let mut holding = plan();
     holding["min_stage_duration"] = json!("90s");
     holding["evidence_timeout"] = json!("120s");
@@ -414,15 +526,41 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
             .contains("on behalf of kubernetes:kubectl-patch"),
         "the pause is audited on behalf of the client: {audit}"
     );
+    let (st, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        &format!("/api/v1/rollouts/{id}/resume"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(st, 200, "{r}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, record) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+    assert_eq!(
+        record["state"]["paused"], false,
+        "the API's resume stands: {record}"
+    );
+    ctl.kill();
     rollouts
         .delete("m-v4", &DeleteParams::default())
         .await
         .expect("deleted");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = rollouts
+        .get_opt("m-v4")
+        .await
+        .expect("read")
+        .expect("held by its finalizer");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    ctl = start_controller_declaring(dir.path(), "edge", &plane);
+    operator.kill();
+    operator = start_operator(&server, &ctl);
     let started = Instant::now();
     while rollouts.get_opt("m-v4").await.ok().flatten().is_some() {
         assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the finalizer let it go"
+            started.elapsed() < Duration::from_secs(30),
+            "the finalizer let it go once rollgate answered"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -516,6 +654,52 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
             && audit.contains("reviewed by hand"),
         "the promotion is audited with its reason, on behalf of the annotation's writer: {audit}"
     );
+
+    // The operator stopped after asking for a start and before recording
+    // its id: restarted, it finds that rollout (it started none other).
+    operator.kill();
+    let body = json!({ "model": "m", "revision": revisions["v2"], "plan": holding });
+    let (st, r) = api(&c, &ctl, "POST", "/api/v1/rollouts", Some(body)).await;
+    assert_eq!(st, 201, "{r}");
+    let orphan = r["id"].as_i64().expect("an id");
+    let asked: ModelRollout = from_yaml(&rollout_yaml("m-orphan", "v2", &holding));
+    rollouts
+        .create(&PostParams::default(), &asked)
+        .await
+        .expect("created");
+    let marker = Patch::Merge(json!({ "status": { "startRequested": true, "phase": "STARTING" } }));
+    rollouts
+        .patch_status("m-orphan", &PatchParams::default(), &marker)
+        .await
+        .expect("marked");
+    operator = start_operator(&server, &ctl);
+    let s = watch_rollout(
+        &rollouts,
+        "m-orphan",
+        Duration::from_secs(20),
+        &mut Vec::new(),
+        |s| s.rollout_id.is_some(),
+    )
+    .await;
+    assert_eq!(
+        s.rollout_id,
+        Some(orphan),
+        "the rollout it asked for, found: {s:?}"
+    );
+    rollouts
+        .delete("m-orphan", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    let started = Instant::now();
+    while rollouts.get_opt("m-orphan").await.ok().flatten().is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "m-orphan let go"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, record) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{orphan}"), None).await;
+    assert_eq!(phase(&record), "aborted", "{record}");
 
     // A registered revision's spec changed under its name: refused, said.
     let changed = Patch::Merge(json!({ "spec": { "revisions": {

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Starts an MLflow tracking server with its model registry (from PyPI, pinned
+# in requirements.txt) on 127.0.0.1, on a SQLite store in a temporary
+# directory, for the registry tests. Prints shell assignments to eval:
+#   export ROLLGATE_MLFLOW_URL=http://127.0.0.1:PORT  ROLLGATE_MLFLOW_PID=PID
+#   export ROLLGATE_MLFLOW_DIR=DIR   (its store and log)
+# The venv is kept in target/mlflow-venv (reused while its pins match).
+# Stop it with: kill "$ROLLGATE_MLFLOW_PID" (it stops its workers).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="$root/target/mlflow-venv"
+# shellcheck source=../support/venv.sh
+. "$root/tests/support/venv.sh"
+ensure_venv "$here/requirements.txt" "$venv"
+work="$(mktemp -d /tmp/rollgate-mlflow.XXXX)"
+port="$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+# One worker: the tests are its only clients.
+(cd "$work" && exec "$venv/bin/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
+  --backend-store-uri "sqlite:///$work/mlflow.db" --default-artifact-root "$work/artifacts" \
+  >"$work/mlflow.log" 2>&1) &
+pid=$!
+for _ in $(seq 1 1200); do
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+    echo "export ROLLGATE_MLFLOW_URL=http://127.0.0.1:$port"
+    echo "export ROLLGATE_MLFLOW_PID=$pid"
+    echo "export ROLLGATE_MLFLOW_DIR=$work"
+    exit 0
+  fi
+  if ! kill -0 "$pid" 2>/dev/null; then break; fi
+  sleep 0.1
+done
+echo "MLflow did not become ready within 120 s; its log:" >&2
+tail -30 "$work/mlflow.log" >&2
+kill "$pid" 2>/dev/null || true
+exit 1
