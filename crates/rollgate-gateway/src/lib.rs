@@ -37,7 +37,7 @@ pub use config::{
     ConfigError, GatewayConfig, Limits, MirrorConfig, MirroredUpstream, ModelRoute, Unroutable,
     Upstream, WeightedUpstream,
 };
-pub use proxy::REVISION_HEADER;
+pub use proxy::{REQUEST_ID_HEADER, REVISION_HEADER};
 pub use server::serve;
 
 use recorder::Recorders;

@@ -46,6 +46,7 @@ pub(crate) struct Seen {
     pub(crate) path: String,
     pub(crate) authorization: Option<String>,
     pub(crate) host: Option<String>,
+    pub(crate) request_id: Option<String>,
 }
 
 pub(crate) struct TestUpstream {
@@ -85,6 +86,7 @@ pub(crate) async fn upstream(behaviour: Behaviour) -> TestUpstream {
                             path: req.uri().path().to_string(),
                             authorization: header("authorization"),
                             host: header("host"),
+                            request_id: header("x-request-id"),
                         };
                         let _ = req.into_body().collect().await;
                         counter.fetch_add(1, Ordering::SeqCst);
@@ -192,6 +194,8 @@ pub(crate) fn config(models: Vec<ModelRoute>) -> GatewayConfig {
 pub(crate) struct Reply {
     pub(crate) status: StatusCode,
     pub(crate) revision: Option<String>,
+    /// The answer's `x-request-id`.
+    pub(crate) request_id: Option<String>,
     pub(crate) body: String,
 }
 
@@ -224,15 +228,18 @@ pub(crate) async fn call(
         .expect("the gateway answered within 10 s")
         .expect("http");
     let status = resp.status();
-    let revision = resp
-        .headers()
-        .get("x-rollgate-revision")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let (revision, request_id) = (header("x-rollgate-revision"), header("x-request-id"));
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     Reply {
         status,
         revision,
+        request_id,
         body: String::from_utf8_lossy(&body).into_owned(),
     }
 }
@@ -956,6 +963,7 @@ async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_ref
             path: "/v1/models/served:predict".into(),
             authorization: Some("Bearer revision".into()),
             host: Some("models.internal".into()),
+            request_id: seen[0].request_id.clone(),
         }]
     );
 
@@ -988,5 +996,72 @@ async fn revisions_get_their_served_name_and_headers_and_wrong_protocols_are_ref
         log.lock().expect("log")[1].path,
         "/v2/models/served/versions/3"
     );
+    gw.shutdown().await;
+}
+
+/// Every answer names its request (`x-request-id`): the client's id kept,
+/// else one made; the same id reaches the model server and its shadow
+/// copy, and the gateway's own refusals carry one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_names_its_request_and_the_model_servers_see_the_same_id() {
+    let champ_log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let shadow_log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let champ = upstream(Behaviour::Record(Arc::clone(&champ_log))).await;
+    let shadow = upstream(Behaviour::Record(Arc::clone(&shadow_log))).await;
+    let gw = start(config(vec![with_shadow(
+        route(&champ.url),
+        &shadow.url,
+        10_000,
+    )]))
+    .await;
+    let c = client();
+    let body = r#"{"instances":[1]}"#;
+    let theirs = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/v1/models/m:predict",
+        &[("x-request-id", "order-42")],
+        body,
+    )
+    .await;
+    assert_eq!(theirs.status, StatusCode::OK);
+    assert_eq!(theirs.request_id.as_deref(), Some("order-42"));
+    let ours = call(&c, gw.addr, "POST", "/v1/models/m:predict", &[], body).await;
+    let made = ours.request_id.clone().expect("an id made");
+    assert_eq!(made.len(), 32, "{made}");
+    let unusable = "x".repeat(200);
+    let replaced = call(
+        &c,
+        gw.addr,
+        "POST",
+        "/v1/models/m:predict",
+        &[("x-request-id", &unusable)],
+        body,
+    )
+    .await;
+    let replaced = replaced.request_id.expect("an id");
+    assert!(replaced.len() == 32 && replaced != made, "{replaced}");
+    let refused = call(&c, gw.addr, "POST", "/v1/models/nope:predict", &[], body).await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    assert!(
+        refused
+            .request_id
+            .is_some_and(|id| id.len() == 32 && id != made)
+    );
+    let ids = |log: &Arc<std::sync::Mutex<Vec<Seen>>>| -> Vec<Option<String>> {
+        log.lock()
+            .expect("log")
+            .iter()
+            .map(|s| s.request_id.clone())
+            .collect()
+    };
+    let want = vec![Some("order-42".to_string()), Some(made), Some(replaced)];
+    assert_eq!(ids(&champ_log), want, "the champion saw each request's id");
+    let started = std::time::Instant::now();
+    while shadow_log.lock().expect("log").len() < 3 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ids(&shadow_log), want, "the shadow saw the same ids");
     gw.shutdown().await;
 }

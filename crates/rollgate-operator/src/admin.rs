@@ -124,7 +124,10 @@ impl AdminApi {
                     value["error"]["message"]
                 )))
             }
-            (400 | 404 | 409 | 422, _) => Err(refused(status, &value)),
+            // rollgate's own refusal carries its error code; a bare 404 or
+            // 409 (a proxy in the way, a wrong --api prefix) is not the
+            // object's fault.
+            (400 | 404 | 409 | 422, Some(_)) => Err(refused(status, &value)),
             _ => Err(AdminError::Unavailable(format!(
                 "{method} {path} answered {status}"
             ))),

@@ -27,15 +27,21 @@ pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Acti
     let shown = api.get_status(&name).await?.status;
     let mut status = shown.clone().unwrap_or_default();
     let changed = status.observed_generation != generation;
-    let refused = status
+    let refusal = status
         .conditions
         .iter()
-        .any(|c| c.type_ == "Synced" && c.status == "False" && c.reason != "WaitsForRollout");
-    if !changed && refused {
+        .find(|c| c.type_ == "Synced" && c.status == "False" && c.reason != "WaitsForRollout")
+        .map(|c| c.reason.clone());
+    // An annotation does not move the generation: adopting after the
+    // refusal that asked for it is looked at without one.
+    let adopt = obj.annotations().get(ADOPT).is_some_and(|v| v == "true");
+    let adopting = refusal.as_deref() == Some("Exists") && adopt;
+    if !changed && refusal.is_some() && !adopting {
         // This generation's settings were refused: nothing to do until
         // the object changes.
         return Ok(Action::await_change());
     }
+    let changed = changed || adopting;
     let mut problems: Vec<String> = Vec::new();
     let mut waiting = None;
 

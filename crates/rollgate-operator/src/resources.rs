@@ -173,11 +173,13 @@ pub struct ModelRolloutStatus {
     /// What the promotion guarantees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guarantee: Option<String>,
-    /// Written before the first start is asked for, never cleared: a
-    /// rollout found active for this candidate is then this object's own
-    /// (its id not recorded yet).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub start_requested: bool,
+    /// The candidate's rollgate revision id, written before a start is
+    /// asked for and cleared when rollgate refuses it: while set without a
+    /// `rolloutId`, the start's outcome is unknown (the operator stopped,
+    /// or rollgate did not answer), and the model's active rollout of that
+    /// revision no other object holds is taken for this object's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_requested: Option<String>,
     /// What was already acted on (`paused`: the value of `spec.paused`
     /// last passed on; `approve`, `promote`: the annotation values), so
     /// that each is acted on once.

@@ -5,12 +5,15 @@
 //! and reports. Deleting the object aborts an active rollout first (a
 //! finalizer).
 //!
-//! **Started once.** `status.startRequested` is written before the first
-//! start is asked for and never cleared, so an operator stopped between
-//! asking and recording the id finds the rollout it started (the model's
-//! active rollout of this candidate that no other object holds) instead of
-//! starting a second. Every reconcile reads the status afresh: the watched
-//! copy may predate the operator's own last write.
+//! **Started once.** `status.startRequested` (the candidate's revision) is
+//! written before a start is asked for and cleared when rollgate refuses
+//! it, so an operator stopped between asking and recording the id (or
+//! left without an answer) finds the rollout it started — the model's
+//! active rollout of that revision that no other object holds — instead
+//! of starting a second. A start waiting for another rollout of the model
+//! is asked again only once the model has none active. Every reconcile
+//! reads the status afresh: the watched copy may predate the operator's
+//! own last write.
 
 use std::sync::Arc;
 
@@ -22,9 +25,7 @@ use serde_json::json;
 
 use crate::admin::AdminError;
 use crate::resources::{APPROVE, FINALIZER, Model, ModelRollout, ModelRolloutStatus, PROMOTE};
-use crate::status::{
-    RolloutView, actor, camel, claimed, condition, rollout_status, set_condition, short,
-};
+use crate::status::{RolloutView, actor, camel, condition, rollout_status, set_condition, short};
 use crate::{Context, Error, now, write_status};
 
 const PAUSED: [&str; 2] = ["f:spec", "f:paused"];
@@ -59,6 +60,9 @@ struct Refusal {
 enum Found {
     Rollout(i64),
     Refused(Refusal),
+    /// Still waiting for another rollout of the model: nothing asked,
+    /// nothing to write.
+    StillWaiting,
 }
 
 /// `ModelRollout ns/name`, as reasons say it.
@@ -87,7 +91,20 @@ async fn apply(
                 return Ok(Action::await_change());
             }
             if obj.spec.abort {
-                // Aborted before it started: nothing is started.
+                // Aborted before it started: nothing is started, and a
+                // start asked for without an answer is found and aborted.
+                if let Some(rev) = status.start_requested.clone()
+                    && let Some(id) = own_active_rollout(obj, ctx, api, &rev).await?
+                {
+                    abort(
+                        ctx,
+                        id,
+                        &format!("spec.abort set on {}", whose(obj)),
+                        &actor(obj.meta(), &ABORT),
+                    )
+                    .await?;
+                }
+                status.start_requested = None;
                 status.phase = Some("ABORTED".into());
                 status.verdict = Some("spec.abort set before a rollout started".into());
                 status.observed_generation = generation;
@@ -96,7 +113,9 @@ async fn apply(
             }
             match start(obj, &mut status, shown.as_ref(), ctx, api).await? {
                 Found::Rollout(id) => id,
+                Found::StillWaiting => return Ok(Action::requeue(ctx.resync * 5)),
                 Found::Refused(r) => {
+                    status.start_requested = None;
                     status.phase = Some(if r.retry { "WAITING" } else { "INVALID" }.into());
                     // Said in the Verdict column too: why there is no rollout.
                     status.verdict = Some(short(&r.message));
@@ -114,6 +133,7 @@ async fn apply(
         }
     };
     status.rollout_id = Some(id);
+    status.start_requested = None;
     let mut rollout = read(ctx, id).await?;
     if rollout.is_active() {
         let acted = act(obj, ctx, api, &rollout, &mut status, shown.as_ref()).await?;
@@ -139,9 +159,21 @@ async fn apply(
     })
 }
 
-/// Passes on each action the object asks for, recording each in
-/// `status.handled` (written at once, so that a later failure cannot
-/// make it happen twice); whether any was taken.
+/// One action the object asks for: the verb, its reason, the field that
+/// asks for it (whose owner it is done for) and what `status.handled`
+/// records of it.
+struct Wanted {
+    verb: &'static str,
+    reason: String,
+    field: Vec<&'static str>,
+    handled: (&'static str, String),
+}
+
+/// Passes on each action the object asks for, one at a time, each marked
+/// handled and written *before* it is asked (so that nothing is ever done
+/// twice: an operator stopped in between loses that action, which the
+/// object's condition does not claim), the mark taken back when rollgate
+/// did not answer; whether any was taken.
 async fn act(
     obj: &ModelRollout,
     ctx: &Context,
@@ -150,13 +182,22 @@ async fn act(
     status: &mut ModelRolloutStatus,
     shown: Option<&ModelRolloutStatus>,
 ) -> Result<bool, Error> {
-    let id = rollout.id;
+    let name = obj.name_any();
     let mut acted = false;
     let mut written = shown.cloned();
-    for (verb, reason, field) in wanted_actions(obj, rollout, status) {
-        let path = format!("/api/v1/rollouts/{id}/{verb}");
-        let who = actor(obj.meta(), &field);
-        let body = json!({ "reason": reason });
+    // A change of `spec.paused` that needs no action is recorded too.
+    let paused = obj.spec.paused.to_string();
+    status.handled.insert("paused".into(), paused);
+    for w in wanted_actions(obj, rollout, shown) {
+        let before = status
+            .handled
+            .insert(w.handled.0.into(), w.handled.1.clone());
+        write_status(api, &name, written.as_ref(), status).await?;
+        written = Some(status.clone());
+        let path = format!("/api/v1/rollouts/{}/{}", rollout.id, w.verb);
+        let who = actor(obj.meta(), &w.field);
+        let body = json!({ "reason": w.reason });
+        let generation = obj.meta().generation;
         let c = match ctx.admin.call("POST", &path, Some(&body), &who).await {
             Ok(_) => {
                 acted = true;
@@ -164,73 +205,79 @@ async fn act(
                     "Acted",
                     true,
                     "Done",
-                    &format!("{verb}: done"),
-                    obj.meta().generation,
+                    &format!("{}: done", w.verb),
+                    generation,
                 )
             }
             // Refused (nothing to resume, say): said, not retried.
-            Err(AdminError::Refused { code, message, .. }) => condition(
-                "Acted",
-                false,
-                &camel(&code),
-                &format!("{verb}: {message}"),
-                obj.meta().generation,
-            ),
-            Err(e) => return Err(e.into()),
+            Err(AdminError::Refused { code, message, .. }) => {
+                let said = format!("{}: {message}", w.verb);
+                condition("Acted", false, &camel(&code), &said, generation)
+            }
+            Err(e) => {
+                match before {
+                    Some(old) => status.handled.insert(w.handled.0.into(), old),
+                    None => status.handled.remove(w.handled.0),
+                };
+                write_status(api, &name, written.as_ref(), status).await?;
+                return Err(e.into());
+            }
         };
         set_condition(&mut status.conditions, c, now());
-        write_status(api, &obj.name_any(), written.as_ref(), status).await?;
-        written = Some(status.clone());
     }
     Ok(acted)
 }
 
-/// The actions the object asks for that it has not had, each with its
-/// reason and the field that asks for it (whose owner it is done for):
-/// abort; pause or resume when `spec.paused` *changed* (a pause from the
-/// CLI or the dashboard is not undone); each approve or promote annotation
-/// value once (an approve kept until the rollout waits for an approval,
-/// so that one set early is not spent on nothing). Each is marked handled
-/// here.
+/// The actions the object asks for that it has not had (by what `shown`
+/// says was handled): abort; pause or resume when `spec.paused`
+/// *changed* (a pause from the CLI or the dashboard is not undone); each
+/// approve or promote annotation value once (an approve kept until the
+/// rollout waits for an approval, so that one set early is not spent on
+/// nothing).
 fn wanted_actions(
     obj: &ModelRollout,
     rollout: &RolloutView,
-    status: &mut ModelRolloutStatus,
-) -> Vec<(&'static str, String, Vec<&'static str>)> {
+    shown: Option<&ModelRolloutStatus>,
+) -> Vec<Wanted> {
+    let handled = |key: &str| shown.and_then(|s| s.handled.get(key));
     let whose = whose(obj);
     if obj.spec.abort {
-        let reason = format!("spec.abort set on {whose}");
-        return vec![("abort", reason, ABORT.to_vec())];
+        return vec![Wanted {
+            verb: "abort",
+            reason: format!("spec.abort set on {whose}"),
+            field: ABORT.to_vec(),
+            handled: ("abort", "true".into()),
+        }];
     }
     let mut out = Vec::new();
     let paused = obj.spec.paused.to_string();
-    if status.handled.get("paused") != Some(&paused) {
-        status.handled.insert("paused".into(), paused.clone());
-        if obj.spec.paused != rollout.state.paused {
-            let verb = if obj.spec.paused { "pause" } else { "resume" };
-            let reason = format!("spec.paused set to {paused} on {whose}");
-            out.push((verb, reason, PAUSED.to_vec()));
-        }
+    if handled("paused") != Some(&paused) && obj.spec.paused != rollout.state.paused {
+        out.push(Wanted {
+            verb: if obj.spec.paused { "pause" } else { "resume" },
+            reason: format!("spec.paused set to {paused} on {whose}"),
+            field: PAUSED.to_vec(),
+            handled: ("paused", paused),
+        });
     }
     for (key, verb) in [(APPROVE, "approve"), (PROMOTE, "promote")] {
         let Some(value) = obj.annotations().get(key) else {
             continue;
         };
         let early = verb == "approve" && rollout.state.awaiting.is_none();
-        if early || status.handled.get(verb) == Some(value) {
+        if early || handled(verb) == Some(value) {
             continue;
         }
-        status.handled.insert(verb.to_string(), value.clone());
         let reason = if value.trim().is_empty() {
             format!("{key} on {whose}")
         } else {
             value.clone()
         };
-        out.push((
+        out.push(Wanted {
             verb,
             reason,
-            vec!["f:metadata", "f:annotations", key_field(key)],
-        ));
+            field: vec!["f:metadata", "f:annotations", key_field(key)],
+            handled: (verb, value.clone()),
+        });
     }
     out
 }
@@ -288,12 +335,17 @@ async fn start(
             retry: true,
         }));
     };
-    if status.start_requested {
-        if let Some(id) = own_active_rollout(obj, ctx, api, candidate, &who).await? {
+    let waiting = status.phase.as_deref() == Some("WAITING")
+        && status.observed_generation == obj.meta().generation;
+    if status.start_requested.is_some() {
+        if let Some(id) = own_active_rollout(obj, ctx, api, candidate).await? {
             return Ok(Found::Rollout(id));
         }
     } else {
-        status.start_requested = true;
+        if waiting && model_busy(ctx, &spec.model).await? {
+            return Ok(Found::StillWaiting);
+        }
+        status.start_requested = Some(candidate.clone());
         status.phase = Some("STARTING".into());
         write_status(api, &obj.name_any(), shown, status).await?;
     }
@@ -342,10 +394,9 @@ async fn own_active_rollout(
     ctx: &Context,
     api: &Api<ModelRollout>,
     candidate: &str,
-    who: &str,
 ) -> Result<Option<i64>, Error> {
     let path = format!("/api/v1/rollouts?active=true&model={}", obj.spec.model);
-    let active = ctx.admin.call("GET", &path, None, who).await?;
+    let active = ctx.admin.call("GET", &path, None, "operator").await?;
     let Some(id) = active
         .as_array()
         .into_iter()
@@ -364,6 +415,31 @@ async fn own_active_rollout(
     Ok((!held).then_some(id))
 }
 
+/// Whether the model has an active rollout (a start would be refused).
+async fn model_busy(ctx: &Context, model: &str) -> Result<bool, Error> {
+    let path = format!("/api/v1/rollouts?active=true&model={model}");
+    let active = ctx.admin.call("GET", &path, None, "operator").await?;
+    Ok(active.as_array().is_some_and(|a| !a.is_empty()))
+}
+
+/// Aborts rollout `id`; one that has ended (or is gone) needs nothing.
+async fn abort(ctx: &Context, id: i64, reason: &str, who: &str) -> Result<(), Error> {
+    let path = format!("/api/v1/rollouts/{id}/abort");
+    match ctx
+        .admin
+        .call("POST", &path, Some(&json!({ "reason": reason })), who)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(AdminError::Refused { code, .. })
+            if code == "rollout_finished" || code == "not_found" =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What the operator reads of rollout `id`.
 async fn read(ctx: &Context, id: i64) -> Result<RolloutView, Error> {
     let path = format!("/api/v1/rollouts/{id}");
@@ -372,9 +448,10 @@ async fn read(ctx: &Context, id: i64) -> Result<RolloutView, Error> {
 }
 
 /// A deleted object's active rollout is aborted before the object goes
-/// (the status read afresh, and a start it asked for but could not
-/// record found as [`start`] finds it). rollgate unreachable: the object
-/// stays until it answers.
+/// (the status read afresh, and a start asked for without an answer found
+/// as [`start`] finds it, by the revision recorded: the `Model` may be
+/// gone already). rollgate unreachable: the object stays until it
+/// answers.
 async fn cleanup(
     obj: &ModelRollout,
     ctx: &Context,
@@ -385,40 +462,15 @@ async fn cleanup(
         .await?
         .status
         .unwrap_or_default();
-    // Kubernetes does not record who deletes an object.
-    let who = claimed("kubernetes:deletion", obj.meta());
-    let id = match status.rollout_id {
-        Some(id) => Some(id),
-        None if status.start_requested => {
-            let model: Api<Model> =
-                Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-            let candidate = model
-                .get_opt(&obj.spec.model)
-                .await?
-                .and_then(|m| m.status)
-                .and_then(|s| s.revisions.get(&obj.spec.candidate).cloned());
-            match candidate {
-                Some(c) => own_active_rollout(obj, ctx, api, &c, &who).await?,
-                None => None,
-            }
-        }
-        None => None,
+    let id = match (status.rollout_id, &status.start_requested) {
+        (Some(id), _) => Some(id),
+        (None, Some(rev)) => own_active_rollout(obj, ctx, api, rev).await?,
+        (None, None) => None,
     };
-    let Some(id) = id else {
-        return Ok(Action::await_change());
-    };
-    let reason = format!("{} deleted", whose(obj));
-    let path = format!("/api/v1/rollouts/{id}/abort");
-    match ctx
-        .admin
-        .call("POST", &path, Some(&json!({ "reason": reason })), &who)
-        .await
-    {
-        Ok(_) => Ok(Action::await_change()),
-        // Ended already, or gone: nothing to abort.
-        Err(AdminError::Refused {
-            status: 404 | 409, ..
-        }) => Ok(Action::await_change()),
-        Err(e) => Err(e.into()),
+    if let Some(id) = id {
+        // Kubernetes does not record who deletes an object.
+        let reason = format!("{} deleted", whose(obj));
+        abort(ctx, id, &reason, "kubernetes:deletion").await?;
     }
+    Ok(Action::await_change())
 }

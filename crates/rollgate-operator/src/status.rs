@@ -167,10 +167,11 @@ pub fn camel(code: &str) -> String {
 /// `["f:spec", "f:paused"]`: whoever set it last), else the newest writer
 /// of the spec or annotations. Kubernetes records the client
 /// (`kubectl-patch`, `argocd-controller`), not the person: the API
-/// server's audit log has the person. A `rollgate.dev/on-behalf-of`
-/// annotation is added as what the client says (`kubernetes:kubectl-patch
-/// for alice`), never in its place. The admin API keeps it as "on behalf
-/// of".
+/// server's audit log has the person. What a `rollgate.dev/on-behalf-of`
+/// annotation says is added (`kubernetes:kubectl-patch for alice`) only
+/// when the same client wrote it, never in the client's place; control
+/// characters dropped, 64 characters at most (what the admin API keeps),
+/// so that no annotation can make a request unsendable.
 pub fn actor(meta: &ObjectMeta, field: &[&str]) -> String {
     let owner = |path: &str| {
         meta.managed_fields
@@ -193,25 +194,21 @@ pub fn actor(meta: &ObjectMeta, field: &[&str]) -> String {
     };
     let client = owner(&pointer(field))
         .or_else(|| owner("/f:spec"))
-        .or_else(|| owner("/f:metadata/f:annotations"))
-        .unwrap_or_else(|| "unknown".to_string());
-    claimed(&format!("kubernetes:{client}"), meta)
-}
-
-/// `who`, with what the object's `rollgate.dev/on-behalf-of` annotation
-/// says added; control characters dropped and at most 64 characters (what
-/// the admin API keeps), so that no annotation can make a request
-/// unsendable.
-pub fn claimed(who: &str, meta: &ObjectMeta) -> String {
+        .or_else(|| owner("/f:metadata/f:annotations"));
     let says = meta
         .annotations
         .as_ref()
         .and_then(|a| a.get(ON_BEHALF_OF))
         .map(|s| s.trim())
-        .filter(|s| !s.is_empty());
+        .filter(|s| !s.is_empty())
+        .filter(|_| {
+            let annotation = ["f:metadata", "f:annotations", &format!("f:{ON_BEHALF_OF}")];
+            client.is_some() && owner(&pointer(&annotation)) == client
+        });
+    let client = client.unwrap_or_else(|| "unknown".to_string());
     let full = match says {
-        Some(s) => format!("{who} for {s}"),
-        None => who.to_string(),
+        Some(s) => format!("kubernetes:{client} for {s}"),
+        None => format!("kubernetes:{client}"),
     };
     full.chars().filter(|c| !c.is_control()).take(64).collect()
 }

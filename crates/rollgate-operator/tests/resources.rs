@@ -174,10 +174,23 @@ fn a_change_is_recorded_for_whoever_made_it() {
     );
     let approve = ["f:metadata", "f:annotations", "f:rollgate.dev/approve"];
     assert_eq!(actor(&meta, &approve), "kubernetes:argocd");
+    // What the annotation says counts only from the client that acts.
     meta.annotations = Some([(ON_BEHALF_OF.to_string(), "alice\r\nx".to_string())].into());
     assert_eq!(
         actor(&meta, &["f:spec", "f:paused"]),
+        "kubernetes:kubectl-patch"
+    );
+    let says = json!({ "f:metadata": { "f:annotations": { "f:rollgate.dev/on-behalf-of": {} } } });
+    if let Some(fields) = meta.managed_fields.as_mut() {
+        fields.push(entry("kubectl-patch", 100, says, None));
+    }
+    assert_eq!(
+        actor(&meta, &["f:spec", "f:paused"]),
         "kubernetes:kubectl-patch for alicex"
+    );
+    assert_eq!(
+        actor(&meta, &["f:spec", "f:candidate"]),
+        "kubernetes:unknown"
     );
     meta.annotations = Some([(ON_BEHALF_OF.to_string(), "b".repeat(100))].into());
     assert_eq!(actor(&meta, &["f:spec", "f:paused"]).chars().count(), 64);

@@ -477,6 +477,25 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         held["spec"]["data_plane"].is_null(),
         "its settings untouched: {held}"
     );
+    // Adopted once the object says so (an annotation: no new generation).
+    let adopt =
+        Patch::Merge(json!({ "metadata": { "annotations": { "rollgate.dev/adopt": "true" } } }));
+    models
+        .patch("taken", &PatchParams::apply("kubectl-annotate"), &adopt)
+        .await
+        .expect("annotated");
+    let started = Instant::now();
+    loop {
+        let (_, held) = api(&c, &ctl, "GET", "/api/v1/models/taken", None).await;
+        if held["spec"]["data_plane"] == "edge" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "adopted: {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Paused from the spec; a resume from the API is not undone (the spec
     // is acted on when it changes); deleted mid-canary while rollgate is
@@ -656,7 +675,9 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
     );
 
     // The operator stopped after asking for a start and before recording
-    // its id: restarted, it finds that rollout (it started none other).
+    // its id (played here: the start asked through the API as the operator
+    // would, the status holding what it wrote before asking): restarted,
+    // it finds that rollout and starts no other.
     operator.kill();
     let body = json!({ "model": "m", "revision": revisions["v2"], "plan": holding });
     let (st, r) = api(&c, &ctl, "POST", "/api/v1/rollouts", Some(body)).await;
@@ -667,7 +688,8 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         .create(&PostParams::default(), &asked)
         .await
         .expect("created");
-    let marker = Patch::Merge(json!({ "status": { "startRequested": true, "phase": "STARTING" } }));
+    let marker = Patch::Merge(json!({ "status": {
+        "startRequested": revisions["v2"], "phase": "STARTING" } }));
     rollouts
         .patch_status("m-orphan", &PatchParams::default(), &marker)
         .await

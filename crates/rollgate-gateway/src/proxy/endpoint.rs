@@ -20,6 +20,7 @@ use rollgate_oip::{self as oip, Code};
 use super::admission::{passthrough, predict, predict_admitted, read_body};
 use super::answer::closing;
 use super::forward::Sent;
+use super::request_id::{self, REQUEST_ID};
 use super::wire::{Wire, json_error};
 use crate::Inner;
 use crate::body::Body;
@@ -75,9 +76,20 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
     }
 }
 
+/// A client's request, under its id (`x-request-id`: the client's, or
+/// one made here), which goes upstream with it and back on the answer,
+/// whoever made the answer.
+pub(crate) async fn handle(inner: Arc<Inner>, mut req: Request<Incoming>) -> Response<Body> {
+    let id = request_id::of(req.headers());
+    req.headers_mut().insert(REQUEST_ID, id.clone());
+    let mut answer = routed(inner, req).await;
+    answer.headers_mut().insert(REQUEST_ID, id);
+    answer
+}
+
 /// A client's request: a gRPC call, or a REST request by what its path
 /// asks for.
-pub(crate) async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
+async fn routed(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     // gRPC is HTTP/2 only: an HTTP/1.1 request (most) skips the lookup.
     if req.version() == http::Version::HTTP_2
         && req.method() == Method::POST

@@ -23,7 +23,9 @@ mod endpoint;
 mod forward;
 mod headers;
 mod mirror;
+mod request_id;
 mod wire;
 
 pub use answer::REVISION_HEADER;
 pub(crate) use endpoint::handle;
+pub use request_id::REQUEST_ID_HEADER;
