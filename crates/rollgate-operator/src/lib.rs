@@ -101,38 +101,60 @@ pub async fn run(
     futures::join!(models, rollouts);
 }
 
-/// Writes `status` into the object's status subresource unless it is
-/// what the object already shows (a write that changes nothing would wake
-/// its reconcile again for nothing).
-pub(crate) async fn write_status<K, S>(
-    api: &Api<K>,
-    name: &str,
-    shown: Option<&S>,
-    status: &S,
-) -> Result<(), Error>
+/// One object's status subresource, written as merge patches against
+/// what it last held: what the reconcile read afresh, then each write of
+/// its own. A merge patch leaves what it does not name, so whatever the
+/// new status no longer has (a field, a key of a map) is sent as null;
+/// a write that changes nothing is not sent (it would wake the reconcile
+/// again for nothing).
+pub(crate) struct StatusWriter<'a, K> {
+    api: &'a Api<K>,
+    name: String,
+    written: Option<serde_json::Value>,
+}
+
+impl<'a, K> StatusWriter<'a, K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    S: PartialEq + serde::Serialize,
 {
-    if shown == Some(status) {
-        return Ok(());
-    }
-    // A merge patch leaves what it does not name: a field the new status
-    // no longer has is sent as null, so that it goes.
-    let mut new = serde_json::to_value(status).map_err(|e| Error::Unreadable(e.to_string()))?;
-    if let (Some(old), Some(new)) = (
-        shown.and_then(|s| serde_json::to_value(s).ok()),
-        new.as_object_mut(),
-    ) && let Some(old) = old.as_object()
-    {
-        for key in old.keys() {
-            new.entry(key.clone()).or_insert(serde_json::Value::Null);
+    pub(crate) fn new<S: serde::Serialize>(api: &'a Api<K>, name: &str, shown: Option<&S>) -> Self {
+        StatusWriter {
+            api,
+            name: name.to_string(),
+            written: shown.and_then(|s| serde_json::to_value(s).ok()),
         }
     }
-    let patch = kube::api::Patch::Merge(serde_json::json!({ "status": new }));
-    let params = kube::api::PatchParams::apply(status::FIELD_MANAGER);
-    api.patch_status(name, &params, &patch).await?;
-    Ok(())
+
+    pub(crate) async fn write<S: serde::Serialize>(&mut self, status: &S) -> Result<(), Error> {
+        let new = serde_json::to_value(status).map_err(|e| Error::Unreadable(e.to_string()))?;
+        if self.written.as_ref() == Some(&new) {
+            return Ok(());
+        }
+        let mut patch = new.clone();
+        if let Some(old) = &self.written {
+            null_missing(old, &mut patch);
+        }
+        let patch = kube::api::Patch::Merge(serde_json::json!({ "status": patch }));
+        let params = kube::api::PatchParams::apply(status::FIELD_MANAGER);
+        self.api.patch_status(&self.name, &params, &patch).await?;
+        self.written = Some(new);
+        Ok(())
+    }
+}
+
+/// Every key `old` has and `new` lacks, at any depth of objects, set to
+/// null in `new` (a merge patch's way of removing it).
+fn null_missing(old: &serde_json::Value, new: &mut serde_json::Value) {
+    if let (serde_json::Value::Object(old), serde_json::Value::Object(new)) = (old, new) {
+        for (key, was) in old {
+            match new.get_mut(key) {
+                Some(is) => null_missing(was, is),
+                None => {
+                    new.insert(key.clone(), serde_json::Value::Null);
+                }
+            }
+        }
+    }
 }
 
 /// A failed reconcile (rollgate or the Kubernetes API away) is tried
@@ -153,5 +175,27 @@ fn log<T: std::fmt::Debug, E: std::fmt::Display>(kind: &str, r: Result<T, E>) {
     match r {
         Ok(o) => tracing::debug!(kind, object = ?o, "reconciled"),
         Err(e) => tracing::debug!(kind, error = %e, "reconcile error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// What a status no longer has, at any depth of objects, goes as
+    /// null in its merge patch; lists are replaced whole by a merge patch
+    /// and left as they are.
+    #[test]
+    fn what_went_is_sent_as_null() {
+        let old = json!({ "startRequested": "r1", "handled": { "paused": "false", "approve": "x" },
+                          "conditions": [{ "type": "Valid" }], "phase": "STARTING" });
+        let mut new =
+            json!({ "handled": { "paused": "false" }, "conditions": [], "phase": "WAITING" });
+        super::null_missing(&old, &mut new);
+        assert_eq!(
+            new,
+            json!({ "startRequested": null, "handled": { "paused": "false", "approve": null },
+                    "conditions": [], "phase": "WAITING" })
+        );
     }
 }

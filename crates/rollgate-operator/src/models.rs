@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::admin::AdminError;
 use crate::resources::{ADOPT, Model, ModelStatus};
 use crate::status::{actor, camel, condition, or_empty, set_condition};
-use crate::{Context, Error, now, write_status};
+use crate::{Context, Error, StatusWriter, now};
 
 /// Brings rollgate's model in line with the object and writes its status.
 pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -98,7 +98,9 @@ pub(crate) async fn reconcile(obj: Arc<Model>, ctx: Arc<Context>) -> Result<Acti
         changed,
         generation,
     );
-    write_status(&api, &name, shown.as_ref(), &status).await?;
+    StatusWriter::new(&api, &name, shown.as_ref())
+        .write(&status)
+        .await?;
     // Promotions move the champion: looked at again now and then; a
     // change waiting for a rollout sooner.
     Ok(Action::requeue(if waiting.is_some() {
@@ -274,6 +276,8 @@ async fn refuse(
         now(),
     );
     status.observed_generation = g;
-    write_status(api, &obj.name_any(), shown, &status).await?;
+    StatusWriter::new(api, &obj.name_any(), shown)
+        .write(&status)
+        .await?;
     Ok(Action::await_change())
 }

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::admin::AdminError;
 use crate::resources::{APPROVE, FINALIZER, Model, ModelRollout, ModelRolloutStatus, PROMOTE};
 use crate::status::{RolloutView, actor, camel, condition, rollout_status, set_condition, short};
-use crate::{Context, Error, now, write_status};
+use crate::{Context, Error, StatusWriter, now};
 
 const PAUSED: [&str; 2] = ["f:spec", "f:paused"];
 const ABORT: [&str; 2] = ["f:spec", "f:abort"];
@@ -81,6 +81,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let generation = obj.meta().generation;
     let shown = api.get_status(&obj.name_any()).await?.status;
+    let mut writer = StatusWriter::new(api, &obj.name_any(), shown.as_ref());
     let mut status = shown.clone().unwrap_or_default();
     let id = match status.rollout_id {
         Some(id) => id,
@@ -108,10 +109,10 @@ async fn apply(
                 status.phase = Some("ABORTED".into());
                 status.verdict = Some("spec.abort set before a rollout started".into());
                 status.observed_generation = generation;
-                write_status(api, &obj.name_any(), shown.as_ref(), &status).await?;
+                writer.write(&status).await?;
                 return Ok(Action::await_change());
             }
-            match start(obj, &mut status, shown.as_ref(), ctx, api).await? {
+            match start(obj, &mut status, &mut writer, ctx, api).await? {
                 Found::Rollout(id) => id,
                 Found::StillWaiting => return Ok(Action::requeue(ctx.resync * 5)),
                 Found::Refused(r) => {
@@ -122,7 +123,7 @@ async fn apply(
                     let c = condition("Valid", false, &r.reason, &r.message, generation);
                     set_condition(&mut status.conditions, c, now());
                     status.observed_generation = generation;
-                    write_status(api, &obj.name_any(), shown.as_ref(), &status).await?;
+                    writer.write(&status).await?;
                     return Ok(if r.retry {
                         Action::requeue(ctx.resync * 5)
                     } else {
@@ -136,7 +137,7 @@ async fn apply(
     status.start_requested = None;
     let mut rollout = read(ctx, id).await?;
     if rollout.is_active() {
-        let acted = act(obj, ctx, api, &rollout, &mut status, shown.as_ref()).await?;
+        let acted = act(obj, ctx, &mut writer, &rollout, &mut status, shown.as_ref()).await?;
         if acted {
             rollout = read(ctx, id).await?;
         }
@@ -151,7 +152,7 @@ async fn apply(
     );
     set_condition(&mut status.conditions, accepted, now());
     status.observed_generation = generation;
-    write_status(api, &obj.name_any(), shown.as_ref(), &status).await?;
+    writer.write(&status).await?;
     Ok(if rollout.is_active() {
         Action::requeue(ctx.resync)
     } else {
@@ -177,14 +178,12 @@ struct Wanted {
 async fn act(
     obj: &ModelRollout,
     ctx: &Context,
-    api: &Api<ModelRollout>,
+    writer: &mut StatusWriter<'_, ModelRollout>,
     rollout: &RolloutView,
     status: &mut ModelRolloutStatus,
     shown: Option<&ModelRolloutStatus>,
 ) -> Result<bool, Error> {
-    let name = obj.name_any();
     let mut acted = false;
-    let mut written = shown.cloned();
     // A change of `spec.paused` that needs no action is recorded too.
     let paused = obj.spec.paused.to_string();
     status.handled.insert("paused".into(), paused);
@@ -192,8 +191,7 @@ async fn act(
         let before = status
             .handled
             .insert(w.handled.0.into(), w.handled.1.clone());
-        write_status(api, &name, written.as_ref(), status).await?;
-        written = Some(status.clone());
+        writer.write(status).await?;
         let path = format!("/api/v1/rollouts/{}/{}", rollout.id, w.verb);
         let who = actor(obj.meta(), &w.field);
         let body = json!({ "reason": w.reason });
@@ -219,7 +217,7 @@ async fn act(
                     Some(old) => status.handled.insert(w.handled.0.into(), old),
                     None => status.handled.remove(w.handled.0),
                 };
-                write_status(api, &name, written.as_ref(), status).await?;
+                writer.write(status).await?;
                 return Err(e.into());
             }
         };
@@ -296,7 +294,7 @@ fn key_field(key: &str) -> &'static str {
 async fn start(
     obj: &ModelRollout,
     status: &mut ModelRolloutStatus,
-    shown: Option<&ModelRolloutStatus>,
+    writer: &mut StatusWriter<'_, ModelRollout>,
     ctx: &Context,
     api: &Api<ModelRollout>,
 ) -> Result<Found, Error> {
@@ -347,7 +345,7 @@ async fn start(
         }
         status.start_requested = Some(candidate.clone());
         status.phase = Some("STARTING".into());
-        write_status(api, &obj.name_any(), shown, status).await?;
+        writer.write(status).await?;
     }
     let mut body = json!({ "model": spec.model, "revision": candidate });
     if let Some(plan) = spec.plan.as_ref().or(model.spec.plan.as_ref()) {

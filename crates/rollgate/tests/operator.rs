@@ -424,6 +424,10 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         |s| s.phase.as_deref() == Some("INVALID"),
     )
     .await;
+    assert_eq!(
+        s.start_requested, None,
+        "a refused start is not taken for asked: {s:?}"
+    );
     let valid = condition(&s.conditions, "Valid").expect("a Valid condition");
     assert_eq!(valid.status, "False");
     assert!(
