@@ -11,5 +11,6 @@ mod it;
 mod metrics;
 mod pin;
 mod refusals;
+mod shadow;
 mod stream;
 mod tls;

@@ -125,6 +125,16 @@ async fn columns(kube: &kube::Client) -> BTreeMap<String, BTreeMap<String, Value
         .collect()
 }
 
+/// Waits (bounded by `limit`) until the `ModelRollout` `name` is gone:
+/// its finalizer let it go.
+async fn gone(api: &Api<ModelRollout>, name: &str, limit: Duration, why: &str) {
+    let started = Instant::now();
+    while api.get_opt(name).await.ok().flatten().is_some() {
+        assert!(started.elapsed() < limit, "{name}: {why}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn ended(s: &ModelRolloutStatus) -> bool {
     matches!(
         s.phase.as_deref(),
@@ -579,14 +589,13 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
     ctl = start_controller_declaring(dir.path(), "edge", &plane);
     operator.kill();
     operator = start_operator(&server, &ctl);
-    let started = Instant::now();
-    while rollouts.get_opt("m-v4").await.ok().flatten().is_some() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the finalizer let it go once rollgate answered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    gone(
+        &rollouts,
+        "m-v4",
+        Duration::from_secs(30),
+        "the finalizer let it go once rollgate answered",
+    )
+    .await;
     let (_, record) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
     assert_eq!(phase(&record), "aborted", "{record}");
     assert!(
@@ -716,14 +725,13 @@ async fn models_and_rollouts_applied_as_yaml_are_driven_and_reported() {
         .delete("m-orphan", &DeleteParams::default())
         .await
         .expect("deleted");
-    let started = Instant::now();
-    while rollouts.get_opt("m-orphan").await.ok().flatten().is_some() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "m-orphan let go"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    gone(
+        &rollouts,
+        "m-orphan",
+        Duration::from_secs(20),
+        "m-orphan let go",
+    )
+    .await;
     let (_, record) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{orphan}"), None).await;
     assert_eq!(phase(&record), "aborted", "{record}");
 
