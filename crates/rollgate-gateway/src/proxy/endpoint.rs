@@ -80,8 +80,7 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
 /// one made here), which goes upstream with it and back on the answer,
 /// whoever made the answer.
 pub(crate) async fn handle(inner: Arc<Inner>, mut req: Request<Incoming>) -> Response<Body> {
-    let id = request_id::of(req.headers());
-    req.headers_mut().insert(REQUEST_ID, id.clone());
+    let id = request_id::of(req.headers_mut());
     let mut answer = routed(inner, req).await;
     answer.headers_mut().insert(REQUEST_ID, id);
     answer
