@@ -5,7 +5,11 @@
 #   export ROLLGATE_MLFLOW_URL=http://127.0.0.1:PORT  ROLLGATE_MLFLOW_PID=PID
 #   export ROLLGATE_MLFLOW_DIR=DIR   (its store and log)
 # The venv is kept in target/mlflow-venv (reused while its pins match).
-# Stop it with: kill "$ROLLGATE_MLFLOW_PID" (it stops its workers).
+# It runs in a process group of its own (its workers and job runners too):
+# stop it with kill -- -"$ROLLGATE_MLFLOW_PID".
+# With ROLLGATE_MLFLOW_PORT and ROLLGATE_MLFLOW_DIR set, it starts again on
+# that port and store (a test's registry outage ends). `start.sh install`
+# only installs the venv.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -13,12 +17,13 @@ venv="$root/target/mlflow-venv"
 # shellcheck source=../support/venv.sh
 . "$root/tests/support/venv.sh"
 ensure_venv "$here/requirements.txt" "$venv"
-work="$(mktemp -d /tmp/rollgate-mlflow.XXXX)"
-port="$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+if [ "${1:-}" = install ]; then exit 0; fi
+work="${ROLLGATE_MLFLOW_DIR:-$(mktemp -d /tmp/rollgate-mlflow.XXXX)}"
+port="${ROLLGATE_MLFLOW_PORT:-$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
 # One worker: the tests are its only clients.
-(cd "$work" && exec "$venv/bin/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
+(cd "$work" && exec setsid "$venv/bin/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
   --backend-store-uri "sqlite:///$work/mlflow.db" --default-artifact-root "$work/artifacts" \
-  >"$work/mlflow.log" 2>&1) &
+  >>"$work/mlflow.log" 2>&1) &
 pid=$!
 for _ in $(seq 1 1200); do
   if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
@@ -32,5 +37,5 @@ for _ in $(seq 1 1200); do
 done
 echo "MLflow did not become ready within 120 s; its log:" >&2
 tail -30 "$work/mlflow.log" >&2
-kill "$pid" 2>/dev/null || true
+kill -- -"$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true
 exit 1

@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use rollgate_store::{DataPlane, DataPlaneRef, ModelSpec, PrometheusEvidence};
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,43 @@ pub struct Credential {
     /// Where the token may go: a request carries it only to this scheme,
     /// host and port, and under this path.
     pub url: String,
+}
+
+/// `[registries.NAME]`: a model registry (MLflow's) model specs may follow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// The registry's kind: `mlflow` (the only one so far).
+    #[serde(default)]
+    pub kind: RegistryKind,
+    /// The tracking server's base URL (e.g. `http://mlflow.ml:5000`).
+    pub url: String,
+    /// A `[credentials.NAME]` whose token is sent to `url` as a bearer
+    /// token (declared for that URL).
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// How often each following model's aliases are read.
+    #[serde(default = "default_poll", with = "humantime_serde")]
+    pub poll: Duration,
+    /// Each call's bound.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+/// The kinds of registry rollgate follows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegistryKind {
+    #[default]
+    Mlflow,
+}
+
+fn default_poll() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(5)
 }
 
 /// Why a model's spec cannot have what it names (all the spec's or the
@@ -62,6 +100,11 @@ pub enum HostError {
          and update the model to name it"
     )]
     Undeclared { model: String, what: String },
+    #[error(
+        "model.registry.name: no registry {name:?} is declared in the controller's config \
+         (declared: {declared}); add [registries.{name}] there (docs/config.md, \"MLflow\")"
+    )]
+    UnknownRegistry { name: String, declared: String },
     #[error("credential {name:?}: {why}")]
     Unreadable { name: String, why: String },
     #[error("model {model:?} cannot use its declared data plane: {why}")]
@@ -73,6 +116,7 @@ pub enum HostError {
 pub struct Host {
     data_planes: BTreeMap<String, DataPlane>,
     credentials: BTreeMap<String, Credential>,
+    registries: BTreeMap<String, RegistryConfig>,
     /// Models whose isolation was logged (once each).
     told: Mutex<BTreeSet<String>>,
 }
@@ -272,8 +316,69 @@ impl Host {
         Ok(Host {
             data_planes,
             credentials,
+            registries: BTreeMap::new(),
             told: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// With the model registries the operator declared
+    /// (`[registries.NAME]`), each credential bound to its registry's URL.
+    pub fn with_registries(
+        mut self,
+        registries: BTreeMap<String, RegistryConfig>,
+    ) -> Result<Host, String> {
+        for (name, r) in &registries {
+            rollgate_core::spec::check_model_name(name)
+                .map_err(|e| format!("[registries.{name}]: the {}", e.message))?;
+            if !sends_to(&r.url, &r.url) {
+                return Err(format!(
+                    "registries.{name}.url: an http:// or https:// URL without user-info, got {:?}",
+                    r.url
+                ));
+            }
+            if let Some(c) = &r.credential {
+                self.credential_for(c, &r.url)
+                    .map_err(|e| format!("registries.{name}.credential: {e}"))?;
+            }
+            if r.poll.is_zero() || r.timeout.is_zero() {
+                return Err(format!(
+                    "registries.{name}: poll and timeout must be positive"
+                ));
+            }
+        }
+        self.registries = registries;
+        Ok(self)
+    }
+
+    /// The declared model registries.
+    pub fn registries(&self) -> &BTreeMap<String, RegistryConfig> {
+        &self.registries
+    }
+
+    /// The bearer token to send registry `name`, read now from its
+    /// credential's file; `None` when it declares none.
+    pub fn registry_token(&self, name: &str) -> Result<Option<String>, HostError> {
+        let Some(r) = self.registries.get(name) else {
+            return Err(HostError::UnknownRegistry {
+                name: name.to_string(),
+                declared: self
+                    .registries
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let Some(c) = &r.credential else {
+            return Ok(None);
+        };
+        let credential = self.credential_for(c, &r.url)?;
+        crate::http::bearer_token(&credential.file.to_string_lossy())
+            .map(Some)
+            .map_err(|why| HostError::Unreadable {
+                name: c.clone(),
+                why,
+            })
     }
 
     /// What a spec written through the API may name: declared data planes
@@ -292,6 +397,19 @@ impl Host {
             && let Some(name) = &p.credential
         {
             self.credential_for(name, &p.url)?;
+        }
+        if let Some(r) = &spec.registry
+            && !self.registries.contains_key(&r.name)
+        {
+            let declared = self.registries.keys().cloned().collect::<Vec<_>>();
+            return Err(HostError::UnknownRegistry {
+                name: r.name.clone(),
+                declared: if declared.is_empty() {
+                    "none".into()
+                } else {
+                    declared.join(", ")
+                },
+            });
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ pub mod notify;
 pub mod oidc;
 pub mod prometheus;
 pub mod reconcile;
+pub mod registry;
 
 pub use api::{ApiState, router};
 pub use context::{Anchor, Context, GatewayStats, PRUNE_EVERY, PassStats, Retention, RoutePush};

@@ -91,7 +91,9 @@ impl HttpClient {
         self.send(http::Method::POST, url, bearer, Some(body)).await
     }
 
-    async fn send(
+    /// A request with `method` and a JSON body when given (a registry's
+    /// `DELETE` takes one), and a bearer token when given.
+    pub async fn send(
         &self,
         method: http::Method,
         url: &str,

@@ -40,7 +40,8 @@ pub use kube_plane::{
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, Model, ModelSpec, PrometheusEvidence,
-    Protocol, Revision, RevisionSpec, RevisionState,
+    Protocol, RegistrySource, RegistryVersion, Revision, RevisionSpec, RevisionState, UPSTREAM_TAG,
+    VERSION_MARK,
 };
 pub use sql::store::SqlStore;
 pub use tokens::{
@@ -143,6 +144,19 @@ pub struct TransitionWrite<'a> {
     /// The lease the writer leads by: the write lands only while its token
     /// is current. Operators' writes carry none (the version guards them).
     pub fence: Option<Fence>,
+}
+
+/// An audit record no state change carries.
+#[derive(Debug, Clone)]
+pub struct Note<'a> {
+    pub model: &'a str,
+    pub rollout: Option<i64>,
+    pub kind: &'a str,
+    pub actor: &'a str,
+    pub body: serde_json::Value,
+    /// A cursor (as notifications keep) moved to this record's `seq` in the
+    /// same transaction: what an outbox reader did is recorded once.
+    pub cursor: Option<(&'a str, u64)>,
 }
 
 /// A lease's fencing token: increases every time the lease changes holder.
@@ -283,6 +297,10 @@ pub trait Store: Send + Sync {
     fn prune_evaluations(&self, before: Timestamp) -> Result<u64>;
     /// The chain's last record, `(seq, hash)`.
     fn audit_head(&self) -> Result<Option<(u64, String)>>;
+    /// Appends an audit record that no state change carries (a registry's
+    /// conflict, a verdict written back to it): chained and notified like
+    /// every other.
+    fn note(&self, note: Note<'_>) -> Result<()>;
 
     /// The audit record notification receiver `receiver` was last sent
     /// (its cursor), if it has one. The audit log is the outbox: a receiver

@@ -10,6 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::kube_plane::{self, KubeAccess, MirrorTo, RouteTemplate};
 use crate::{Result, StoreError};
 
+mod source;
+pub use source::{RegistrySource, RegistryVersion, UPSTREAM_TAG, VERSION_MARK};
+
 /// How the gateway talks to a model and reads its predictions.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -49,6 +52,10 @@ pub struct ModelSpec {
     /// Pinned requests are served and counted apart, never as evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinning: Option<bool>,
+    /// A model registry (MLflow's) whose alias starts this model's
+    /// rollouts and hears their verdicts (docs/config.md, "MLflow").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistrySource>,
 }
 
 /// A model's data plane as its spec names it. Adapters write files and
@@ -550,6 +557,9 @@ impl ModelSpec {
         if let Some(p) = &self.prometheus {
             p.validate()?;
         }
+        if let Some(r) = &self.registry {
+            r.validate()?;
+        }
         if self.data_plane.is_some() && self.prometheus.is_none() {
             // rollgate's gateways see only the copies they mirror.
             return Err(StoreError::Invalid(
@@ -643,6 +653,10 @@ pub struct RevisionSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub predictor: Option<serde_json::Value>,
+    /// The registry version it was registered from, when a registry's
+    /// alias started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry_version: Option<RegistryVersion>,
 }
 
 /// An `env` name containing one of these (in any case) is always secret.
@@ -775,6 +789,7 @@ impl RevisionSpec {
             served_name,
             env: self.env.clone(),
             secret_env,
+            registry_version: self.registry_version.clone(),
         })
     }
 

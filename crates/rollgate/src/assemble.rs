@@ -198,6 +198,12 @@ where
             wait(),
         )));
     }
+    if !ctx.host.registries().is_empty() {
+        tasks.push(tokio::spawn(rollgate_controller::registry::run(
+            ctx.clone(),
+            wait(),
+        )));
+    }
     tasks.push(tokio::spawn(rollgate_controller::run(ctx, wait())));
     tasks.push(tokio::spawn(logged(
         "admin API",

@@ -39,12 +39,16 @@ pub struct UpConfig {
     /// Secret files model specs may name (`[credentials.NAME]`), each sent
     /// only to the URL declared with it.
     pub credentials: std::collections::BTreeMap<String, rollgate_controller::host::Credential>,
+    /// Model registries model specs may follow (`[registries.NAME]`).
+    pub registries:
+        std::collections::BTreeMap<String, rollgate_controller::registry::RegistryConfig>,
 }
 
 impl UpConfig {
     /// What the host lets the API name (`[data_planes]`, `[credentials]`).
     pub fn host(&self) -> anyhow::Result<Arc<rollgate_controller::host::Host>> {
         rollgate_controller::host::Host::new(self.data_planes.clone(), self.credentials.clone())
+            .and_then(|h| h.with_registries(self.registries.clone()))
             .map(Arc::new)
             .map_err(anyhow::Error::msg)
     }

@@ -13,6 +13,7 @@ mod ha;
 mod host;
 mod kubernetes;
 mod manifests;
+mod mlflow;
 mod notify;
 mod openapi;
 mod operator;

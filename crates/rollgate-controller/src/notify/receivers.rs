@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// The audit kinds sent when a receiver names none: every decision and
 /// registry change a person would want to hear of (not evaluations, not
 /// token changes).
-pub const DEFAULT_KINDS: [&str; 13] = [
+pub const DEFAULT_KINDS: [&str; 14] = [
     "rollout_created",
     "started",
     "advanced",
@@ -32,6 +32,7 @@ pub const DEFAULT_KINDS: [&str; 13] = [
     "aborted",
     "revision_rejected",
     "revision_unblocked",
+    "registry_conflict",
     "champion_set",
 ];
 

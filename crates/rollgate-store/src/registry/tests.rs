@@ -125,6 +125,7 @@ fn absent_empty_and_default_spellings_share_one_identity() {
         env: BTreeMap::new(),
         secret_env: vec![" ".into()],
         predictor: None,
+        registry_version: None,
     };
     assert_eq!(
         plain.identity("m").expect("valid"),

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use rollgate_core::Timestamp;
 
 use super::chain::audit_head_in;
+use super::engine::Db;
 use super::rows::{AUDIT_COLS, all, audit_row, checkpoint_row};
 use super::store::SqlStore;
 use crate::audit::{PRUNED_BODY, verify_chain};
@@ -109,16 +110,28 @@ pub(super) fn notify_cursor(store: &SqlStore, receiver: &str) -> Result<Option<u
     })
 }
 
-pub(super) fn set_notify_cursor(store: &SqlStore, receiver: &str, seq: u64) -> Result<()> {
+pub(super) fn note(store: &SqlStore, n: crate::Note<'_>) -> Result<()> {
     store.write(|db, now| {
-        db.exec(
-            "INSERT INTO notify_cursors (receiver, seq, updated_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(receiver) DO UPDATE SET seq = excluded.seq, updated_at = excluded.updated_at
-                 WHERE notify_cursors.seq < excluded.seq",
-            p![receiver, seq, now.0],
-        )?;
+        super::chain::append_audit(db, now, n.actor, n.model, n.rollout, n.kind, n.body)?;
+        if let Some((cursor, seq)) = n.cursor {
+            move_cursor(db, now, cursor, seq)?;
+        }
         Ok(())
     })
+}
+
+fn move_cursor(db: &mut dyn Db, now: Timestamp, receiver: &str, seq: u64) -> Result<()> {
+    db.exec(
+        "INSERT INTO notify_cursors (receiver, seq, updated_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT(receiver) DO UPDATE SET seq = excluded.seq, updated_at = excluded.updated_at
+             WHERE notify_cursors.seq < excluded.seq",
+        p![receiver, seq, now.0],
+    )?;
+    Ok(())
+}
+
+pub(super) fn set_notify_cursor(store: &SqlStore, receiver: &str, seq: u64) -> Result<()> {
+    store.write(|db, now| move_cursor(db, now, receiver, seq))
 }
 
 pub(super) fn add_checkpoint(store: &SqlStore, cp: &Checkpoint) -> Result<()> {

@@ -229,6 +229,10 @@ impl Store for SqlStore {
         audit::notify_cursor(self, receiver)
     }
 
+    fn note(&self, note: crate::Note<'_>) -> Result<()> {
+        audit::note(self, note)
+    }
+
     fn set_notify_cursor(&self, receiver: &str, seq: u64) -> Result<()> {
         audit::set_notify_cursor(self, receiver, seq)
     }

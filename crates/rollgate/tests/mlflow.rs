@@ -1,0 +1,416 @@
+//! MLflow's model registry in and out, against a real MLflow tracking
+//! server (`tests/mlflow/start.sh`: pinned, on loopback, SQLite): a new
+//! `@challenger` starts a rollout by itself, the verdict moves `@champion`
+//! and tags the version, a registry outage and a controller restart lose
+//! and repeat no write-back, an alias moved by hand mid-rollout is reported.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::prometheus::{ROW, serve, trained_model};
+
+/// A running MLflow server, stopped (its whole process group) on drop.
+struct Mlflow {
+    url: String,
+    pid: String,
+    port: String,
+    dir: String,
+}
+
+impl Mlflow {
+    /// Starts one (on `again`'s port and store, if given); `None` locally
+    /// (with a note) where it cannot start; in CI that is a failure.
+    fn start(again: Option<&Mlflow>) -> Option<Mlflow> {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/mlflow/start.sh");
+        let mut cmd = Command::new("bash");
+        cmd.arg(script);
+        if let Some(m) = again {
+            cmd.env("ROLLGATE_MLFLOW_PORT", &m.port)
+                .env("ROLLGATE_MLFLOW_DIR", &m.dir);
+        }
+        let out = cmd.output().expect("run tests/mlflow/start.sh");
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr).into_owned();
+            if std::env::var_os("CI").is_none() {
+                eprintln!("skipped: MLflow did not start (tests/mlflow/start.sh): {why}");
+                return None;
+            }
+            panic!("CI needs MLflow (tests/mlflow/start.sh, run by .ci/run): {why}");
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let var = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .unwrap_or_else(|| panic!("{name} in {text}"))
+                .to_string()
+        };
+        let url = var("ROLLGATE_MLFLOW_URL");
+        let port = url.rsplit(':').next().expect("port").to_string();
+        Some(Mlflow {
+            pid: var("ROLLGATE_MLFLOW_PID"),
+            dir: var("ROLLGATE_MLFLOW_DIR"),
+            url,
+            port,
+        })
+    }
+
+    fn stop(&self) {
+        let _ = Command::new("kill")
+            .args(["--", &format!("-{}", self.pid)])
+            .status();
+        // Bounded: its port refuses within a few seconds.
+        let started = Instant::now();
+        while std::net::TcpStream::connect(format!("127.0.0.1:{}", self.port)).is_ok() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "MLflow did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    async fn call(&self, c: &HttpClient, method: &str, path: &str, body: Value) -> Value {
+        let (s, v, _) = request(
+            c,
+            method,
+            &format!("{}/api/2.0/mlflow/{path}", self.url),
+            Some(body),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{method} {path}: {v}");
+        v
+    }
+
+    async fn get(&self, c: &HttpClient, path: &str) -> Value {
+        let (s, v, _) = request(
+            c,
+            "GET",
+            &format!("{}/api/2.0/mlflow/{path}", self.url),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "GET {path}: {v}");
+        v
+    }
+
+    /// Registers a version of `fraud` served at `upstream` (its tag).
+    async fn version(&self, c: &HttpClient, upstream: &str) -> String {
+        let v = self
+            .call(
+                c,
+                "POST",
+                "model-versions/create",
+                json!({ "name": "fraud", "source": "s3://models/fraud",
+                        "tags": [{ "key": "rollgate.upstream", "value": upstream }] }),
+            )
+            .await;
+        v["model_version"]["version"]
+            .as_str()
+            .expect("version")
+            .to_string()
+    }
+
+    async fn set_alias(&self, c: &HttpClient, alias: &str, version: &str) {
+        self.call(
+            c,
+            "POST",
+            "registered-models/alias",
+            json!({ "name": "fraud", "alias": alias, "version": version }),
+        )
+        .await;
+    }
+
+    /// `fraud`'s aliases: alias -> version.
+    async fn aliases(&self, c: &HttpClient) -> std::collections::BTreeMap<String, String> {
+        let m = self.get(c, "registered-models/get?name=fraud").await;
+        m["registered_model"]["aliases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| {
+                Some((
+                    a["alias"].as_str()?.to_string(),
+                    a["version"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
+
+    /// Version `v`'s tags.
+    async fn tags(&self, c: &HttpClient, v: &str) -> std::collections::BTreeMap<String, String> {
+        let m = self
+            .get(c, &format!("model-versions/get?name=fraud&version={v}"))
+            .await;
+        m["model_version"]["tags"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| {
+                Some((
+                    t["key"].as_str()?.to_string(),
+                    t["value"].as_str()?.to_string(),
+                ))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Mlflow {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["--", &format!("-{}", self.pid)])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+fn controller_config(dir: &std::path::Path, mlflow: &str) -> String {
+    write(
+        dir,
+        "controller.toml",
+        &format!(
+            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{mlflow}\"\npoll = \"1s\"\ntimeout = \"2s\"\n"
+        ),
+    )
+}
+
+/// Model `m`'s rollouts, newest first.
+async fn rollouts(c: &HttpClient, ctl: &Proc) -> Vec<Value> {
+    let (s, v) = api(c, ctl, "GET", "/api/v1/rollouts?model=m", None).await;
+    assert_eq!(s, 200, "{v}");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Audit records of `kind` (all of them), oldest first.
+async fn audit_of(c: &HttpClient, ctl: &Proc, kind: &str) -> Vec<Value> {
+    let (s, v) = api(c, ctl, "GET", "/api/v1/audit?model=m&limit=1000", None).await;
+    assert_eq!(s, 200, "{v}");
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+/// Waits (bounded by `limit`) until `f` returns `Some`.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(t) = f().await {
+            return t;
+        }
+        assert!(started.elapsed() < limit, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// v1 `@champion` seeds the model; v2 `@challenger` is rolled out by
+/// itself and promoted, `@champion` moved by hand meanwhile is reported
+/// and not followed; MLflow stopped and the controller restarted before
+/// the verdict is written back: written once MLflow returns, once; a
+/// ready-then-503 v3 is rolled back, tagged, `@challenger` removed, and
+/// never rolled out again when set again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_alias() {
+    let Some(mut mlflow) = Mlflow::start(None) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let model = trained_model(d);
+    let v1_server = serve(&model, &[]);
+    let v2_server = serve(&model, &[]);
+    let v3_server = serve(&model, &["--ready-then-503"]);
+    let url = |p: &Proc| format!("http://{}", p.addr());
+    let cfg = controller_config(d, &mlflow.url);
+    let mut ctl = start_controller_with(d, &cfg, &[]);
+    let gw = start_gateway(d);
+    let c = client();
+
+    // A registry the controller's config does not declare is refused.
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "other", "spec": { "registry": { "name": "elsewhere" } } })),
+    )
+    .await;
+    assert_eq!(s, 422, "{r}");
+    assert!(r.to_string().contains("[registries.elsewhere]"), "{r}");
+
+    mlflow
+        .call(
+            &c,
+            "POST",
+            "registered-models/create",
+            json!({ "name": "fraud" }),
+        )
+        .await;
+    let v1 = mlflow.version(&c, &url(&v1_server)).await;
+    mlflow.set_alias(&c, "champion", &v1).await;
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": { "registry": {
+            "name": "mlflow", "registered_model": "fraud", "plan": plan()
+        }}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+
+    // Seeded: v1 is rollgate's champion, said so in the audit log.
+    let seeded = until(Duration::from_secs(30), "the champion seeded", || async {
+        audit_of(&c, &ctl, "champion_set").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(seeded["actor"], "registry:mlflow", "{seeded}");
+    assert!(
+        seeded.to_string().contains("@champion is version 1"),
+        "{seeded}"
+    );
+    let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    let champion_rev = m["champion"].as_str().expect("a champion").to_string();
+    let (_, rev) = api(
+        &c,
+        &ctl,
+        "GET",
+        &format!("/api/v1/revisions/{champion_rev}"),
+        None,
+    )
+    .await;
+    assert_eq!(rev["spec"]["registry_version"]["version"], "1", "{rev}");
+    assert_eq!(rev["spec"]["artifact"], "s3://models/fraud", "{rev}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = crate::common::traffic_of(gw.addr(), ROW, Arc::clone(&stop));
+
+    // v2 as @challenger: a rollout starts by itself.
+    let v2 = mlflow.version(&c, &url(&v2_server)).await;
+    let set_at = Instant::now();
+    mlflow.set_alias(&c, "challenger", &v2).await;
+    let id = until(Duration::from_secs(30), "a rollout of v2", || async {
+        rollouts(&c, &ctl)
+            .await
+            .first()
+            .and_then(|r| r["id"].as_i64())
+    })
+    .await;
+    wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        phase(r) != "pending"
+    })
+    .await;
+    eprintln!(
+        "@challenger set -> the rollout's first stage: {} ms (poll 1 s)",
+        set_at.elapsed().as_millis()
+    );
+
+    // @champion moved by hand mid-rollout: reported, not followed.
+    mlflow.set_alias(&c, "champion", &v2).await;
+    let conflict = until(Duration::from_secs(20), "a registry conflict", || async {
+        audit_of(&c, &ctl, "registry_conflict")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(conflict["rollout"], id, "{conflict}");
+    assert_eq!(conflict["body"]["expected"], "1", "{conflict}");
+    assert_eq!(conflict["body"]["found"], "2", "{conflict}");
+    mlflow.set_alias(&c, "champion", &v1).await;
+
+    // MLflow stops before the verdict: the rollout goes on without it.
+    mlflow.stop();
+    let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    // The controller restarts while MLflow is away.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ctl.kill();
+    ctl = start_controller_with(d, &cfg, &[]);
+    assert!(
+        audit_of(&c, &ctl, "registry_written").await.is_empty(),
+        "nothing written while MLflow was away"
+    );
+    mlflow = Mlflow::start(Some(&mlflow)).expect("MLflow again");
+    let written = until(
+        Duration::from_secs(60),
+        "the promotion written back",
+        || async {
+            let w = audit_of(&c, &ctl, "registry_written").await;
+            (!w.is_empty()).then_some(w)
+        },
+    )
+    .await;
+    assert_eq!(written[0]["rollout"], id, "{written:?}");
+    let aliases = mlflow.aliases(&c).await;
+    assert_eq!(aliases.get("champion"), Some(&v2), "{aliases:?}");
+    assert_eq!(aliases.get("challenger"), None, "{aliases:?}");
+    let tags = mlflow.tags(&c, &v2).await;
+    assert_eq!(tags["rollgate.verdict"], "promoted", "{tags:?}");
+    assert_eq!(tags["rollgate.rollout"], id.to_string(), "{tags:?}");
+    assert!(tags["rollgate.audit"].contains(':'), "{tags:?}");
+
+    // v3, ready then 503 to every prediction: rolled back, @champion
+    // stays on v2, v3 tagged with the verdict and its reason.
+    let v3 = mlflow.version(&c, &url(&v3_server)).await;
+    mlflow.set_alias(&c, "challenger", &v3).await;
+    let id3 = until(Duration::from_secs(30), "a rollout of v3", || async {
+        rollouts(&c, &ctl)
+            .await
+            .first()
+            .and_then(|r| r["id"].as_i64())
+            .filter(|&n| n != id)
+    })
+    .await;
+    let r = wait_for(&c, &ctl, id3, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    until(
+        Duration::from_secs(30),
+        "the rollback written back",
+        || async {
+            let tags = mlflow.tags(&c, &v3).await;
+            tags.contains_key("rollgate.verdict").then_some(())
+        },
+    )
+    .await;
+    let tags = mlflow.tags(&c, &v3).await;
+    assert_eq!(tags["rollgate.verdict"], "rolled_back", "{tags:?}");
+    assert!(
+        tags["rollgate.reason"].starts_with("ROLLED BACK: "),
+        "{tags:?}"
+    );
+    let aliases = mlflow.aliases(&c).await;
+    assert_eq!(aliases.get("champion"), Some(&v2), "{aliases:?}");
+    assert_eq!(aliases.get("challenger"), None, "{aliases:?}");
+
+    // v3 set as @challenger again: rollgate judged it, and does not roll
+    // it out a second time.
+    mlflow.set_alias(&c, "challenger", &v3).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(rollouts(&c, &ctl).await.len(), 2);
+    stop.store(true, Ordering::SeqCst);
+    let _ = load.await;
+
+    // Each end written back once, across the outage and the restart.
+    let written = audit_of(&c, &ctl, "registry_written").await;
+    let ids: Vec<i64> = written
+        .iter()
+        .filter_map(|w| w["rollout"].as_i64())
+        .collect();
+    assert_eq!(ids, vec![id, id3], "{written:?}");
+    assert!(chain_intact(&c, &ctl).await);
+}
