@@ -12,7 +12,7 @@ use rollgate_store::{AuditRecord, RolloutRecord};
 use serde_json::{Value, json};
 
 use crate::client::{Api, CallError};
-use crate::status::{rfc3339, rollout_view};
+use crate::status::{registry_lines, rfc3339, rollout_view};
 use rollgate_core::words;
 
 #[derive(Args, Debug, Clone)]
@@ -752,7 +752,18 @@ fn show_rollout(g: &Global, a: &Api, id: i64, watch: bool) -> Result<ExitCode, C
             }
             std::thread::sleep(Duration::from_secs(1));
         } else {
-            print(g, &r, |_| print!("{}", rollout_view(&rec)));
+            // What a registry said of it (a conflict, a verdict written
+            // back), from its timeline.
+            let timeline = a
+                .call(
+                    "GET",
+                    &format!("/api/v1/rollouts/{id}/timeline?points=10"),
+                    None,
+                )
+                .unwrap_or_default();
+            print(g, &r, |_| {
+                print!("{}{}", rollout_view(&rec), registry_lines(&timeline))
+            });
             return Ok(ExitCode::SUCCESS);
         }
     }

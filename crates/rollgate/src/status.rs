@@ -6,6 +6,25 @@
 use rollgate_core::words;
 use rollgate_store::RolloutRecord;
 
+/// What model registries said of a rollout, from its timeline (`GET
+/// /api/v1/rollouts/{id}/timeline`): each conflict and each verdict
+/// written back, a line each.
+pub(crate) fn registry_lines(timeline: &serde_json::Value) -> String {
+    let mut out = String::new();
+    for e in timeline["events"].as_array().into_iter().flatten() {
+        let label = match e["kind"].as_str() {
+            Some("registry_conflict") => "REGISTRY CONFLICT",
+            Some("registry_written") => "REGISTRY",
+            _ => continue,
+        };
+        out.push_str(&format!(
+            "  {label}: {}\n",
+            e["summary"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
 /// A compact view of one rollout: stage, weight, per-gate verdict and bounds.
 pub(crate) fn rollout_view(r: &RolloutRecord) -> String {
     let mut out = format!(

@@ -359,6 +359,39 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     let aliases = mlflow.aliases(&c).await;
     assert_eq!(aliases.get("champion"), Some(&v2), "{aliases:?}");
     assert_eq!(aliases.get("challenger"), None, "{aliases:?}");
+    // The conflict and the write-back, where operators read a rollout:
+    // its timeline (the dashboard's list) and `rollout status`.
+    let (_, tl) = api(
+        &c,
+        &ctl,
+        "GET",
+        &format!("/api/v1/rollouts/{id}/timeline"),
+        None,
+    )
+    .await;
+    let said: Vec<&str> = tl["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["kind"] == "registry_conflict")
+        .filter_map(|e| e["summary"].as_str())
+        .collect();
+    assert!(
+        said.iter().any(|s| s.contains("@champion was moved")),
+        "{tl}"
+    );
+    let status = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["rollout", "status", &id.to_string()])
+        .env("ROLLGATE_API", format!("http://{}", ctl.addr()))
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("rollout status");
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(out.contains("REGISTRY CONFLICT: "), "{out}");
+    assert!(
+        out.contains("version 2 of fraud: @challenger removed, @champion set, tagged promoted"),
+        "{out}"
+    );
     let tags = mlflow.tags(&c, &v2).await;
     assert_eq!(tags["rollgate.verdict"], "promoted", "{tags:?}");
     assert_eq!(tags["rollgate.rollout"], id.to_string(), "{tags:?}");

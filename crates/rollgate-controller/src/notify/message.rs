@@ -59,10 +59,10 @@ pub fn summary(rec: &AuditRecord) -> String {
         }
         _ => e.note.clone(),
     });
-    let note = rec
-        .body
-        .get("reason")
-        .and_then(|r| r.as_str())
+    // An operator's reason; what a registry's record says.
+    let note = ["reason", "problem", "written"]
+        .iter()
+        .find_map(|k| rec.body.get(*k).and_then(|r| r.as_str()))
         .map(str::to_string);
     // A dry run's decisions were recorded, not taken: said first.
     let dry = if event.as_ref().is_some_and(|e| e.dry_run) {

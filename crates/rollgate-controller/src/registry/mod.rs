@@ -484,7 +484,14 @@ async fn write_end(
         _ => return Ok(()),
     };
     let (moved, tags) = write_verdict(mlflow, &v, &source, verdict, &rollout, rec).await?;
+    let said: Vec<String> = moved.iter().map(|(a, how)| format!("@{a} {how}")).collect();
     let body = serde_json::json!({
+        "written": format!(
+            "version {} of {}: {}tagged {verdict}",
+            v.version,
+            v.model,
+            said.iter().map(|s| format!("{s}, ")).collect::<String>()
+        ),
         "registry": name, "registered_model": v.model, "version": v.version,
         "verdict": verdict, "aliases": moved,
         "tags": tags.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
