@@ -20,7 +20,11 @@ ensure_venv "$here/requirements.txt" "$venv"
 if [ "${1:-}" = install ]; then exit 0; fi
 work="${ROLLGATE_MLFLOW_DIR:-$(mktemp -d /tmp/rollgate-mlflow.XXXX)}"
 port="${ROLLGATE_MLFLOW_PORT:-$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}"
-# One worker: the tests are its only clients.
+# One worker: the tests are its only clients. Webhooks may call rollgate's
+# controller on loopback over http (MLflow refuses both by default), and a
+# webhook made is used at once (MLflow caches the list for 60 s by default).
+export MLFLOW_WEBHOOK_ALLOWED_SCHEMES=http,https MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true
+export MLFLOW_WEBHOOK_CACHE_TTL=1
 (cd "$work" && exec setsid "$venv/bin/mlflow" server --host 127.0.0.1 --port "$port" --workers 1 \
   --backend-store-uri "sqlite:///$work/mlflow.db" --default-artifact-root "$work/artifacts" \
   >>"$work/mlflow.log" 2>&1) &

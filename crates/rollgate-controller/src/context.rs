@@ -62,6 +62,8 @@ pub struct Context {
     pub host: Arc<crate::host::Host>,
     /// Looks not committed yet, by rollout (they changed nothing).
     pub looks: Arc<Looks>,
+    /// Registry webhooks' wake-ups and the deliveries already taken.
+    pub registry_signals: Arc<crate::registry::webhook::Signals>,
 }
 
 /// Looks at a rollout that changed nothing but the count of looks: they

@@ -52,6 +52,11 @@ pub struct RegistryConfig {
     /// Each call's bound.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// The secret MLflow signs its webhook deliveries with, in a file: set,
+    /// `POST /api/v1/registries/NAME/webhook` takes them (each verified
+    /// delivery wakes the poll at once); unset, it answers 404.
+    #[serde(default)]
+    pub webhook_secret_file: Option<PathBuf>,
 }
 
 /// The kinds of registry rollgate follows.

@@ -34,6 +34,11 @@ struct ModelPhaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RegistryLabel {
+    registry: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabel {
     version: String,
 }
@@ -51,6 +56,8 @@ pub struct ControllerMetrics {
     notifications_sent: Family<ReceiverLabel, Counter>,
     notification_failures: Family<ReceiverLabel, Counter>,
     notifications_behind: Family<ReceiverLabel, Gauge>,
+    registry_passes: Family<RegistryLabel, Counter>,
+    registry_failures: Family<RegistryLabel, Counter>,
     pass_seconds: Histogram,
     lag_seconds: Histogram,
     /// The largest look interval of the last pass, for the API's overview.
@@ -164,6 +171,18 @@ impl Default for ControllerMetrics {
             "1 while this controller holds the lease and reconciles, 0 while it stands by",
             leader.clone(),
         );
+        let registry_passes = Family::<RegistryLabel, Counter>::default();
+        registry.register(
+            "rollgate_registry_passes",
+            "Passes over a model registry that ended: verdicts written back, then its aliases read",
+            registry_passes.clone(),
+        );
+        let registry_failures = Family::<RegistryLabel, Counter>::default();
+        registry.register(
+            "rollgate_registry_failures",
+            "Passes over a model registry cut short (it or the store did not answer); retried",
+            registry_failures.clone(),
+        );
         let (pass_seconds, lag_seconds) = cadence(&mut registry);
         ControllerMetrics {
             pass_seconds,
@@ -180,6 +199,8 @@ impl Default for ControllerMetrics {
             notifications_sent,
             notification_failures,
             notifications_behind,
+            registry_passes,
+            registry_failures,
         }
     }
 }
@@ -194,6 +215,20 @@ impl ControllerMetrics {
         self.notifications_sent.get_or_create(&l).inc_by(0);
         self.notification_failures.get_or_create(&l).inc_by(0);
         self.notifications_behind.get_or_create(&l).set(0);
+    }
+
+    /// A pass over registry `name` ended (`ok`) or was cut short.
+    pub fn registry_pass(&self, name: &str, ok: bool) {
+        let l = RegistryLabel {
+            registry: name.into(),
+        };
+        let (done, failed) = (
+            self.registry_passes.get_or_create(&l),
+            self.registry_failures.get_or_create(&l),
+        );
+        // Both series exist from the first pass (an alert fires on the first failure).
+        done.inc_by(u64::from(ok));
+        failed.inc_by(u64::from(!ok));
     }
 
     pub fn notification_sent(&self, receiver: &str) {

@@ -222,6 +222,7 @@ async fn context(
 ) -> anyhow::Result<Context> {
     Ok(Context {
         looks: Default::default(),
+        registry_signals: Default::default(),
         anchor: {
             let (audit, data, store) = (c.audit.clone(), data.to_path_buf(), Arc::clone(store));
             tokio::task::spawn_blocking(move || {

@@ -156,6 +156,10 @@ pub struct SpecArgs {
     /// docs/config.md, "Another data plane").
     #[arg(long, value_name = "NAME")]
     data_plane: Option<String>,
+    /// Follow a model registry (MLflow's): a JSON file holding the spec's
+    /// `registry` object (docs/config.md, "MLflow").
+    #[arg(long, value_name = "FILE")]
+    registry: Option<PathBuf>,
 }
 
 /// A JSON file given on the command line (a user's mistake is exit 2).
@@ -179,6 +183,7 @@ impl SpecArgs {
             "confidence_threshold": self.confidence_threshold,
             "prometheus": json_file(&self.prometheus)?,
             "data_plane": self.data_plane,
+            "registry": json_file(&self.registry)?,
         });
         Ok(Value::Object(
             spec.as_object()

@@ -261,17 +261,19 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
         .await;
     let v1 = mlflow.version(&c, &url(&v1_server)).await;
     mlflow.set_alias(&c, "champion", &v1).await;
-    let (s, r) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models",
-        Some(json!({ "name": "m", "spec": { "registry": {
-            "name": "mlflow", "registered_model": "fraud", "plan": plan()
-        }}})),
-    )
-    .await;
-    assert_eq!(s, 201, "{r}");
+    // The model, as a user adds it: `rollgate model add m --registry FILE`.
+    let source = write(
+        d,
+        "registry.json",
+        &json!({ "name": "mlflow", "registered_model": "fraud", "plan": plan() }).to_string(),
+    );
+    let added = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["model", "add", "m", "--registry", &source])
+        .env("ROLLGATE_API", format!("http://{}", ctl.addr()))
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("model add");
+    assert!(added.status.success(), "{added:?}");
 
     // Seeded: v1 is rollgate's champion, said so in the audit log.
     let seeded = until(Duration::from_secs(30), "the champion seeded", || async {
@@ -446,4 +448,207 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
         .collect();
     assert_eq!(ids, vec![id, id3], "{written:?}");
     assert!(chain_intact(&c, &ctl).await);
+}
+
+/// Passes over registry `mlflow` so far: ended and cut short (the
+/// controller's metrics).
+async fn passes(c: &HttpClient, ctl: &Proc) -> u64 {
+    let url = format!("http://{}/metrics", ctl.addr());
+    let req = hyper::Request::get(&url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let resp = c.request(req).await.expect("metrics");
+    let text = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| {
+            (l.starts_with("rollgate_registry_passes_total")
+                || l.starts_with("rollgate_registry_failures_total"))
+                && l.contains(r#"registry="mlflow""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A webhook delivery of `body` with `headers`: its status and answer.
+async fn deliver(
+    c: &HttpClient,
+    hook: &str,
+    body: &'static [u8],
+    headers: Vec<(&'static str, String)>,
+) -> (u16, Value) {
+    let mut b = hyper::Request::post(hook).header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(k, v);
+    }
+    let req = b
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
+        .expect("request");
+    let resp = c.request(req).await.expect("answered");
+    let status = resp.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// With MLflow's webhook configured and a poll of a minute, an alias set
+/// is acted on at once; deliveries that do not verify (a bad signature, a
+/// signed but old timestamp, none) wake nothing and change nothing; a
+/// delivery id taken twice wakes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlflows_webhook_makes_the_follower_fast_and_a_forged_one_changes_nothing() {
+    let Some(mlflow) = Mlflow::start(None) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let secret = write(d, "webhook-secret", "s3cret\n");
+    let cfg = write(
+        d,
+        "controller.toml",
+        &format!(
+            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{}\"\npoll = \"60s\"\nwebhook_secret_file = \"{secret}\"\n",
+            mlflow.url
+        ),
+    );
+    let ctl = start_controller_with(d, &cfg, &[]);
+    let c = client();
+    let hook = format!("http://{}/api/v1/registries/mlflow/webhook", ctl.addr());
+    // The first pass (as soon as the controller leads) finds nothing to
+    // follow; the next is a minute away.
+    until(Duration::from_secs(30), "the first pass", || async {
+        (passes(&c, &ctl).await >= 1).then_some(())
+    })
+    .await;
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models",
+        Some(json!({ "name": "m", "spec": { "registry": {
+            "name": "mlflow", "registered_model": "fraud", "plan": plan()
+        }}})),
+    )
+    .await;
+    assert_eq!(s, 201, "{r}");
+    mlflow
+        .call(
+            &c,
+            "POST",
+            "registered-models/create",
+            json!({ "name": "fraud" }),
+        )
+        .await;
+    let v1 = mlflow.version(&c, &champion).await;
+    mlflow.set_alias(&c, "champion", &v1).await;
+    let before = passes(&c, &ctl).await;
+
+    // Forged: a bad signature, an old timestamp (signed), no signature.
+    const BODY: &[u8] = br#"{"entity": "model_version_alias", "action": "created", "data": {"name": "fraud", "alias": "champion", "version": "1"}}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let signed = |id: &str, ts: u64| {
+        let sig =
+            rollgate_controller::registry::webhook::sign(b"s3cret", id, &ts.to_string(), BODY);
+        vec![
+            ("x-mlflow-delivery-id", id.to_string()),
+            ("x-mlflow-timestamp", ts.to_string()),
+            ("x-mlflow-signature", sig),
+        ]
+    };
+    let mut bad = signed("forged-1", now);
+    bad[2].1 = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=".into();
+    let (s, r) = deliver(&c, &hook, BODY, bad).await;
+    assert_eq!(
+        (s, r["error"]["code"].as_str()),
+        (401, Some("unauthorized")),
+        "{r}"
+    );
+    let (s, r) = deliver(&c, &hook, BODY, signed("old-1", now - 3600)).await;
+    assert_eq!(s, 401, "{r}");
+    assert!(r.to_string().contains("X-MLflow-Timestamp"), "{r}");
+    let (s, r) = deliver(&c, &hook, BODY, signed("bare", now)[..2].to_vec()).await;
+    assert_eq!(s, 401, "{r}");
+    // Another registry, or one that takes no webhook: 404.
+    let other = format!("http://{}/api/v1/registries/other/webhook", ctl.addr());
+    let (s, r) = deliver(&c, &other, BODY, signed("o-1", now)).await;
+    assert_eq!(s, 404, "{r}");
+    // Nothing woke: no pass ran, no champion was seeded.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(passes(&c, &ctl).await, before);
+    let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    assert!(m["champion"].is_null(), "{m}");
+
+    // A verified delivery wakes the poll (once per id): seeded now.
+    let (s, r) = deliver(&c, &hook, BODY, signed("d-1", now)).await;
+    assert_eq!((s, r["woke"].as_bool()), (200, Some(true)), "{r}");
+    let (s, r) = deliver(&c, &hook, BODY, signed("d-1", now)).await;
+    assert_eq!((s, r["duplicate"].as_bool()), (200, Some(true)), "{r}");
+    until(Duration::from_secs(20), "the champion seeded", || async {
+        let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+        m["champion"].as_str().map(str::to_string)
+    })
+    .await;
+
+    // MLflow's own webhook: @challenger set, the rollout starts at once.
+    mlflow
+        .call(
+            &c,
+            "POST",
+            "webhooks",
+            json!({ "name": "rollgate", "url": hook, "secret": "s3cret",
+                    "events": [{ "entity": "MODEL_VERSION_ALIAS", "action": "CREATED" }] }),
+        )
+        .await;
+    let v2 = mlflow.version(&c, &candidate).await;
+    let set_at = Instant::now();
+    mlflow.set_alias(&c, "challenger", &v2).await;
+    let id = until(
+        Duration::from_secs(20),
+        "a rollout started by the webhook",
+        || async {
+            rollouts(&c, &ctl)
+                .await
+                .first()
+                .and_then(|r| r["id"].as_i64())
+        },
+    )
+    .await;
+    let created = set_at.elapsed();
+    wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
+        phase(r) != "pending"
+    })
+    .await;
+    eprintln!(
+        "@challenger set -> rollout {id} created through MLflow's webhook: {} ms, its first stage: {} ms (poll 60 s)",
+        created.as_millis(),
+        set_at.elapsed().as_millis()
+    );
+    // Who acted: the test's own model, the follower, the controller's
+    // judging; never a webhook's caller.
+    let (_, audit) = api(&c, &ctl, "GET", "/api/v1/audit?model=m", None).await;
+    let actors: Vec<&str> = audit
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["actor"].as_str())
+        .collect();
+    assert!(
+        actors
+            .iter()
+            .all(|a| ["local", "registry:mlflow", "controller"].contains(a)),
+        "{actors:?}"
+    );
 }

@@ -35,6 +35,7 @@ mod error;
 mod extract;
 mod guard;
 mod models;
+mod registries;
 mod revisions;
 mod rollouts;
 mod state;
@@ -112,6 +113,7 @@ fn routes_and_spec() -> (Router<ApiState>, utoipa::openapi::OpenApi) {
         .routes(routes!(controller::notifications))
         .routes(routes!(tokens::whoami))
         .routes(routes!(timeline::timeline))
+        .routes(routes!(registries::webhook))
         .split_for_parts();
     // After the paths are in: the conventions apply to every operation.
     Conventions.modify(&mut spec);

@@ -35,6 +35,7 @@ use crate::context::{Context, Error, blocking};
 
 pub mod decide;
 pub mod mlflow;
+pub mod webhook;
 
 pub use crate::host::{RegistryConfig, RegistryKind};
 pub use decide::{Act, Aliases, Conflict, Decision, Held, decide};
@@ -76,44 +77,67 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()>) 
     tasks.abort_all();
 }
 
-/// One registry's loop.
+/// One registry's loop: a pass as soon as this controller leads, then one
+/// every poll interval or when a webhook delivery wakes it.
 async fn follow(ctx: Context, name: String, config: RegistryConfig) {
     let http = crate::HttpClient::new(config.timeout);
     // Conflicts said while this process runs (by rollout and what was seen).
     let mut said = BTreeSet::new();
+    let wake = ctx.registry_signals.wake_of(&name);
     loop {
-        if ctx.leader.fence().is_some() {
-            match ctx.host.registry_token(&name) {
-                Ok(token) => {
-                    let mlflow = Mlflow {
-                        http: &http,
-                        base: config.url.trim_end_matches('/'),
-                        token,
-                    };
-                    match write_back(&ctx, &name, &mlflow).await {
-                        Ok(()) => poll(&ctx, &name, &mlflow, &mut said).await,
-                        Err(e) => {
-                            tracing::warn!(registry = %name, error = %e, "writing verdicts back failed; retrying")
-                        }
-                    }
-                }
-                Err(e) => tracing::error!(registry = %name, error = %e, "registry not followed"),
-            }
+        if ctx.leader.fence().is_none() {
+            tokio::time::sleep(ctx.tick).await;
+            continue;
         }
-        tokio::time::sleep(config.poll).await;
+        let ok = pass(&ctx, &name, &config, &http, &mut said).await;
+        ctx.metrics.registry_pass(&name, ok);
+        tokio::select! {
+            _ = tokio::time::sleep(config.poll) => {}
+            _ = wake.notified() => {}
+        }
+    }
+}
+
+/// One pass: write back, then poll; whether it ended.
+async fn pass(
+    ctx: &Context,
+    name: &str,
+    config: &RegistryConfig,
+    http: &crate::HttpClient,
+    said: &mut BTreeSet<String>,
+) -> bool {
+    let token = match ctx.host.registry_token(name) {
+        Ok(token) => token,
+        Err(e) => {
+            tracing::error!(registry = %name, error = %e, "registry not followed");
+            return false;
+        }
+    };
+    let mlflow = Mlflow {
+        http,
+        base: config.url.trim_end_matches('/'),
+        token,
+    };
+    match write_back(ctx, name, &mlflow).await {
+        Ok(()) => poll(ctx, name, &mlflow, said).await,
+        Err(e) => {
+            tracing::warn!(registry = %name, error = %e, "writing verdicts back failed; retrying");
+            false
+        }
     }
 }
 
 /// Polls every model that follows `name`; one model's failure is logged
 /// and the others go on.
-async fn poll(ctx: &Context, name: &str, mlflow: &Mlflow<'_>, said: &mut BTreeSet<String>) {
+async fn poll(ctx: &Context, name: &str, mlflow: &Mlflow<'_>, said: &mut BTreeSet<String>) -> bool {
     let models = match blocking(&ctx.store, |st| st.models()).await {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(registry = %name, error = %e, "listing models failed");
-            return;
+            return false;
         }
     };
+    let mut ok = true;
     for model in models {
         let Some(source) = model.spec.registry.clone() else {
             continue;
@@ -123,8 +147,10 @@ async fn poll(ctx: &Context, name: &str, mlflow: &Mlflow<'_>, said: &mut BTreeSe
         }
         if let Err(e) = follow_model(ctx, name, mlflow, &model, &source, said).await {
             tracing::warn!(registry = %name, model = %model.name, error = %e, "following the registry failed");
+            ok = false;
         }
     }
+    ok
 }
 
 /// The version `revision` was registered from in this registry's model.

@@ -29,6 +29,7 @@ pub fn leading(store: &dyn Store) -> Arc<rollgate_controller::Leader> {
 pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
     Context {
         looks: Default::default(),
+        registry_signals: Default::default(),
         leader: leading(store.as_ref()),
         store,
         http: HttpClient::new(Duration::from_secs(1)),
