@@ -1457,6 +1457,43 @@ fn a_notification_cursor_is_kept_and_never_moves_back() {
 }
 
 #[test]
+fn a_note_is_chained_and_moves_its_cursor_in_the_same_write() {
+    for_each_store(|store, _| {
+        let note = |kind, cursor| rollgate_store::Note {
+            model: "risk",
+            rollout: Some(7),
+            kind,
+            actor: "registry:mlflow",
+            body: serde_json::json!({ "written": "version 2 of fraud" }),
+            cursor,
+        };
+        store.note(note("registry_conflict", None)).expect("note");
+        assert_eq!(store.notify_cursor("registry:mlflow").expect("read"), None);
+        store
+            .note(note("registry_written", Some(("registry:mlflow", 1))))
+            .expect("note");
+        assert_eq!(
+            store.notify_cursor("registry:mlflow").expect("read"),
+            Some(1)
+        );
+        let recs = store.audit(&AuditFilter::default()).expect("audit");
+        let kinds: Vec<&str> = recs.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(kinds, ["registry_conflict", "registry_written"]);
+        assert_eq!(recs[1].actor, "registry:mlflow");
+        assert_eq!(recs[1].rollout, Some(7));
+        assert!(store.verify_audit().expect("verify").is_intact());
+        // A cursor behind the one stored does not move it back.
+        store
+            .note(note("registry_written", Some(("registry:mlflow", 0))))
+            .expect("note");
+        assert_eq!(
+            store.notify_cursor("registry:mlflow").expect("read"),
+            Some(1)
+        );
+    });
+}
+
+#[test]
 fn a_sample_of_a_rollouts_evaluations_keeps_its_decisions_its_failures_and_its_last() {
     use rollgate_core::{Actor, AuditEvent, AuditKind, StageVerdict};
     for_each_store(|store, _| {
