@@ -57,6 +57,12 @@ pub struct RegistryConfig {
     /// delivery wakes the poll at once); unset, it answers 404.
     #[serde(default)]
     pub webhook_secret_file: Option<PathBuf>,
+    /// The hosts a version's `rollgate.upstream` tag may name (a name, or
+    /// `*.suffix`): the tag is MLflow's editors' word, and where user
+    /// traffic goes is the operator's. Empty: tags are not followed, only
+    /// a model spec's `upstream` template.
+    #[serde(default)]
+    pub tag_upstream_hosts: Vec<String>,
 }
 
 /// The kinds of registry rollgate follows.

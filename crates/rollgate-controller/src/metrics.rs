@@ -171,18 +171,7 @@ impl Default for ControllerMetrics {
             "1 while this controller holds the lease and reconciles, 0 while it stands by",
             leader.clone(),
         );
-        let registry_passes = Family::<RegistryLabel, Counter>::default();
-        registry.register(
-            "rollgate_registry_passes",
-            "Passes over a model registry that ended: verdicts written back, then its aliases read",
-            registry_passes.clone(),
-        );
-        let registry_failures = Family::<RegistryLabel, Counter>::default();
-        registry.register(
-            "rollgate_registry_failures",
-            "Passes over a model registry cut short (it or the store did not answer); retried",
-            registry_failures.clone(),
-        );
+        let (registry_passes, registry_failures) = model_registries(&mut registry);
         let (pass_seconds, lag_seconds) = cadence(&mut registry);
         ControllerMetrics {
             pass_seconds,
@@ -203,6 +192,28 @@ impl Default for ControllerMetrics {
             registry_failures,
         }
     }
+}
+
+/// The model registries' passes, ended and cut short.
+fn model_registries(
+    registry: &mut Registry,
+) -> (
+    Family<RegistryLabel, Counter>,
+    Family<RegistryLabel, Counter>,
+) {
+    let passes = Family::<RegistryLabel, Counter>::default();
+    registry.register(
+        "rollgate_registry_passes",
+        "Passes over a model registry that ended: verdicts written back, then its aliases read",
+        passes.clone(),
+    );
+    let failures = Family::<RegistryLabel, Counter>::default();
+    registry.register(
+        "rollgate_registry_failures",
+        "Passes over a model registry cut short (it or the store did not answer); retried",
+        failures.clone(),
+    );
+    (passes, failures)
 }
 
 impl ControllerMetrics {

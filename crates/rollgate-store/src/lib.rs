@@ -299,8 +299,9 @@ pub trait Store: Send + Sync {
     fn audit_head(&self) -> Result<Option<(u64, String)>>;
     /// Appends an audit record that no state change carries (a registry's
     /// conflict, a verdict written back to it): chained and notified like
-    /// every other.
-    fn note(&self, note: Note<'_>) -> Result<()>;
+    /// every other. With a cursor, only if the cursor is behind `seq`
+    /// (moved in the same transaction); whether it was appended.
+    fn note(&self, note: Note<'_>) -> Result<bool>;
 
     /// The audit record notification receiver `receiver` was last sent
     /// (its cursor), if it has one. The audit log is the outbox: a receiver

@@ -1482,13 +1482,21 @@ fn a_note_is_chained_and_moves_its_cursor_in_the_same_write() {
         assert_eq!(recs[1].actor, "registry:mlflow");
         assert_eq!(recs[1].rollout, Some(7));
         assert!(store.verify_audit().expect("verify").is_intact());
-        // A cursor behind the one stored does not move it back.
-        store
-            .note(note("registry_written", Some(("registry:mlflow", 0))))
-            .expect("note");
+        // Recorded already (the cursor is there or past it): neither the
+        // record nor the cursor is written again.
+        for seq in [0, 1] {
+            let again = store
+                .note(note("registry_written", Some(("registry:mlflow", seq))))
+                .expect("note");
+            assert!(!again);
+        }
         assert_eq!(
             store.notify_cursor("registry:mlflow").expect("read"),
             Some(1)
+        );
+        assert_eq!(
+            store.audit(&AuditFilter::default()).expect("audit").len(),
+            2
         );
     });
 }

@@ -176,7 +176,7 @@ fn controller_config(dir: &std::path::Path, mlflow: &str) -> String {
         dir,
         "controller.toml",
         &format!(
-            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{mlflow}\"\npoll = \"1s\"\ntimeout = \"2s\"\n"
+            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{mlflow}\"\npoll = \"1s\"\ntimeout = \"2s\"\ntag_upstream_hosts = [\"127.0.0.1\"]\n"
         ),
     )
 }
@@ -239,6 +239,19 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     let gw = start_gateway(d);
     let c = client();
 
+    // Only the follower marks a revision as a registry version (a verdict
+    // is written back to it with the registry's token).
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models/other/revisions",
+        Some(json!({ "upstream": url(&v1_server), "registry_version": {
+            "registry": "mlflow", "model": "fraud", "version": "1" } })),
+    )
+    .await;
+    assert_eq!(s, 422, "{r}");
+    assert!(r.to_string().contains("registry_version"), "{r}");
     // A registry the controller's config does not declare is refused.
     let (s, r) = api(
         &c,
@@ -320,6 +333,17 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
         "@challenger set -> the rollout's first stage: {} ms (poll 1 s)",
         set_at.elapsed().as_millis()
     );
+    // Held where it is until MLflow is stopped below (so its verdict is
+    // certainly written back after the outage, not before).
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        &format!("/api/v1/rollouts/{id}/pause"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
 
     // @champion moved by hand mid-rollout: reported, not followed.
     mlflow.set_alias(&c, "champion", &v2).await;
@@ -337,6 +361,15 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
 
     // MLflow stops before the verdict: the rollout goes on without it.
     mlflow.stop();
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        &format!("/api/v1/rollouts/{id}/resume"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
     let r = wait_for(&c, &ctl, id, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "promoted", "{r}");
     // The controller restarts while MLflow is away.
@@ -447,6 +480,22 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
         .filter_map(|w| w["rollout"].as_i64())
         .collect();
     assert_eq!(ids, vec![id, id3], "{written:?}");
+
+    // An operator sets v1 back as rollgate's champion by hand: @champion
+    // follows it (one answer to "which version is serving?").
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "PUT",
+        "/api/v1/models/m/champion",
+        Some(json!({ "revision": champion_rev, "reason": "v2 misbehaves at night" })),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    until(Duration::from_secs(30), "@champion back on v1", || async {
+        (mlflow.aliases(&c).await.get("champion") == Some(&v1)).then_some(())
+    })
+    .await;
     assert!(chain_intact(&c, &ctl).await);
 }
 
@@ -517,7 +566,7 @@ async fn mlflows_webhook_makes_the_follower_fast_and_a_forged_one_changes_nothin
         d,
         "controller.toml",
         &format!(
-            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{}\"\npoll = \"60s\"\nwebhook_secret_file = \"{secret}\"\n",
+            "{CONTROLLER_TOML}\n[registries.mlflow]\nurl = \"{}\"\npoll = \"60s\"\nwebhook_secret_file = \"{secret}\"\ntag_upstream_hosts = [\"127.0.0.1\"]\n",
             mlflow.url
         ),
     );

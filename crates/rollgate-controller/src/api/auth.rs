@@ -66,7 +66,7 @@ pub(super) async fn authorize(
     // A registry's webhook delivery authenticates by its signature.
     if matches!(req.uri().path(), "/healthz" | "/readyz")
         || crate::dashboard::is_dashboard(req.uri().path())
-        || (req.method() == Method::POST && super::registries::is_webhook(req.uri().path()))
+        || (req.method() == Method::POST && super::registries::takes_webhooks(&s, req.uri().path()))
     {
         return next.run(req).await;
     }

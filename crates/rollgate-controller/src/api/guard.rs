@@ -93,7 +93,14 @@ pub(super) async fn read_body_in_time(req: Request<Body>, next: Next) -> Respons
         );
         r
     };
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+    // A registry's webhook is read before it is authenticated (by its
+    // signature): a delivery is a few hundred bytes.
+    let limit = if super::registries::is_webhook(parts.uri.path()) {
+        super::registries::WEBHOOK_BODY_LIMIT
+    } else {
+        BODY_LIMIT
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
@@ -101,7 +108,7 @@ pub(super) async fn read_body_in_time(req: Request<Body>, next: Next) -> Respons
         Ok(Err(e)) if is_too_large(&e) => refuse(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            format!("the body is over {BODY_LIMIT} bytes"),
+            format!("the body is over {limit} bytes"),
         ),
         Ok(Err(e)) => refuse(
             StatusCode::BAD_REQUEST,

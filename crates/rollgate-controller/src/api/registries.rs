@@ -24,11 +24,34 @@ struct Taken {
     duplicate: bool,
 }
 
-/// Whether `path` is a registry webhook's (authenticated by its signature,
-/// not by a token).
+/// The largest delivery read (MLflow's are a few hundred bytes).
+pub(super) const WEBHOOK_BODY_LIMIT: usize = 64 << 10;
+
+/// The registry a webhook path names, if it is one.
+fn webhook_of(path: &str) -> Option<&str> {
+    match path.split('/').collect::<Vec<_>>().as_slice() {
+        ["", "api", "v1", "registries", name, "webhook"] if !name.is_empty() => Some(name),
+        _ => None,
+    }
+}
+
+/// Whether `path` is a registry webhook's.
 pub(super) fn is_webhook(path: &str) -> bool {
-    let parts: Vec<&str> = path.split('/').collect();
-    matches!(parts.as_slice(), ["", "api", "v1", "registries", name, "webhook"] if !name.is_empty())
+    webhook_of(path).is_some()
+}
+
+/// Whether `path` is the webhook of a registry the config declares with a
+/// secret: authenticated by its signature, not by a token. Any other name
+/// needs a token like every other route (so who is not let in learns
+/// nothing of which registries take webhooks).
+pub(super) fn takes_webhooks(s: &ApiState, path: &str) -> bool {
+    webhook_of(path).is_some_and(|name| {
+        s.ctx
+            .host
+            .registries()
+            .get(name)
+            .is_some_and(|r| r.webhook_secret_file.is_some())
+    })
 }
 
 #[utoipa::path(post, path = "/api/v1/registries/{name}/webhook", tag = "registries",
@@ -61,7 +84,11 @@ pub(super) async fn webhook(
                 ),
             )
         })?;
-    let secret = std::fs::read(&secret_file).map_err(|e| {
+    let file = secret_file.clone();
+    let read = tokio::task::spawn_blocking(move || std::fs::read(file))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let secret = read.map_err(|e| {
         tracing::error!(registry = %name, file = %secret_file.display(), error = %e, "the webhook secret cannot be read");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -69,6 +96,14 @@ pub(super) async fn webhook(
             "the registry's webhook secret cannot be read on the controller's host",
         )
     })?;
+    if secret.trim_ascii().is_empty() {
+        tracing::error!(registry = %name, file = %secret_file.display(), "the webhook secret file is empty");
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the registry's webhook secret is empty on the controller's host",
+        ));
+    }
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     let delivery = Delivery {
         id: header("x-mlflow-delivery-id"),

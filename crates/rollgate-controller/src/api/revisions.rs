@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use rollgate_store::RevisionSpec;
 
 use super::auth::{Identity, actor};
-use super::error::ApiResult;
+use super::error::{ApiError, ApiResult};
 use super::extract::{JsonBody, NamePage, Path, Query, Reason};
 use super::state::ApiState;
 use crate::context::blocking;
@@ -24,6 +24,16 @@ pub(super) async fn add_revision(
     headers: HeaderMap,
     JsonBody(spec): JsonBody<RevisionSpec>,
 ) -> ApiResult<impl IntoResponse> {
+    if spec.registry_version.is_some() {
+        // The follower's mark: it says which registry version a verdict is
+        // written back to, with the registry's token.
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            "revision.registry_version: set only by a model registry's follower \
+             (docs/config.md, \"MLflow\"); leave it out",
+        ));
+    }
     let who = actor(&me, &headers);
     let r = blocking(&s.ctx.store, move |st| {
         st.register_revision(&name, &spec, &who)

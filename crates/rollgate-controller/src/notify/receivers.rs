@@ -129,6 +129,12 @@ impl Notifier {
             if hook.name.trim().is_empty() || status.contains_key(&hook.name) {
                 return Err(format!("{at}.name: must be non-empty and unique"));
             }
+            if hook.name.starts_with("registry:") {
+                // The cursors of registries' write-backs share the table.
+                return Err(format!(
+                    "{at}.name: \"registry:\" names are the model registries' cursors"
+                ));
+            }
             let uri: http::Uri = hook.url.parse().map_err(|e| format!("{at}.url: {e}"))?;
             if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
                 return Err(format!(

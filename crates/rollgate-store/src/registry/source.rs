@@ -105,6 +105,15 @@ impl RegistrySource {
         if let Some(p) = &self.plan {
             p.validate()
                 .map_err(|e| StoreError::Invalid(format!("model.registry.{e}")))?;
+            if !p.mode.is_enforce() {
+                // A dry run changes nothing, so it has no verdict to write
+                // back, and the alias would start it again and again.
+                return bad(
+                    "plan.mode: the registry's rollouts enforce their verdicts; \
+                     start a dry run by hand (rollgate rollout start --plan)"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }
@@ -134,6 +143,13 @@ pub struct RegistryVersion {
     /// The run that made it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// The aliases the model followed and moved when it was registered:
+    /// what its end is written back to, even if the model's spec changed
+    /// or the model is gone by then.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub follow: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub champion: String,
 }
 
 #[cfg(test)]

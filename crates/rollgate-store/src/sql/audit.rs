@@ -110,13 +110,24 @@ pub(super) fn notify_cursor(store: &SqlStore, receiver: &str) -> Result<Option<u
     })
 }
 
-pub(super) fn note(store: &SqlStore, n: crate::Note<'_>) -> Result<()> {
+pub(super) fn note(store: &SqlStore, n: crate::Note<'_>) -> Result<bool> {
     store.write(|db, now| {
-        super::chain::append_audit(db, now, n.actor, n.model, n.rollout, n.kind, n.body)?;
         if let Some((cursor, seq)) = n.cursor {
+            // Another writer (a deposed leader) already recorded it.
+            let at = db
+                .row(
+                    "SELECT seq FROM notify_cursors WHERE receiver = ?1",
+                    p![cursor],
+                )?
+                .map(|r| r.u64(0))
+                .transpose()?;
+            if at.is_some_and(|at| at >= seq) {
+                return Ok(false);
+            }
             move_cursor(db, now, cursor, seq)?;
         }
-        Ok(())
+        super::chain::append_audit(db, now, n.actor, n.model, n.rollout, n.kind, n.body)?;
+        Ok(true)
     })
 }
 

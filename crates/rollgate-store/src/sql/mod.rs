@@ -229,7 +229,7 @@ impl Store for SqlStore {
         audit::notify_cursor(self, receiver)
     }
 
-    fn note(&self, note: crate::Note<'_>) -> Result<()> {
+    fn note(&self, note: crate::Note<'_>) -> Result<bool> {
         audit::note(self, note)
     }
 
