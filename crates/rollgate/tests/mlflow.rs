@@ -470,6 +470,64 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     mlflow.set_alias(&c, "challenger", &v3).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(rollouts(&c, &ctl).await.len(), 2);
+
+    // v4 deleted from MLflow while its rollout runs: its promotion cannot
+    // be written back, which is recorded, and holds up nothing after it.
+    let v4 = mlflow.version(&c, &url(&v2_server)).await;
+    mlflow.set_alias(&c, "challenger", &v4).await;
+    let id4 = until(Duration::from_secs(30), "a rollout of v4", || async {
+        rollouts(&c, &ctl)
+            .await
+            .first()
+            .and_then(|r| r["id"].as_i64())
+            .filter(|&n| n != id3)
+    })
+    .await;
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        &format!("/api/v1/rollouts/{id4}/pause"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    mlflow
+        .call(
+            &c,
+            "DELETE",
+            "model-versions/delete",
+            json!({ "name": "fraud", "version": v4 }),
+        )
+        .await;
+    let (s, r) = api(
+        &c,
+        &ctl,
+        "POST",
+        &format!("/api/v1/rollouts/{id4}/resume"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let r = wait_for(&c, &ctl, id4, Duration::from_secs(90), finished).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    let refused = until(
+        Duration::from_secs(30),
+        "the refused write-back said",
+        || async {
+            audit_of(&c, &ctl, "registry_conflict")
+                .await
+                .into_iter()
+                .find(|n| n["rollout"] == id4)
+        },
+    )
+    .await;
+    assert!(
+        refused["body"]["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("was not written back")),
+        "{refused}"
+    );
     stop.store(true, Ordering::SeqCst);
     let _ = load.await;
 
@@ -482,7 +540,8 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     assert_eq!(ids, vec![id, id3], "{written:?}");
 
     // An operator sets v1 back as rollgate's champion by hand: @champion
-    // follows it (one answer to "which version is serving?").
+    // follows it (one answer to "which version is serving?"), the refused
+    // write-back before it notwithstanding.
     let (s, r) = api(
         &c,
         &ctl,
