@@ -6,4 +6,6 @@
 mod architecture;
 mod golden;
 mod rollout;
+mod rollout_sequential;
+mod rollout_steps;
 mod tidy;
