@@ -211,6 +211,16 @@ pub trait Store: Send + Sync {
         actor: &str,
         reason: &str,
     ) -> Result<Revision>;
+    /// [`Store::set_champion`] only while the model has none, in one
+    /// transaction (a registry seeding it never replaces a champion set
+    /// meanwhile); `None` when it had one.
+    fn seed_champion(
+        &self,
+        model: &str,
+        revision: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<Revision>>;
     /// Lets a rejected revision start a rollout again.
     fn unblock(&self, revision: &str, actor: &str, reason: &str) -> Result<Revision>;
 

@@ -1457,6 +1457,34 @@ fn a_notification_cursor_is_kept_and_never_moves_back() {
 }
 
 #[test]
+fn a_seeded_champion_never_replaces_one_already_set() {
+    for_each_store(|store, _| {
+        store
+            .create_model("risk", &ModelSpec::default(), "alice")
+            .expect("model");
+        let a = store
+            .register_revision("risk", &rev(0), "alice")
+            .expect("a")
+            .id;
+        let b = store
+            .register_revision("risk", &rev(1), "alice")
+            .expect("b")
+            .id;
+        let seeded = store
+            .seed_champion("risk", &a, "registry:mlflow", "seeded")
+            .expect("seed");
+        assert_eq!(seeded.map(|r| r.id), Some(a.clone()));
+        // A second seed (another version, a racing controller) finds one.
+        let again = store
+            .seed_champion("risk", &b, "registry:mlflow", "seeded")
+            .expect("seed");
+        assert!(again.is_none());
+        assert_eq!(store.model("risk").expect("model").champion, Some(a));
+        assert_eq!(champions(store).len(), 1);
+    });
+}
+
+#[test]
 fn a_note_is_chained_and_moves_its_cursor_in_the_same_write() {
     for_each_store(|store, _| {
         let note = |kind, cursor| rollgate_store::Note {

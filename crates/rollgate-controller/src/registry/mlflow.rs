@@ -125,7 +125,8 @@ impl Mlflow<'_> {
             error_code: String::new(),
             message: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
         });
-        if status == 404 || e.error_code == "RESOURCE_DOES_NOT_EXIST" {
+        // Only MLflow's own word: a bare 404 may be a proxy's wrong path.
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST" {
             return Err(RegistryError::NotFound(what()));
         }
         Err(RegistryError::Refused {

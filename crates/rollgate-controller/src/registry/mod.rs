@@ -77,6 +77,8 @@ async fn follow(ctx: Context, name: String, config: RegistryConfig) {
     let http = crate::HttpClient::new(config.timeout);
     // Conflicts said while this process runs (by rollout and what was seen).
     let mut said = BTreeSet::new();
+    // The record whose write-back failed last, and how many passes it has.
+    let mut attempts = (0, 0);
     let wake = ctx.registry_signals.wake_of(&name);
     loop {
         if ctx.leader.fence().is_none() {
@@ -95,6 +97,7 @@ async fn follow(ctx: Context, name: String, config: RegistryConfig) {
                         token,
                     },
                     said: &mut said,
+                    attempts: &mut attempts,
                 };
                 f.pass().await
             }
@@ -118,6 +121,8 @@ struct Follower<'a> {
     config: &'a RegistryConfig,
     mlflow: Mlflow<'a>,
     said: &'a mut BTreeSet<String>,
+    /// `(seq, passes)`: the audit record whose write-back failed last.
+    attempts: &'a mut (u64, u32),
 }
 
 /// The version `revision` was registered from in this registry's model.
@@ -246,10 +251,12 @@ impl Follower<'_> {
         let registered = source.registered_model(&model.name).to_string();
         let aliases = self.mlflow.aliases(&registered).await?;
         let m = model.name.clone();
-        let (revisions, rollouts) = blocking(&self.ctx.store, move |st| {
-            Ok((st.revisions(&m)?, st.rollouts(false)?))
+        // Read after the registry answered, all at once.
+        let (model, revisions, rollouts) = blocking(&self.ctx.store, move |st| {
+            Ok((st.model(&m)?, st.revisions(&m)?, st.rollouts(false)?))
         })
         .await?;
+        let model = &model;
         let now = held(model, &revisions, &rollouts, self.name, &registered);
         let seen = Aliases {
             champion: aliases.get(&source.champion).cloned(),
@@ -282,13 +289,10 @@ impl Follower<'_> {
                 // Only while it still has none (an admin may have set one
                 // since the poll read it).
                 let seeded = blocking(&self.ctx.store, move |st| {
-                    if st.model(&m)?.champion.is_some() {
-                        return Ok(false);
-                    }
-                    st.set_champion(&m, &id, &who, &reason).map(|_| true)
+                    st.seed_champion(&m, &id, &who, &reason)
                 })
                 .await?;
-                if seeded {
+                if seeded.is_some() {
                     tracing::info!(registry = %self.name, model = %model.name, version, "champion seeded from the registry");
                 }
             }
@@ -403,7 +407,8 @@ impl Follower<'_> {
         what: &str,
         problem: String,
     ) -> Result<(), PassError> {
-        if !self.said.insert(format!("{}/{version}/{what}", model.name)) {
+        let key = format!("{}/{version}/{what}", model.name);
+        if self.said.contains(&key) {
             return Ok(());
         }
         tracing::warn!(registry = %self.name, model = %model.name, version, "{problem}");
@@ -412,7 +417,10 @@ impl Follower<'_> {
             "problem": problem,
         });
         self.note(&model.name, None, "registry_conflict", body)
-            .await
+            .await?;
+        // Only once recorded: a note that failed is tried again.
+        self.said.insert(key);
+        Ok(())
     }
 
     async fn say_conflict(
@@ -443,12 +451,15 @@ impl Follower<'_> {
                 ),
             }),
         };
-        if !self.said.insert(format!("{}/{body}", c.rollout())) {
+        let key = format!("{}/{body}", c.rollout());
+        if self.said.contains(&key) {
             return Ok(());
         }
         tracing::warn!(registry = %self.name, model = %model.name, rollout = c.rollout(), "{}", body["problem"].as_str().unwrap_or(""));
         self.note(&model.name, Some(c.rollout()), "registry_conflict", body)
-            .await
+            .await?;
+        self.said.insert(key);
+        Ok(())
     }
 
     /// Appends an audit record as the follower (with a cursor: only if it

@@ -33,16 +33,24 @@ pub(super) fn cursor_name(registry: &str) -> String {
     format!("registry:{registry}")
 }
 
-/// Whether the registry refused a write for good (retrying cannot help).
+/// Whether the registry refused a write for good: the version is gone,
+/// or the request itself is wrong (400, 409, 422). Anything else — no
+/// answer, a 5xx, 408, 429, and also 401, 403 and a bare 404 (a token
+/// being rotated, a proxy's wrong path: the operator's to fix) — is tried
+/// again, up to [`ATTEMPTS`] passes for an answer that is not silence.
 fn refused_for_good(e: &RegistryError) -> bool {
     match e {
         RegistryError::NotFound(_) => true,
-        RegistryError::Refused { status, .. } => {
-            (400..500).contains(status) && !matches!(status, 408 | 429)
-        }
+        RegistryError::Refused { status, .. } => matches!(status, 400 | 409 | 422),
         _ => false,
     }
 }
+
+/// How many passes one record's write may fail with an answer (not
+/// silence: a registry that does not answer holds everything, and loses
+/// nothing) before it is recorded as not written and passed, so that one
+/// version cannot hold up the registry's other models for ever.
+pub(super) const ATTEMPTS: u32 = 10;
 
 /// What one record asks of the registry.
 enum Write {
@@ -166,7 +174,11 @@ impl Follower<'_> {
             move |st| st.model(&model).map(|m| m.spec.registry)
         })
         .await;
-        let follows = matches!(followers, Ok(Some(s)) if s.name == self.name);
+        let follows = match followers {
+            Ok(source) => source.is_some_and(|s| s.name == self.name),
+            Err(Error::Store(StoreError::NotFound { .. })) => false,
+            Err(e) => return Err(e.into()),
+        };
         if !follows {
             return Ok(());
         }
@@ -183,7 +195,7 @@ impl Follower<'_> {
 
     /// Does what `rec` asks and records it with the cursor moved past it;
     /// a write refused for good is recorded as a conflict and passed.
-    async fn write(&self, rec: &AuditRecord, write: Write) -> Result<(), PassError> {
+    async fn write(&mut self, rec: &AuditRecord, write: Write) -> Result<(), PassError> {
         let (version, rollout) = match &write {
             Write::End {
                 version, rollout, ..
@@ -196,7 +208,11 @@ impl Follower<'_> {
                 self.note_at(&rec.model, rollout, "registry_written", body, Some(rec.seq))
                     .await
             }
-            Err(PassError::Registry(e)) if refused_for_good(&e) => {
+            Err(PassError::Registry(e))
+                if refused_for_good(&e)
+                    || (!matches!(e, RegistryError::Unreachable)
+                        && self.failed_before(rec.seq) + 1 >= ATTEMPTS) =>
+            {
                 tracing::error!(registry = %self.name, seq = rec.seq, version = %version.version, error = %e, "the registry refused the write-back for good");
                 let body = serde_json::json!({
                     "registry": self.name, "registered_model": version.model,
@@ -215,7 +231,19 @@ impl Follower<'_> {
                 )
                 .await
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                *self.attempts = (rec.seq, self.failed_before(rec.seq) + 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// How many passes failed on record `seq` before this one.
+    fn failed_before(&self, seq: u64) -> u32 {
+        if self.attempts.0 == seq {
+            self.attempts.1
+        } else {
+            0
         }
     }
 
@@ -239,6 +267,7 @@ impl Follower<'_> {
         let mut tags = Vec::new();
         match write {
             Write::Champion { .. } => {
+                self.leading()?;
                 self.mlflow
                     .set_alias(&v.model, &champion_alias, &v.version)
                     .await?;
@@ -248,6 +277,7 @@ impl Follower<'_> {
                 rollout, verdict, ..
             } => {
                 if *verdict == "promoted" {
+                    self.leading()?;
                     self.mlflow
                         .set_alias(&v.model, &champion_alias, &v.version)
                         .await?;
@@ -258,8 +288,10 @@ impl Follower<'_> {
                 } else {
                     &v.follow
                 };
+                self.leading()?;
                 let aliases = self.mlflow.aliases(&v.model).await?;
                 if aliases.get(follow) == Some(&v.version) {
+                    self.leading()?;
                     self.mlflow.delete_alias(&v.model, follow).await?;
                     moved.insert(follow.to_string(), "removed");
                 }
@@ -274,6 +306,7 @@ impl Follower<'_> {
                 // The verdict last: a reader who sees it sees the rest.
                 tags.push(("rollgate.verdict", verdict.to_string()));
                 for (key, value) in &tags {
+                    self.leading()?;
                     self.mlflow
                         .set_tag(&v.model, &v.version, key, value)
                         .await?;
@@ -305,14 +338,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_registry_that_cannot_answer_or_is_busy_is_retried() {
+    fn only_a_gone_version_or_a_wrong_request_is_given_up_at_once() {
         let refused = |status| RegistryError::Refused {
             status,
             message: String::new(),
         };
         assert!(refused_for_good(&RegistryError::NotFound("v3".into())));
         assert!(refused_for_good(&refused(400)));
-        assert!(refused_for_good(&refused(403)));
+        assert!(refused_for_good(&refused(422)));
+        assert!(!refused_for_good(&refused(401)));
+        assert!(!refused_for_good(&refused(403)));
+        assert!(!refused_for_good(&refused(404)));
         assert!(!refused_for_good(&refused(408)));
         assert!(!refused_for_good(&refused(429)));
         assert!(!refused_for_good(&refused(500)));

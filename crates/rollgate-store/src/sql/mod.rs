@@ -125,6 +125,16 @@ impl Store for SqlStore {
         registry::set_champion(self, model, revision, actor, reason)
     }
 
+    fn seed_champion(
+        &self,
+        model: &str,
+        revision: &str,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<Revision>> {
+        registry::set_champion_if(self, model, revision, actor, reason, true)
+    }
+
     fn unblock(&self, revision: &str, actor: &str, reason: &str) -> Result<Revision> {
         registry::unblock(self, revision, actor, reason)
     }

@@ -287,9 +287,26 @@ pub(super) fn set_champion(
     actor: &str,
     reason: &str,
 ) -> Result<Revision> {
+    set_champion_if(store, model, revision, actor, reason, false)
+        .and_then(|r| r.ok_or_else(|| StoreError::Database("no champion set".into())))
+}
+
+/// Sets the champion; with `only_first`, only if the model has none (in
+/// the same transaction): `None` when it had one.
+pub(super) fn set_champion_if(
+    store: &SqlStore,
+    model: &str,
+    revision: &str,
+    actor: &str,
+    reason: &str,
+    only_first: bool,
+) -> Result<Option<Revision>> {
     let reason = require_reason(reason, "setting the champion")?;
     store.write(|db, now| {
         let m = get_model(db, model)?;
+        if only_first && m.champion.is_some() {
+            return Ok(None);
+        }
         let rev = revision_of(db, model, revision)?;
         if let Some(id) = active_rollout(db, model)? {
             return Err(StoreError::Conflict(format!(
@@ -298,12 +315,12 @@ pub(super) fn set_champion(
         }
         not_blocked(&rev)?;
         if m.champion.as_deref() == Some(revision) {
-            return Ok(rev);
+            return Ok(Some(rev));
         }
         let body = serde_json::json!({ "from": m.champion, "to": revision, "reason": reason });
         promote_in(db, now, &m, revision, actor, body, None)?;
         routes_changed(db);
-        get_revision(db, revision)
+        get_revision(db, revision).map(Some)
     })
 }
 
