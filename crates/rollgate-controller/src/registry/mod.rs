@@ -520,6 +520,45 @@ mod tests {
         assert!(!tag_may_name(&[], "http://models.internal"));
     }
 
+    /// The example of docs/config.md ("MLflow") reads, and the host takes
+    /// it, as written.
+    #[test]
+    fn the_documented_example_reads_as_written() {
+        let doc = include_str!("../../../../docs/config.md");
+        let section = doc.split("\n## MLflow").nth(1).expect("the MLflow section");
+        let block = |lang: &str| {
+            section
+                .split(&format!("```{lang}"))
+                .nth(1)
+                .and_then(|b| b.split("```").next())
+                .expect("a block")
+                .to_string()
+        };
+        let config: toml::Value = toml::from_str(&block("toml")).expect("TOML");
+        let registries: std::collections::BTreeMap<String, RegistryConfig> = config["registries"]
+            .clone()
+            .try_into()
+            .expect("[registries]");
+        let credentials: std::collections::BTreeMap<String, crate::host::Credential> =
+            config["credentials"]
+                .clone()
+                .try_into()
+                .expect("[credentials]");
+        let host = crate::host::Host::new(Default::default(), credentials)
+            .and_then(|h| h.with_registries(registries))
+            .expect("the host takes it");
+        let mlflow = &host.registries()["mlflow"];
+        assert_eq!(mlflow.tag_upstream_hosts, ["*.models.svc.cluster.local"]);
+        let spec: serde_json::Value = serde_json::from_str(&block("json")).expect("JSON");
+        let source: RegistrySource =
+            serde_json::from_value(spec["spec"]["registry"].clone()).expect("a source");
+        source.validate().expect("valid");
+        assert_eq!(
+            source.upstream_of("7").as_deref(),
+            Some("http://fraud-v7.models:8080")
+        );
+    }
+
     #[test]
     fn the_config_reads_with_its_defaults() {
         let c: RegistryConfig = toml_like(r#"{"url": "http://mlflow:5000"}"#);
