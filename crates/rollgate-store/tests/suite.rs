@@ -3,6 +3,7 @@
 //! is linked once, not once per file. `rollgate-core`'s architecture test
 //! checks that no file is left out.
 
+mod audit;
 mod it;
 mod partition;
 mod tls;
