@@ -210,6 +210,22 @@ async fn approve(c: &HttpClient, ctl: &Proc, id: i64) {
     assert_eq!(s, 200, "{r}");
 }
 
+/// The rollout the follower starts next (newer than `after`): its id.
+async fn started_after(c: &HttpClient, ctl: &Proc, after: Option<i64>) -> i64 {
+    until(
+        Duration::from_secs(30),
+        "a rollout started by the follower",
+        || async {
+            rollouts(c, ctl)
+                .await
+                .first()
+                .and_then(|r| r["id"].as_i64())
+                .filter(|&n| after.is_none_or(|a| n > a))
+        },
+    )
+    .await
+}
+
 /// Model `m`'s rollouts, newest first.
 async fn rollouts(c: &HttpClient, ctl: &Proc) -> Vec<Value> {
     let (s, v) = api(c, ctl, "GET", "/api/v1/rollouts?model=m", None).await;
@@ -347,13 +363,7 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     let v2 = mlflow.version(&c, &url(&v2_server)).await;
     let set_at = Instant::now();
     mlflow.set_alias(&c, "challenger", &v2).await;
-    let id = until(Duration::from_secs(30), "a rollout of v2", || async {
-        rollouts(&c, &ctl)
-            .await
-            .first()
-            .and_then(|r| r["id"].as_i64())
-    })
-    .await;
+    let id = started_after(&c, &ctl, None).await;
     wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
         phase(r) != "pending"
     })
@@ -448,14 +458,7 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     // stays on v2, v3 tagged with the verdict and its reason.
     let v3 = mlflow.version(&c, &url(&v3_server)).await;
     mlflow.set_alias(&c, "challenger", &v3).await;
-    let id3 = until(Duration::from_secs(30), "a rollout of v3", || async {
-        rollouts(&c, &ctl)
-            .await
-            .first()
-            .and_then(|r| r["id"].as_i64())
-            .filter(|&n| n != id)
-    })
-    .await;
+    let id3 = started_after(&c, &ctl, Some(id)).await;
     let r = wait_for(&c, &ctl, id3, Duration::from_secs(90), finished).await;
     assert_eq!(phase(&r), "rolled_back", "{r}");
     until(
@@ -480,21 +483,18 @@ async fn a_challenger_alias_is_rolled_out_and_the_verdict_moves_the_champion_ali
     // v3 set as @challenger again: rollgate judged it, and does not roll
     // it out a second time.
     mlflow.set_alias(&c, "challenger", &v3).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let seen = passes(&c, &ctl).await;
+    until(Duration::from_secs(30), "two more passes", || async {
+        (passes(&c, &ctl).await >= seen + 2).then_some(())
+    })
+    .await;
     assert_eq!(rollouts(&c, &ctl).await.len(), 2);
 
     // v4 deleted from MLflow while its rollout runs: its promotion cannot
     // be written back, which is recorded, and holds up nothing after it.
     let v4 = mlflow.version(&c, &url(&v2_server)).await;
     mlflow.set_alias(&c, "challenger", &v4).await;
-    let id4 = until(Duration::from_secs(30), "a rollout of v4", || async {
-        rollouts(&c, &ctl)
-            .await
-            .first()
-            .and_then(|r| r["id"].as_i64())
-            .filter(|&n| n != id3)
-    })
-    .await;
+    let id4 = started_after(&c, &ctl, Some(id3)).await;
     wait_for(&c, &ctl, id4, Duration::from_secs(60), awaiting).await;
     mlflow
         .call(
@@ -719,17 +719,8 @@ async fn mlflows_webhook_makes_the_follower_fast_and_a_forged_one_changes_nothin
     let v2 = mlflow.version(&c, &candidate).await;
     let set_at = Instant::now();
     mlflow.set_alias(&c, "challenger", &v2).await;
-    let id = until(
-        Duration::from_secs(20),
-        "a rollout started by the webhook",
-        || async {
-            rollouts(&c, &ctl)
-                .await
-                .first()
-                .and_then(|r| r["id"].as_i64())
-        },
-    )
-    .await;
+    // (Within 30 s: well before the next poll, a minute away.)
+    let id = started_after(&c, &ctl, None).await;
     let created = set_at.elapsed();
     wait_for(&c, &ctl, id, Duration::from_secs(30), |r| {
         phase(r) != "pending"
