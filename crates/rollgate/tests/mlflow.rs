@@ -130,17 +130,7 @@ impl Mlflow {
     /// `fraud`'s aliases: alias -> version.
     async fn aliases(&self, c: &HttpClient) -> std::collections::BTreeMap<String, String> {
         let m = self.get(c, "registered-models/get?name=fraud").await;
-        m["registered_model"]["aliases"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| {
-                Some((
-                    a["alias"].as_str()?.to_string(),
-                    a["version"].as_str()?.to_string(),
-                ))
-            })
-            .collect()
+        pairs(&m["registered_model"]["aliases"], "alias", "version")
     }
 
     /// Version `v`'s tags.
@@ -148,18 +138,17 @@ impl Mlflow {
         let m = self
             .get(c, &format!("model-versions/get?name=fraud&version={v}"))
             .await;
-        m["model_version"]["tags"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|t| {
-                Some((
-                    t["key"].as_str()?.to_string(),
-                    t["value"].as_str()?.to_string(),
-                ))
-            })
-            .collect()
+        pairs(&m["model_version"]["tags"], "key", "value")
     }
+}
+
+/// A JSON list of objects as `k -> v` (MLflow's aliases and tags).
+fn pairs(list: &Value, k: &str, v: &str) -> std::collections::BTreeMap<String, String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| Some((o[k].as_str()?.to_string(), o[v].as_str()?.to_string())))
+        .collect()
 }
 
 impl Drop for Mlflow {

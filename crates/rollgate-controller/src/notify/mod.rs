@@ -118,19 +118,9 @@ async fn send_due(ctx: &Context, n: &Notifier, i: usize) -> Result<(), NotifyErr
     let store_err = |e: crate::context::Error| NotifyError::Store(e.to_string());
     let cursor = {
         let name = name.clone();
-        blocking(&ctx.store, move |st| {
-            Ok(match st.notify_cursor(&name)? {
-                Some(c) => c,
-                None => {
-                    // A new receiver hears from now on, not the whole past.
-                    let head = st.audit_head()?.map_or(0, |(seq, _)| seq);
-                    st.set_notify_cursor(&name, head)?;
-                    head
-                }
-            })
-        })
-        .await
-        .map_err(store_err)?
+        blocking(&ctx.store, move |st| cursor_of(st, &name))
+            .await
+            .map_err(store_err)?
     };
     let head = blocking(&ctx.store, |st| st.audit_head())
         .await
@@ -177,6 +167,23 @@ async fn send_due(ctx: &Context, n: &Notifier, i: usize) -> Result<(), NotifyErr
         ctx.metrics
             .notifications_behind(&name, head.saturating_sub(last));
     }
+}
+
+/// The audit cursor `name` reads from: the one stored, or for a reader
+/// new to the log the head, stored now (it hears from now on, not the
+/// whole past). Notification receivers and registries' write-backs alike.
+pub(crate) fn cursor_of(
+    st: &dyn rollgate_store::Store,
+    name: &str,
+) -> Result<u64, rollgate_store::StoreError> {
+    Ok(match st.notify_cursor(name)? {
+        Some(c) => c,
+        None => {
+            let head = st.audit_head()?.map_or(0, |(seq, _)| seq);
+            st.set_notify_cursor(name, head)?;
+            head
+        }
+    })
 }
 
 async fn move_cursor(ctx: &Context, name: &str, seq: u64) -> Result<(), NotifyError> {

@@ -68,18 +68,9 @@ impl Follower<'_> {
     /// Writes back, in order, every record after the registry's cursor.
     pub(super) async fn write_back(&mut self) -> Result<(), PassError> {
         let c = cursor_name(self.name);
-        let mut cursor = blocking(&self.ctx.store, move |st| {
-            Ok(match st.notify_cursor(&c)? {
-                Some(seq) => seq,
-                None => {
-                    // A new registry hears of ends from now on.
-                    let head = st.audit_head()?.map_or(0, |(seq, _)| seq);
-                    st.set_notify_cursor(&c, head)?;
-                    head
-                }
-            })
-        })
-        .await?;
+        // A new registry hears of ends from now on, as a new receiver does.
+        let mut cursor =
+            blocking(&self.ctx.store, move |st| crate::notify::cursor_of(st, &c)).await?;
         loop {
             let filter = AuditFilter {
                 after_seq: Some(cursor),
