@@ -133,6 +133,7 @@ async fn run(store: SqlStore, upstream_base: &str) -> Row {
     let ctx = Context {
         looks: Default::default(),
         registry_signals: Default::default(),
+        answer_cursors: Default::default(),
         store: Arc::clone(&store),
         http: HttpClient::new(Duration::from_secs(5)),
         gateway_ttl: Duration::from_secs(3600),

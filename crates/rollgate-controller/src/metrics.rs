@@ -39,6 +39,11 @@ struct RegistryLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabel {
     version: String,
 }
@@ -58,6 +63,11 @@ pub struct ControllerMetrics {
     notifications_behind: Family<ReceiverLabel, Gauge>,
     registry_passes: Family<RegistryLabel, Counter>,
     registry_failures: Family<RegistryLabel, Counter>,
+    /// Labels received, by what became of them.
+    labels: Family<OutcomeLabel, Counter>,
+    /// Answers read from gateways' answers logs and kept, and those a
+    /// log lost before they were read.
+    answers: Family<OutcomeLabel, Counter>,
     pass_seconds: Histogram,
     lag_seconds: Histogram,
     /// The largest look interval of the last pass, for the API's overview.
@@ -173,7 +183,10 @@ impl Default for ControllerMetrics {
         );
         let (registry_passes, registry_failures) = model_registries(&mut registry);
         let (pass_seconds, lag_seconds) = cadence(&mut registry);
+        let (labels, answers) = labelled(&mut registry);
         ControllerMetrics {
+            labels,
+            answers,
             pass_seconds,
             lag_seconds,
             last_lag: Mutex::new(0.0),
@@ -192,6 +205,27 @@ impl Default for ControllerMetrics {
             registry_failures,
         }
     }
+}
+
+/// Labels received and answers kept for them.
+fn labelled(
+    registry: &mut Registry,
+) -> (Family<OutcomeLabel, Counter>, Family<OutcomeLabel, Counter>) {
+    let labels = Family::<OutcomeLabel, Counter>::default();
+    registry.register(
+        "rollgate_labels",
+        "Labels received, by outcome: applied, duplicate, conflict (a different label for a \
+         labelled request: not applied) or unknown (no recorded answer has the id)",
+        labels.clone(),
+    );
+    let answers = Family::<OutcomeLabel, Counter>::default();
+    registry.register(
+        "rollgate_answers",
+        "Answers read from the gateways' answers logs for labels: kept, or lost (a log \
+         wrapped before the controller read them)",
+        answers.clone(),
+    );
+    (labels, answers)
 }
 
 /// The model registries' passes, ended and cut short.
@@ -226,6 +260,33 @@ impl ControllerMetrics {
         self.notifications_sent.get_or_create(&l).inc_by(0);
         self.notification_failures.get_or_create(&l).inc_by(0);
         self.notifications_behind.get_or_create(&l).set(0);
+    }
+
+    /// What became of a batch of labels.
+    pub fn labels(&self, c: &rollgate_store::LabelCounts) {
+        for (outcome, n) in [
+            ("applied", c.applied),
+            ("duplicate", c.duplicates),
+            ("conflict", c.conflicts),
+            ("unknown", c.unknown),
+        ] {
+            self.labels
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.into(),
+                })
+                .inc_by(n);
+        }
+    }
+
+    /// Answers read for labels: `kept`, and `lost` by a log that wrapped.
+    pub fn answers(&self, kept: u64, lost: u64) {
+        for (outcome, n) in [("kept", kept), ("lost", lost)] {
+            self.answers
+                .get_or_create(&OutcomeLabel {
+                    outcome: outcome.into(),
+                })
+                .inc_by(n);
+        }
     }
 
     /// A pass over registry `name` ended (`ok`) or was cut short.

@@ -64,7 +64,8 @@ async fn gateway_stats(ctx: &Context) -> Result<GatewayStats, Error> {
     ctx.stats.for_pass(|| fetch_stats(ctx)).await
 }
 
-/// Prunes evaluations past retention, at most once per [`PRUNE_EVERY`].
+/// Prunes evaluations past retention, and the answers and labels kept
+/// for quality, at most once per [`PRUNE_EVERY`].
 pub async fn prune(ctx: &Context) {
     let Some(r) = &ctx.retention else {
         return;
@@ -77,6 +78,12 @@ pub async fn prune(ctx: &Context) {
         Ok(0) => {}
         Ok(n) => tracing::info!(records = n, "pruned evaluation records past retention"),
         Err(e) => tracing::warn!(error = %e, "pruning the audit log failed"),
+    }
+    // Answers recorded for labels, and the labels, go with them.
+    match blocking(&ctx.store, move |s| s.prune_answers(before)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(rows = n, "pruned answers and labels past retention"),
+        Err(e) => tracing::warn!(error = %e, "pruning answers and labels failed"),
     }
 }
 
@@ -428,12 +435,14 @@ async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
         }
         _ => exposure(ctx, &rec.spec.model, rec.id).await?,
     };
+    let labels = labelled(ctx, &rec).await;
     let t = match step(
         &rec.spec,
         &rec.state,
         Input::Observe(Observation {
             candidate_ready,
             exposure,
+            labels,
             routing_applied: model
                 .spec
                 .data_plane
@@ -487,6 +496,26 @@ async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
         }
     }
     Ok(Action::requeue(ctx.tick))
+}
+
+/// The rollout's recorded answers with their labels, when its plan
+/// judges quality (`None` otherwise, or when the store could not say: the
+/// quality gate then waits).
+async fn labelled(
+    ctx: &Context,
+    rec: &RolloutRecord,
+) -> Option<Vec<rollgate_core::labels::Recorded>> {
+    if !rec.spec.plan.gates.quality.enabled || rec.state.phase != Phase::Shadow {
+        return None;
+    }
+    let id = rec.id;
+    match blocking(&ctx.store, move |s| s.labelled_answers(id)).await {
+        Ok(rows) => Some(rows),
+        Err(e) => {
+            tracing::warn!(rollout = id, "labelled answers not read this look: {e}");
+            None
+        }
+    }
 }
 
 /// Whether `after` differs from `before` only by the look it counted:
@@ -608,6 +637,7 @@ pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error
     sync_data_planes(ctx).await;
     let rollouts = blocking(&ctx.store, |s| s.rollouts(true)).await?;
     ctx.metrics.set_active(&rollouts);
+    crate::answers::collect(ctx, &rollouts).await;
     ctx.stats.next_pass();
     let started = tokio::time::Instant::now();
     let ids: Vec<i64> = rollouts.iter().map(|r| r.id).collect();

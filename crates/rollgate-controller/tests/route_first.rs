@@ -73,6 +73,7 @@ fn canary() -> (tempfile::TempDir, Arc<dyn Store>, i64) {
         routing_applied: None,
         candidate_ready: true,
         exposure: None,
+        labels: None,
     };
     let t = step(&r.spec, &r.state, Input::Observe(ready), CREATED).expect("observe");
     store

@@ -45,6 +45,8 @@ pub enum GateKind {
     PredictionShift,
     ShadowAgreement,
     GuardRails,
+    /// Quality from delayed labels, on labelled mirrored pairs.
+    Quality,
 }
 
 impl GateKind {
@@ -55,6 +57,7 @@ impl GateKind {
             GateKind::PredictionShift => "prediction_shift",
             GateKind::ShadowAgreement => "shadow_agreement",
             GateKind::GuardRails => "guard_rails",
+            GateKind::Quality => "quality",
         }
     }
 }
@@ -277,6 +280,23 @@ pub enum Evidence {
         /// `sequential`: what its tests showed (they decide).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         shown: Option<ShadowShown>,
+    },
+    Quality {
+        /// The labelled mirrored pairs, judged by their labels.
+        pairs: crate::labels::PairedLabels,
+        /// Bound on the candidate's error rate minus the champion's, on
+        /// the labelled pairs.
+        difference: Interval,
+        margin: f64,
+        /// The discordant-pairs e-process's value (FAIL at `fail_at`).
+        e_value: f64,
+        fail_at: f64,
+        /// The design effect it was tempered by (the key is the unit).
+        design_effect: f64,
+        max_error_ratio: f64,
+        /// The labelled share of the recorded pairs, and its floor.
+        coverage: f64,
+        min_coverage: f64,
     },
     GuardRails {
         candidate: Counts,

@@ -11,6 +11,7 @@ pub mod exposure;
 pub mod gate;
 pub mod histogram;
 pub mod keys;
+pub mod labels;
 mod memo;
 pub mod plan;
 pub mod plot;

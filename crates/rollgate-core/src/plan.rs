@@ -318,6 +318,7 @@ pub struct Gates {
     pub prediction_shift: ShiftGate,
     pub shadow: ShadowGate,
     pub guard_rails: GuardRails,
+    pub quality: QualityGate,
 }
 
 /// Candidate error rate minus champion error rate.
@@ -438,6 +439,67 @@ impl Default for ShadowGate {
             min_agreement: 0.9,
             max_flip_rate: 0.02,
             min_pairs: 100,
+        }
+    }
+}
+
+/// What a label says of a prediction: a class to match, or a number to
+/// come within a tolerance of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum QualityKind {
+    /// Wrong when the predicted class is not the label.
+    #[default]
+    Classification,
+    /// Wrong when the predicted value is more than `tolerance` from the label.
+    Regression,
+}
+
+/// Quality from delayed labels (ground truth sent to
+/// `POST /api/v1/models/{model}/labels`), judged in the SHADOW stage on
+/// labelled mirrored pairs (docs/statistics.md, "Quality from labels").
+/// Needs the `sequential` policy and a shadow stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct QualityGate {
+    pub enabled: bool,
+    pub kind: QualityKind,
+    /// Regression: an answer further than this from its label is wrong.
+    pub tolerance: f64,
+    /// Fail once the candidate's own mistakes (labelled pairs it got wrong
+    /// and the champion right) are shown above this many times the
+    /// champion's own mistakes (at least 1).
+    pub max_error_ratio: f64,
+    /// Pass needs the candidate's error rate shown at most this far above
+    /// the champion's, on the labelled pairs. In [0, 1].
+    pub margin: f64,
+    /// Labelled pairs needed before the gate may pass.
+    pub min_labels: u64,
+    /// Labelled share of the stage's recorded pairs needed by the label
+    /// deadline. In [0, 1].
+    pub min_coverage: f64,
+    /// Labels wait at most this long from the stage's start: a stage still
+    /// short of `min_labels` or `min_coverage` then fails with
+    /// `label_timeout`. Until then the gate does not hold the stage to
+    /// `evidence_timeout`.
+    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "30m"))]
+    pub label_deadline: Duration,
+}
+
+impl Default for QualityGate {
+    fn default() -> Self {
+        QualityGate {
+            enabled: false,
+            kind: QualityKind::Classification,
+            tolerance: 0.0,
+            max_error_ratio: 1.0,
+            margin: 0.02,
+            min_labels: 100,
+            min_coverage: 0.0,
+            label_deadline: Duration::from_secs(30 * 60),
         }
     }
 }

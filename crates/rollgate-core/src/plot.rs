@@ -204,6 +204,20 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
                 Fails::Below,
             ))
         }
+        Evidence::Quality {
+            pairs,
+            difference,
+            margin,
+            ..
+        } => (pairs.labelled > 0).then(|| {
+            GatePoint::interval(
+                "labelled error rate, candidate - champion",
+                difference.lower,
+                difference.upper,
+                Some(*margin),
+                Fails::Above,
+            )
+        }),
         Evidence::GuardRails {
             error_rate,
             max_error_rate,

@@ -59,6 +59,12 @@ pub enum StageReason {
         keys: u64,
         weight_percent: u32,
     },
+    /// The quality gate still lacked labels (`min_labels`, or the labelled
+    /// share `min_coverage` of the recorded pairs) at its label deadline.
+    LabelTimeout {
+        labelled: u64,
+        recorded: u64,
+    },
     /// Every gate showed the candidate within budget.
     AllGatesPass,
     /// The stage passed on time (`advance = "on_time"`): no gate showed a
@@ -82,6 +88,7 @@ impl StageReason {
             StageReason::EvidenceTimeout { .. } => "evidence_timeout",
             StageReason::MetricsMissing { .. } => "metrics_missing",
             StageReason::TooFewKeys { .. } => "too_few_keys",
+            StageReason::LabelTimeout { .. } => "label_timeout",
             StageReason::AllGatesPass => "all_gates_pass",
             StageReason::NoRegressionShown { .. } => "no_regression_shown",
         }
@@ -172,6 +179,9 @@ pub enum RollbackReason {
     /// The external data plane did not confirm the routing of `epoch`
     /// within the stage's evidence timeout (the candidate is not rejected).
     RoutingNotApplied { epoch: Epoch },
+    /// Too few labels came by the quality gate's label deadline (the
+    /// candidate is not rejected: nothing was shown against it).
+    LabelTimeout { labelled: u64, recorded: u64 },
 }
 
 impl RollbackReason {
@@ -200,7 +210,7 @@ impl RollbackReason {
 
     /// Every reason's [`code`](Self::code), so a counter by reason can
     /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 9] = [
+    pub const CODES: [&'static str; 10] = [
         "readiness_timeout",
         "breach",
         "gross_breach",
@@ -210,6 +220,7 @@ impl RollbackReason {
         "anytime_breach",
         "approval_timeout",
         "routing_not_applied",
+        "label_timeout",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -223,6 +234,7 @@ impl RollbackReason {
             RollbackReason::AnytimeBreach { .. } => "anytime_breach",
             RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
             RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",
+            RollbackReason::LabelTimeout { .. } => "label_timeout",
         }
     }
 }

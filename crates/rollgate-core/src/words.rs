@@ -211,7 +211,36 @@ fn evidence_words(evidence: &Evidence) -> String {
             p95,
             ..
         } => guard_rail_words(candidate, error_rate, p95.as_ref()),
+        Evidence::Quality {
+            pairs,
+            difference,
+            margin,
+            e_value,
+            fail_at,
+            coverage,
+            ..
+        } => quality_words(pairs, difference, *margin, (*e_value, *fail_at), *coverage),
     }
+}
+
+/// The quality gate's labelled pairs, its test and its bound.
+fn quality_words(
+    pairs: &crate::labels::PairedLabels,
+    difference: &Interval,
+    margin: f64,
+    (e_value, fail_at): (f64, f64),
+    coverage: f64,
+) -> String {
+    format!(
+        "{} of {} pairs labelled ({:.0}%); discordant: candidate wrong {}, champion \
+         wrong {} (e={e_value:.3}, fails at {fail_at:.0}); {}",
+        pairs.labelled,
+        pairs.recorded,
+        coverage * 100.0,
+        pairs.candidate_only_wrong,
+        pairs.champion_only_wrong,
+        difference_against_margin(difference, margin)
+    )
 }
 
 /// The indented lines beneath a gate's line, for the `sequential` tests:
@@ -592,6 +621,10 @@ fn rollback_words(r: &RollbackReason) -> String {
         RollbackReason::ApprovalTimeout { before } => {
             format!("nobody approved {before} by the plan's deadline")
         }
+        RollbackReason::LabelTimeout { labelled, recorded } => format!(
+            "too few labels by the quality gate's label deadline ({labelled} of {recorded} \
+             recorded pairs labelled)"
+        ),
     }
 }
 

@@ -161,6 +161,7 @@ pub(crate) fn run(spec: &RolloutSpec, traffic: &mut Traffic, max_s: u64) -> Run 
             routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
+            labels: None,
         };
         let t = step(spec, &state, Input::Observe(obs), Timestamp(s * 1000))
             .expect("observe never errs");
@@ -212,6 +213,7 @@ pub(crate) fn observe(
             routing_applied: None,
             candidate_ready: ready,
             exposure: snapshot.map(Exposure::pooled),
+            labels: None,
         }),
         Timestamp(now_s * 1000),
     )

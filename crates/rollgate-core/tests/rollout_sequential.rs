@@ -232,6 +232,7 @@ fn sequential_traffic_that_stops_never_promotes() {
                     routing_applied: None,
                     candidate_ready: true,
                     exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
+                    labels: None,
                 }),
                 Timestamp(s * 1000),
             )
@@ -328,7 +329,7 @@ proptest! {
                 cumulative.clone()
             });
             saw_stats |= snapshot.is_some();
-            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled), labels: None }), Timestamp(i as u64 * 5000)).expect("observe");
             if let Phase::Promoted { manual } = t.state.phase {
                 prop_assert!(!manual);
                 prop_assert!(saw_stats);

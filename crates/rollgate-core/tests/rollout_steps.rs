@@ -74,6 +74,7 @@ fn drive(
             routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
+            labels: None,
         };
         let t = step(spec, &run.state, Input::Observe(obs), now).expect("observe never errs");
         for e in &t.effects {
@@ -361,7 +362,7 @@ proptest! {
                 for _ in 0..co.min(ho) { cumulative.pairs_mut(CA).record_pair(true, true); }
                 cumulative.clone()
             });
-            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), Timestamp(i as u64 * 5000)).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled), labels: None }), Timestamp(i as u64 * 5000)).expect("observe");
             for e in &t.effects {
                 if let Effect::SetRouting { routing } = e {
                     prop_assert_eq!(routing.candidate_weight_bp, 0);
@@ -508,7 +509,7 @@ proptest! {
                 for _ in 0..co.min(ho) { cumulative.pairs_mut(CA).record_pair(true, true); }
                 cumulative.clone()
             });
-            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled) }), now).expect("observe");
+            let t = step(&spec, &state, Input::Observe(Observation { routing_applied: None, candidate_ready: ready, exposure: snapshot.map(Exposure::pooled), labels: None }), now).expect("observe");
             assert_harmless(&t.effects);
             if t.state.phase.is_terminal() && !state.phase.is_terminal() {
                 let last = mirrors(&t.effects).last().copied();
@@ -543,6 +544,7 @@ fn run_external(spec: &RolloutSpec, traffic: &mut Traffic, lag_s: Option<u64>, m
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
             routing_applied: Some(applied),
+            labels: None,
         };
         let before = state.clone();
         let t = step(spec, &state, Input::Observe(obs), Timestamp(s * 1000))

@@ -5,6 +5,7 @@
 
 mod architecture;
 mod golden;
+mod quality;
 mod rollout;
 mod rollout_sequential;
 mod rollout_steps;

@@ -227,6 +227,11 @@ pub struct ModelRoute {
     /// it on only where untrusted clients cannot (an edge that strips it).
     #[serde(default)]
     pub pinning: bool,
+    /// Each arm's answer to each request is recorded for labels sent
+    /// later (`GET /rollgate/answers`): the model's rollout judges its
+    /// quality from them.
+    #[serde(default)]
+    pub record_answers: bool,
 }
 
 fn default_confidence() -> f64 {

@@ -7,6 +7,7 @@
 //! request: mirrors are sent after the champion answered, on spawned tasks
 //! bounded by a semaphore, and dropped (and counted) when it is exhausted.
 
+pub mod answers;
 pub mod assign;
 mod body;
 pub mod config;
@@ -92,6 +93,8 @@ struct Inner {
     /// one-model change must not overwrite each other.
     route_writes: Mutex<()>,
     recorders: Recorders,
+    /// Answers recorded for labels (`ModelRoute::record_answers`).
+    answers: answers::AnswerLog,
     client: Client<Connector, stream::Outgoing>,
     /// Never pools: for sending a request again on a fresh connection.
     fresh: Client<Connector, stream::Outgoing>,
@@ -224,6 +227,7 @@ impl Gateway {
                 routes: ArcSwap::from_pointee(table),
                 route_writes: Mutex::new(()),
                 recorders,
+                answers: answers::AnswerLog::new(answers::ANSWERS_KEPT),
                 client: clients.pooled,
                 fresh: clients.fresh,
                 h2: clients.h2,

@@ -149,6 +149,8 @@ pub struct Route {
     pub mirror_only: bool,
     /// Testers may pin requests to a revision (`ModelRoute::pinning`).
     pub pinning: bool,
+    /// Answers are recorded for labels (`ModelRoute::record_answers`).
+    pub record_answers: bool,
 }
 
 impl Route {
@@ -262,6 +264,7 @@ impl RoutingTable {
             champion: Target::new(&m.name, epoch, &m.champion, default_timeout, rec),
             mirror_only: m.mirror_only,
             pinning: m.pinning && !m.mirror_only,
+            record_answers: m.record_answers && m.epoch.is_some(),
             candidate: m.candidate.as_ref().filter(|_| !m.mirror_only).map(|c| {
                 (
                     Target::new(&m.name, epoch, &c.upstream, default_timeout, rec),
@@ -370,6 +373,7 @@ mod incremental {
             numeric_tolerance: 1e-6,
             fallback_to_champion: false,
             pinning: true,
+            record_answers: false,
             champion: upstream(champion),
             candidate: candidate.map(|w| WeightedUpstream {
                 upstream: upstream(5),

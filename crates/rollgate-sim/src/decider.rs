@@ -63,6 +63,7 @@ impl Decider for CoreDecider {
             exposure: Some(exposure.clone()),
             // The simulated gateways count by epoch of arrival.
             routing_applied: None,
+            labels: None,
         };
         let Ok(t) = step(
             &self.spec,

@@ -18,6 +18,7 @@
 mod audit;
 mod checkpoint;
 mod kube_plane;
+mod labels;
 mod pg_tls;
 mod postgres;
 mod registry;
@@ -37,6 +38,7 @@ pub use checkpoint::{
 pub use kube_plane::{
     GUARDED_PREDICTOR_FIELDS, KubeAccess, MirrorTo, ParentRef, RouteTemplate, is_dns_label,
 };
+pub use labels::{AnswerRow, LabelCounts, LabelIn, MAX_LABEL_TEXT};
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
     DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, Model, ModelSpec, PrometheusEvidence,
@@ -129,6 +131,9 @@ pub struct ModelRoutes {
     /// whether the controller has judged the rollout on its counts since
     /// a time it could not reach the store.
     pub rollout_seen: std::collections::BTreeMap<String, Timestamp>,
+    /// The active rollout judges quality from labels: gateways record
+    /// each answer for them.
+    pub record_answers: bool,
 }
 
 /// One rollout transition to commit: the new state and the effects the
@@ -332,6 +337,21 @@ pub trait Store: Send + Sync {
     /// if none is claimed yet; returns the key id claimed (this one or
     /// another's).
     fn claim_checkpoint_signer(&self, key_id: &str) -> Result<String>;
+
+    /// Keeps answers the gateways recorded for labels (each once: one
+    /// already kept is skipped); returns how many were new.
+    fn record_answers(&self, rows: &[AnswerRow]) -> Result<u64>;
+    /// Applies a batch of labels to `model`'s recorded answers, in one
+    /// transaction with one `labels_received` audit record of its counts:
+    /// each label is applied, a duplicate, a conflict (not applied) or
+    /// unknown. `NotFound` if the model is not.
+    fn add_labels(&self, model: &str, batch: &[LabelIn], actor: &str) -> Result<LabelCounts>;
+    /// Every answer recorded for `rollout`, with its request's label if one
+    /// came.
+    fn labelled_answers(&self, rollout: i64) -> Result<Vec<rollgate_core::labels::Recorded>>;
+    /// Retention: removes answers recorded, and labels received, before
+    /// `before`. Returns how many rows went.
+    fn prune_answers(&self, before: Timestamp) -> Result<u64>;
     /// Walks the hash chain and reports the first broken link, if any.
     fn verify_audit(&self) -> Result<ChainReport>;
 }

@@ -153,6 +153,36 @@ CREATE TABLE audit_signer (
     key_id TEXT NOT NULL
 );
 "#,
+    // Delayed labels: the `labeler` role, answers recorded for labels,
+    // and the labels.
+    r#"
+ALTER TABLE tokens DROP CONSTRAINT tokens_role_check;
+ALTER TABLE tokens ADD CONSTRAINT tokens_role_check
+    CHECK (role IN ('viewer', 'operator', 'admin', 'labeler'));
+CREATE TABLE answers (
+    model TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    rollout BIGINT NOT NULL,
+    epoch BIGINT NOT NULL,
+    unit BIGINT NOT NULL,
+    at BIGINT NOT NULL,
+    class TEXT,
+    value TEXT,
+    PRIMARY KEY (model, request_id, revision)
+);
+CREATE INDEX answers_by_rollout ON answers (rollout);
+CREATE INDEX answers_by_time ON answers (at);
+CREATE TABLE labels (
+    model TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    observed_at BIGINT,
+    received_at BIGINT NOT NULL,
+    received_by TEXT NOT NULL,
+    PRIMARY KEY (model, request_id)
+);
+"#,
 ];
 
 /// The advisory lock every write transaction holds ("roll"), and the one

@@ -155,6 +155,45 @@ CREATE TABLE audit_signer (
     key_id TEXT NOT NULL
 );
 "#,
+    // Delayed labels: the `labeler` role (SQLite changes a CHECK by
+    // rebuilding its table), answers recorded for labels, and the labels.
+    r#"
+CREATE TABLE tokens_with_labeler (
+    name TEXT PRIMARY KEY,
+    role TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin', 'labeler')),
+    hash TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at INTEGER
+);
+INSERT INTO tokens_with_labeler (name, role, hash, created_at, created_by, revoked_at)
+    SELECT name, role, hash, created_at, created_by, revoked_at FROM tokens;
+DROP TABLE tokens;
+ALTER TABLE tokens_with_labeler RENAME TO tokens;
+CREATE TABLE answers (
+    model TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    rollout INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    unit INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    class TEXT,
+    value TEXT,
+    PRIMARY KEY (model, request_id, revision)
+);
+CREATE INDEX answers_by_rollout ON answers (rollout);
+CREATE INDEX answers_by_time ON answers (at);
+CREATE TABLE labels (
+    model TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    label TEXT NOT NULL,
+    observed_at INTEGER,
+    received_at INTEGER NOT NULL,
+    received_by TEXT NOT NULL,
+    PRIMARY KEY (model, request_id)
+);
+"#,
 ];
 
 impl From<rusqlite::Error> for StoreError {

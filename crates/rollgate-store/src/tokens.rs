@@ -6,11 +6,15 @@ use rollgate_core::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// What a token may do; each role may do what the ones below it may.
+/// What a token may do; each role from `viewer` up may do what the ones
+/// below it may ([`Role::may`]); a `labeler` may only send labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
+    /// Sends labels (`POST /api/v1/models/{model}/labels`), and nothing
+    /// else: not even reads.
+    Labeler,
     /// Reads everything.
     Viewer,
     /// Also starts, pauses, resumes and aborts rollouts.
@@ -23,9 +27,23 @@ pub enum Role {
 impl Role {
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Labeler => "labeler",
             Role::Viewer => "viewer",
             Role::Operator => "operator",
             Role::Admin => "admin",
+        }
+    }
+}
+
+impl Role {
+    /// Whether this role may do what `need` is required for: labels may be
+    /// sent by a labeler, an operator or an admin; a labeler may do
+    /// nothing else; otherwise a role may do what the ones below it may.
+    pub fn may(self, need: Role) -> bool {
+        match (self, need) {
+            (Role::Labeler, need) => need == Role::Labeler,
+            (role, Role::Labeler) => role >= Role::Operator,
+            (role, need) => role >= need,
         }
     }
 }
@@ -35,11 +53,12 @@ impl std::str::FromStr for Role {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "labeler" => Ok(Role::Labeler),
             "viewer" => Ok(Role::Viewer),
             "operator" => Ok(Role::Operator),
             "admin" => Ok(Role::Admin),
             other => Err(format!(
-                "unknown role {other:?}: use viewer, operator or admin"
+                "unknown role {other:?}: use viewer, operator, admin or labeler"
             )),
         }
     }

@@ -542,8 +542,8 @@ fn a_reopened_store_keeps_everything_and_migrates_once() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .expect("user_version");
     assert_eq!(
-        v, 10,
-        "one per migration: notification cursors (8), checkpoint key ids (9) and the signer (10) are the latest"
+        v, 11,
+        "one per migration: checkpoint key ids (9), the signer (10) and labels (11) are the latest"
     );
 }
 

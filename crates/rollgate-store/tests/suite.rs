@@ -5,5 +5,6 @@
 
 mod audit;
 mod it;
+mod labels;
 mod partition;
 mod tls;

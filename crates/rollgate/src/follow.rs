@@ -99,6 +99,7 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 // routes no candidate: `ModelRoute::mirror_only`).
                 mirror_only: spec.data_plane.is_some(),
                 pinning: spec.pinning.unwrap_or(false),
+                record_answers: m.record_answers,
             })
         })
         .collect()
@@ -525,6 +526,7 @@ mod tests {
             )),
             rollout: Some((revision("r2", cand), routing, 7)),
             rollout_seen: Default::default(),
+            record_answers: false,
         }];
         let r = &gateway_routes(&routes)[0];
         assert!(r.fallback_to_champion);
@@ -574,6 +576,7 @@ mod tests {
                 7,
             )),
             rollout_seen: std::collections::BTreeMap::from([("gw/b".to_string(), Timestamp(seen))]),
+            record_answers: false,
         }]
     }
 

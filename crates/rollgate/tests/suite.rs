@@ -12,6 +12,7 @@ mod few_keys;
 mod ha;
 mod host;
 mod kubernetes;
+mod labels;
 mod manifests;
 mod mlflow;
 mod mlserver;

@@ -20,14 +20,17 @@ pub struct Identity {
     pub role: Role,
 }
 
-/// The role a request needs: reading is `viewer`; starting and stopping
-/// rollouts `operator`; everything else that changes state `admin`.
+/// The role a request needs: reading is `viewer`; sending labels
+/// `labeler` (which an operator or an admin may do too); starting and
+/// stopping rollouts `operator`; everything else that changes state
+/// `admin` ([`Role::may`]).
 pub(super) fn required_role(method: &Method, path: &str) -> Role {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return Role::Viewer;
     }
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     match parts.as_slice() {
+        ["", "api", "v1", "models", _, "labels"] if *method == Method::POST => Role::Labeler,
         ["", "api", "v1", "rollouts"] if *method == Method::POST => Role::Operator,
         [
             "",
@@ -128,7 +131,7 @@ pub(super) async fn authorize(
         .into_response();
     };
     let need = required_role(req.method(), req.uri().path());
-    if identity.role < need {
+    if !identity.role.may(need) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden_role",

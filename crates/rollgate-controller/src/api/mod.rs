@@ -10,7 +10,8 @@
 //! (`[api.oidc]`: a JWT verified against its JWKS, the role from a claim),
 //! or — only when no token is required, which needs a
 //! loopback address — `local`, an admin. `viewer` reads; `operator` also
-//! starts, pauses, resumes and aborts rollouts; `admin` may do everything.
+//! starts, pauses, resumes and aborts rollouts; `admin` may do everything;
+//! `labeler` only sends labels (as operators and admins may).
 //! The audit actor is the identity; a name the client sends in
 //! `x-rollgate-actor` is recorded only as "on behalf of".
 //!
@@ -34,6 +35,7 @@ mod controller;
 mod error;
 mod extract;
 mod guard;
+mod labels;
 mod models;
 mod registries;
 mod revisions;
@@ -99,6 +101,7 @@ fn routes_and_spec() -> (Router<ApiState>, utoipa::openapi::OpenApi) {
         ))
         .routes(routes!(revisions::list_revisions, revisions::add_revision))
         .routes(routes!(models::set_champion))
+        .routes(routes!(labels::send_labels))
         .routes(routes!(revisions::show_revision))
         .routes(routes!(revisions::unblock))
         .routes(routes!(rollouts::list_rollouts, rollouts::start_rollout))

@@ -37,6 +37,9 @@ pub fn summary(rec: &AuditRecord) -> String {
                 | rollgate_core::RollbackReason::ApprovalTimeout { .. }
                 | rollgate_core::RollbackReason::RoutingNotApplied { .. }
                 | rollgate_core::RollbackReason::TooFewKeys { .. } => vec![],
+                rollgate_core::RollbackReason::LabelTimeout { .. } => {
+                    vec![rollgate_core::GateKind::Quality]
+                }
                 rollgate_core::RollbackReason::Breach { gates, .. }
                 | rollgate_core::RollbackReason::GrossBreach { gates }
                 | rollgate_core::RollbackReason::EvidenceTimeout { gates }

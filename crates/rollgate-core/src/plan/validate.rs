@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     ApprovalPoint, Assignment, ErrorRateGate, Gates, GuardRails, LatencyGate, Plan, PlanError,
-    Policy, SequentialPlan, ShadowGate, ShadowPlan, ShiftGate,
+    Policy, QualityGate, SequentialPlan, ShadowGate, ShadowPlan, ShiftGate,
 };
 
 /// The error naming `field`.
@@ -62,6 +62,7 @@ impl Plan {
         self.validate_windowed()?;
         self.sequential.validate()?;
         self.gates.validate()?;
+        self.validate_quality()?;
         self.validate_approvals()
     }
 
@@ -151,6 +152,27 @@ impl Plan {
         Ok(())
     }
 
+    /// The quality gate judges labelled mirrored pairs: it needs the
+    /// `sequential` policy and a shadow stage.
+    fn validate_quality(&self) -> Result<(), PlanError> {
+        if !self.gates.quality.enabled {
+            return Ok(());
+        }
+        if self.policy != Policy::Sequential {
+            return Err(err(
+                "gates.quality.enabled",
+                "the quality gate needs policy = \"sequential\"",
+            ));
+        }
+        if !self.shadow.enabled {
+            return Err(err(
+                "gates.quality.enabled",
+                "the quality gate judges labelled mirrored pairs: it needs shadow.enabled",
+            ));
+        }
+        Ok(())
+    }
+
     /// Each approval step stands before one of the plan's steps (or
     /// promotion), no point has two, and a deadline is at least 1s.
     fn validate_approvals(&self) -> Result<(), PlanError> {
@@ -226,6 +248,7 @@ impl Gates {
         self.latency.validate()?;
         self.prediction_shift.validate()?;
         self.shadow.validate()?;
+        self.quality.validate()?;
         self.guard_rails.validate()
     }
 }
@@ -283,6 +306,25 @@ impl ShadowGate {
         unit("gates.shadow.min_agreement", self.min_agreement)?;
         unit("gates.shadow.max_flip_rate", self.max_flip_rate)?;
         count("gates.shadow.min_pairs", self.min_pairs)
+    }
+}
+
+impl QualityGate {
+    fn validate(&self) -> Result<(), PlanError> {
+        if !(self.tolerance.is_finite() && self.tolerance >= 0.0) {
+            return Err(err(
+                "gates.quality.tolerance",
+                format!("must be a number at least 0, got {}", self.tolerance),
+            ));
+        }
+        at_least("gates.quality.max_error_ratio", self.max_error_ratio, 1.0)?;
+        unit("gates.quality.margin", self.margin)?;
+        count("gates.quality.min_labels", self.min_labels)?;
+        unit("gates.quality.min_coverage", self.min_coverage)?;
+        if self.label_deadline.is_zero() {
+            return Err(err("gates.quality.label_deadline", "must be positive"));
+        }
+        Ok(())
     }
 }
 

@@ -36,6 +36,9 @@ pub struct LookInput<'a> {
     /// Time since the current stage's clock started.
     pub elapsed: Duration,
     pub now: Timestamp,
+    /// The rollout's recorded predictions with their labels, when its plan
+    /// has a quality gate (`None`: none could be read, or none asked for).
+    pub labels: Option<&'a [crate::labels::Recorded]>,
     /// An operator paused the rollout: a stage neither passes nor fails
     /// safe for lack of evidence (a breach still rolls back).
     pub paused: bool,
@@ -83,6 +86,9 @@ pub(super) fn failed_safe(reason: &StageReason) -> RollbackReason {
             keys,
             weight_percent,
         },
+        &StageReason::LabelTimeout { labelled, recorded } => {
+            RollbackReason::LabelTimeout { labelled, recorded }
+        }
         _ => RollbackReason::EvidenceTimeout { gates: vec![] },
     }
 }

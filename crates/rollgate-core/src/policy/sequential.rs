@@ -42,10 +42,12 @@ use std::collections::BTreeMap;
 
 mod budget;
 mod errors;
+mod quality;
 mod state;
 
 pub use budget::{metric_alpha, stage_alpha, stage_count};
 use errors::{error_gate, error_tests};
+use quality::quality_gate;
 use state::Counted;
 pub use state::{ArmTally, MAX_CLASSES, SequentialState, Tally};
 
@@ -334,6 +336,8 @@ fn stage_floor(plan: &Plan, gate: GateKind, w: &Tally) -> Option<Reason> {
             h.predictions,
             g.prediction_shift.min_predictions,
         ),
+        // Its floor is its own: labelled pairs, not this stage's requests.
+        GateKind::Quality => None,
     }
 }
 
@@ -462,6 +466,9 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
     match input.stage {
         StageKind::Shadow => {
             gates.push(shadow_gate(plan, alpha, &stage_snap, input.candidate, arms));
+            if g.quality.enabled {
+                gates.push(quality_gate(plan, alpha, input.labels, ids));
+            }
         }
         StageKind::Canary if g.prediction_shift.enabled => {
             let canary_from = input
@@ -512,6 +519,9 @@ fn judge_stage(
     let groups = candidate_groups(whole, input.candidate);
     let keys = model_keys(plan, whole, (input.champion, input.candidate));
     hold_below_stage_floors(plan, gates, (ledger, groups, keys), input, outage_ended);
+    if let Some(decided) = awaiting_labels(plan, input, gates, champion) {
+        return decided;
+    }
     let (outcome, reason) = judge(
         plan,
         plan.sequential.advance,
@@ -526,6 +536,54 @@ fn judge_stage(
             few_keys_fail_fast(plan, input, gates, (groups, keys)).unwrap_or((outcome, reason))
         }
         _ => (outcome, reason),
+    }
+}
+
+/// A quality gate waiting for labels is held to its own deadline, not to
+/// `evidence_timeout`: until `label_deadline` the stage is judged on its
+/// other gates and may fail on them but not pass; at the deadline, a gate
+/// still short of labels fails the stage with `label_timeout` (a breach
+/// elsewhere still comes first). `None`: no quality gate waits for labels
+/// (past the deadline, one with its labels but nothing shown is judged
+/// like any other gate).
+fn awaiting_labels(
+    plan: &Plan,
+    input: &LookInput,
+    gates: &[GateVerdict],
+    champion: &ChampionHealth,
+) -> Option<(Outcome, StageReason)> {
+    let q = gates
+        .iter()
+        .find(|g| g.gate == GateKind::Quality && g.outcome == Outcome::Wait)?;
+    let past_deadline = input.elapsed >= plan.gates.quality.label_deadline;
+    if past_deadline && !q.starving() {
+        return None;
+    }
+    let others: Vec<GateVerdict> = gates
+        .iter()
+        .filter(|g| g.gate != GateKind::Quality)
+        .cloned()
+        .collect();
+    let advance = plan.sequential.advance;
+    match judge(plan, advance, champion, &others, input.elapsed) {
+        (Outcome::Fail, reason) => Some((Outcome::Fail, reason)),
+        (_, StageReason::SharedOutage) => Some((Outcome::Wait, StageReason::SharedOutage)),
+        _ if past_deadline => {
+            let (labelled, recorded) = match &q.evidence {
+                crate::gate::Evidence::Quality { pairs, .. } => (pairs.labelled, pairs.recorded),
+                _ => (0, 0),
+            };
+            Some((
+                Outcome::Fail,
+                StageReason::LabelTimeout { labelled, recorded },
+            ))
+        }
+        _ => Some((
+            Outcome::Wait,
+            StageReason::AwaitingEvidence {
+                gates: vec![GateKind::Quality],
+            },
+        )),
     }
 }
 

@@ -43,6 +43,9 @@ pub struct Observation {
     /// rollgate's own gateways', which count each request under the epoch
     /// it arrived in, so nothing waits for a confirmation.
     pub routing_applied: Option<Epoch>,
+    /// The rollout's recorded predictions with their labels, read when its
+    /// plan has a quality gate (`None`: not asked for, or not readable).
+    pub labels: Option<Vec<crate::labels::Recorded>>,
 }
 
 /// Something an operator asked for.
@@ -593,6 +596,7 @@ fn look(spec: &RolloutSpec, t: &mut Transition, obs: Observation, kind: StageKin
             elapsed: now.since(started),
             now,
             paused: state.paused,
+            labels: obs.labels.as_deref(),
         },
     );
     let verdict = named_stale(judged.verdict, stale.as_ref());

@@ -28,7 +28,10 @@ const REVISION: HeaderName = HeaderName::from_static(REVISION_HEADER);
 /// request was counted as arrived before it was sent: one whose outcome
 /// never comes (its client went away) stays unresolved, which the
 /// controller's error test takes at its worst for a rejection.
+/// A successful answer of one prediction is also remembered for labels
+/// when the route asks for it ([`remember`]).
 pub(super) fn record(
+    (inner, request): (&crate::Inner, &HeaderMap),
     route: &Route,
     target: &Target,
     unit: u16,
@@ -87,9 +90,47 @@ pub(super) fn record(
                 Vec::new()
             };
             tally.success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()));
+            remember(inner, route, target, unit, request, &preds);
             Some(preds)
         }
     }
+}
+
+/// Records `target`'s answer in the answers log, for a label sent later,
+/// when the route asks for it and the answer is one prediction.
+fn remember(
+    inner: &crate::Inner,
+    route: &Route,
+    target: &Target,
+    unit: u16,
+    headers: &HeaderMap,
+    predictions: &[Prediction],
+) {
+    if !route.record_answers {
+        return;
+    }
+    let ([p], Some(id)) = (
+        predictions,
+        headers
+            .get(super::request_id::REQUEST_ID)
+            .and_then(|v| v.to_str().ok()),
+    ) else {
+        return;
+    };
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    inner.answers.push(crate::answers::AnswerRecord {
+        seq: 0,
+        request_id: id.to_string(),
+        model: route.name.clone(),
+        epoch: route.epoch.clone(),
+        revision: target.revision.clone(),
+        unit,
+        at_ms,
+        class: p.class.clone(),
+        value: p.value,
+    });
 }
 
 /// The user's response. A 2xx with unreadable output is still passed through

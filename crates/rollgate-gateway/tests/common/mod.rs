@@ -36,6 +36,7 @@ pub fn route(champion: &str) -> ModelRoute {
         epoch: None,
         mirror_only: false,
         pinning: false,
+        record_answers: false,
     }
 }
 

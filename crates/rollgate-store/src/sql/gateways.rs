@@ -24,7 +24,7 @@ fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
         Some(id) => Some(get_revision(db, id)?),
         None => None,
     };
-    let (rollout, rollout_seen) = match active_rollout(db, &model.name)? {
+    let (rollout, rollout_seen, record_answers) = match active_rollout(db, &model.name)? {
         Some(id) => {
             let r = get_rollout(db, id)?;
             let candidate = get_revision(db, &r.spec.candidate)?;
@@ -34,15 +34,17 @@ fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
                 .seen()
                 .map(|(s, at)| (s.to_string(), at))
                 .collect();
-            (Some((candidate, r.routing, r.id)), seen)
+            let labels = r.spec.plan.gates.quality.enabled;
+            (Some((candidate, r.routing, r.id)), seen, labels)
         }
-        None => (None, Default::default()),
+        None => (None, Default::default(), false),
     };
     Ok(ModelRoutes {
         model,
         champion,
         rollout,
         rollout_seen,
+        record_answers,
     })
 }
 

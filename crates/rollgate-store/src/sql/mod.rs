@@ -29,7 +29,8 @@
 //!   checkpoints;
 //! - `gateways.rs`: heartbeats and what gateways route;
 //! - `lease.rs`: leases and the fencing check;
-//! - `tokens.rs`: API tokens.
+//! - `tokens.rs`: API tokens;
+//! - `labels.rs`: answers recorded for labels, and the labels.
 //!
 //! The crate root's `registry.rs`, `audit.rs`, `checkpoint.rs` and `tokens.rs`
 //! define the types these modules store, and their rules; the modules here
@@ -43,6 +44,7 @@ mod audit;
 mod chain;
 mod gateways;
 mod group_commit;
+mod labels;
 mod lease;
 mod registry;
 mod rollouts;
@@ -269,5 +271,26 @@ impl Store for SqlStore {
 
     fn verify_audit(&self) -> Result<ChainReport> {
         audit::verify_audit(self)
+    }
+
+    fn record_answers(&self, rows: &[crate::AnswerRow]) -> Result<u64> {
+        labels::record_answers(self, rows)
+    }
+
+    fn add_labels(
+        &self,
+        model: &str,
+        batch: &[crate::LabelIn],
+        actor: &str,
+    ) -> Result<crate::LabelCounts> {
+        labels::add_labels(self, model, batch, actor)
+    }
+
+    fn labelled_answers(&self, rollout: i64) -> Result<Vec<rollgate_core::labels::Recorded>> {
+        labels::labelled_answers(self, rollout)
+    }
+
+    fn prune_answers(&self, before: Timestamp) -> Result<u64> {
+        labels::prune_answers(self, before)
     }
 }

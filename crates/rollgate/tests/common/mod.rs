@@ -240,6 +240,8 @@ pub struct Model {
     pub not_found: bool,
     /// Every this many POSTs (0: none) one answers 503.
     pub fail_every: u64,
+    /// Every this many POSTs (0: none) one predicts class 0 instead of 1.
+    pub class_0_every: u64,
 }
 
 impl Model {
@@ -251,6 +253,7 @@ impl Model {
             posts: Arc::new(AtomicU64::new(0)),
             not_found: false,
             fail_every: 0,
+            class_0_every: 0,
         }
     }
 
@@ -310,6 +313,9 @@ pub async fn model_server_on(model: Model, ip: &str) -> String {
                             || (model.fail_every > 0 && n % model.fail_every == 0)
                         {
                             (503, r#"{"error":"unavailable"}"#)
+                        } else if model.class_0_every > 0 && n % model.class_0_every == 0 {
+                            model.predictions.fetch_add(1, Ordering::SeqCst);
+                            (200, r#"{"predictions":[[0.9,0.1]]}"#)
                         } else {
                             model.predictions.fetch_add(1, Ordering::SeqCst);
                             (200, r#"{"predictions":[[0.1,0.9]]}"#)

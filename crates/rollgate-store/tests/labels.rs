@@ -1,0 +1,92 @@
+//! Answers recorded for labels, and the labels, on both engines: each
+//! answer kept once, each label applied once, a batch whole with one audit
+//! record, joined by request id; the `labeler` role kept. Helpers: `it.rs`.
+
+use rollgate_core::Timestamp;
+use rollgate_store::{AnswerRow, LabelIn, Role, StoreError, secret_hash};
+
+use crate::audit::audit_kinds;
+use crate::it::*;
+
+fn answer(id: &str, revision: &str, class: &str) -> AnswerRow {
+    AnswerRow {
+        model: "risk".into(),
+        request_id: id.into(),
+        revision: revision.into(),
+        rollout: 7,
+        epoch: 1,
+        unit: 5,
+        at: Timestamp(1_000),
+        class: Some(class.into()),
+        value: Some(0.25),
+    }
+}
+
+fn label(id: &str, label: &str) -> LabelIn {
+    LabelIn {
+        request_id: id.into(),
+        label: label.into(),
+        observed_at: Some(Timestamp(900)),
+    }
+}
+
+#[test]
+fn labels_join_recorded_answers_once_and_a_batch_is_one_audit_record() {
+    for_each_store(|store, _| {
+        model_with_champion(store, 0);
+        let rows = [
+            answer("a", "v1", "1"),
+            answer("a", "v2", "0"),
+            answer("b", "v1", "1"),
+        ];
+        assert_eq!(store.record_answers(&rows).expect("record"), 3);
+        // Read again (a restarted controller starts its cursors over).
+        assert_eq!(store.record_answers(&rows).expect("again"), 0);
+        let before = audit_kinds(store).len();
+        let counts = store
+            .add_labels("risk", &[label("a", "1"), label("zzz", "1")], "pipeline")
+            .expect("labels");
+        assert_eq!((counts.received, counts.applied, counts.unknown), (2, 1, 1));
+        let counts = store
+            .add_labels(
+                "risk",
+                &[label("a", "1"), label("a", "0"), label("b", "0")],
+                "pipeline",
+            )
+            .expect("again");
+        assert_eq!(
+            (counts.applied, counts.duplicates, counts.conflicts),
+            (1, 1, 1),
+            "{counts:?}"
+        );
+        let kinds = audit_kinds(store);
+        assert_eq!(kinds.len(), before + 2);
+        assert_eq!(kinds.last().map(String::as_str), Some("labels_received"));
+        let joined = store.labelled_answers(7).expect("joined");
+        assert_eq!(joined.len(), 3);
+        let a: Vec<_> = joined.iter().filter(|r| r.request_id == "a").collect();
+        assert!(a.iter().all(|r| r.label.as_deref() == Some("1")), "{a:?}");
+        assert_eq!(a[0].unit, 5);
+        assert_eq!(a[0].value, Some(0.25));
+        let b = joined.iter().find(|r| r.request_id == "b").expect("b");
+        assert_eq!(b.label.as_deref(), Some("0"));
+        assert!(store.labelled_answers(8).expect("none").is_empty());
+        // Labels for a model that is not: refused, nothing applied.
+        assert!(matches!(
+            store.add_labels("nope", &[label("a", "1")], "pipeline"),
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(
+            store.prune_answers(Timestamp(u64::MAX / 2)).expect("prune"),
+            5
+        );
+        assert!(store.labelled_answers(7).expect("pruned").is_empty());
+        // The labeler role is kept like any other.
+        let t = store
+            .create_token("pipeline", Role::Labeler, &secret_hash("s"), "local")
+            .expect("labeler token");
+        assert_eq!(t.role, Role::Labeler);
+        let found = store.token_by_hash(&secret_hash("s")).expect("lookup");
+        assert_eq!(found.map(|t| t.role), Some(Role::Labeler));
+    });
+}
