@@ -73,6 +73,7 @@ fn snapshot(rollouts: &[(String, i64, String, String)]) -> GatewaySnapshot {
         slow_clients: 0,
         streamed_requests: 0,
         wrong_protocol: 0,
+        answers_dropped: 0,
         fallbacks: Default::default(),
         unroutable: Default::default(),
         pinned: Default::default(),
@@ -133,7 +134,6 @@ async fn run(store: SqlStore, upstream_base: &str) -> Row {
     let ctx = Context {
         looks: Default::default(),
         registry_signals: Default::default(),
-        answer_cursors: Default::default(),
         store: Arc::clone(&store),
         http: HttpClient::new(Duration::from_secs(5)),
         gateway_ttl: Duration::from_secs(3600),

@@ -64,25 +64,6 @@ pub struct Context {
     pub looks: Arc<Looks>,
     /// Registry webhooks' wake-ups and the deliveries already taken.
     pub registry_signals: Arc<crate::registry::webhook::Signals>,
-    /// Where each gateway's answers log was last read (answers for labels).
-    pub answer_cursors: Arc<AnswerCursors>,
-}
-
-/// Per gateway (its stats URL): the boot read and the last sequence number
-/// read in it.
-#[derive(Debug, Default)]
-pub struct AnswerCursors(std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>);
-
-impl AnswerCursors {
-    pub(crate) fn get(&self, url: &str) -> Option<(String, u64)> {
-        let cursors = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        cursors.get(url).cloned()
-    }
-
-    pub(crate) fn set(&self, url: &str, boot: &str, seq: u64) {
-        let mut cursors = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        cursors.insert(url.to_string(), (boot.to_string(), seq));
-    }
 }
 
 /// Looks at a rollout that changed nothing but the count of looks: they

@@ -10,7 +10,6 @@
 //! duplicate or half-apply one.
 
 pub mod adapter;
-pub mod answers;
 pub mod api;
 pub mod context;
 pub mod dashboard;

@@ -65,9 +65,6 @@ pub struct ControllerMetrics {
     registry_failures: Family<RegistryLabel, Counter>,
     /// Labels received, by what became of them.
     labels: Family<OutcomeLabel, Counter>,
-    /// Answers read from gateways' answers logs and kept, and those a
-    /// log lost before they were read.
-    answers: Family<OutcomeLabel, Counter>,
     pass_seconds: Histogram,
     lag_seconds: Histogram,
     /// The largest look interval of the last pass, for the API's overview.
@@ -183,10 +180,9 @@ impl Default for ControllerMetrics {
         );
         let (registry_passes, registry_failures) = model_registries(&mut registry);
         let (pass_seconds, lag_seconds) = cadence(&mut registry);
-        let (labels, answers) = labelled(&mut registry);
+        let labels = labels_received(&mut registry);
         ControllerMetrics {
             labels,
-            answers,
             pass_seconds,
             lag_seconds,
             last_lag: Mutex::new(0.0),
@@ -207,25 +203,16 @@ impl Default for ControllerMetrics {
     }
 }
 
-/// Labels received and answers kept for them.
-fn labelled(
-    registry: &mut Registry,
-) -> (Family<OutcomeLabel, Counter>, Family<OutcomeLabel, Counter>) {
+/// Labels received, by what became of them.
+fn labels_received(registry: &mut Registry) -> Family<OutcomeLabel, Counter> {
     let labels = Family::<OutcomeLabel, Counter>::default();
     registry.register(
         "rollgate_labels",
-        "Labels received, by outcome: applied, duplicate, conflict (a different label for a \
-         labelled request: not applied) or unknown (no recorded answer has the id)",
+        "Labels received, by outcome: applied, unknown (kept; no recorded answer has the id \
+         yet), duplicate, or conflict (a different label for a labelled request: not kept)",
         labels.clone(),
     );
-    let answers = Family::<OutcomeLabel, Counter>::default();
-    registry.register(
-        "rollgate_answers",
-        "Answers read from the gateways' answers logs for labels: kept, or lost (a log \
-         wrapped before the controller read them)",
-        answers.clone(),
-    );
-    (labels, answers)
+    labels
 }
 
 /// The model registries' passes, ended and cut short.
@@ -271,17 +258,6 @@ impl ControllerMetrics {
             ("unknown", c.unknown),
         ] {
             self.labels
-                .get_or_create(&OutcomeLabel {
-                    outcome: outcome.into(),
-                })
-                .inc_by(n);
-        }
-    }
-
-    /// Answers read for labels: `kept`, and `lost` by a log that wrapped.
-    pub fn answers(&self, kept: u64, lost: u64) {
-        for (outcome, n) in [("kept", kept), ("lost", lost)] {
-            self.answers
                 .get_or_create(&OutcomeLabel {
                     outcome: outcome.into(),
                 })

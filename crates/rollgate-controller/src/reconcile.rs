@@ -504,13 +504,14 @@ async fn look(mut rec: RolloutRecord, ctx: &Context) -> Result<Action, Error> {
 async fn labelled(
     ctx: &Context,
     rec: &RolloutRecord,
-) -> Option<Vec<rollgate_core::labels::Recorded>> {
-    if !rec.spec.plan.gates.quality.enabled || rec.state.phase != Phase::Shadow {
+) -> Option<std::sync::Arc<Vec<rollgate_core::labels::Recorded>>> {
+    let judged = matches!(rec.state.phase, Phase::Shadow | Phase::Canary { .. });
+    if !rec.spec.plan.gates.quality.enabled || !judged {
         return None;
     }
     let id = rec.id;
     match blocking(&ctx.store, move |s| s.labelled_answers(id)).await {
-        Ok(rows) => Some(rows),
+        Ok(rows) => Some(std::sync::Arc::new(rows)),
         Err(e) => {
             tracing::warn!(rollout = id, "labelled answers not read this look: {e}");
             None
@@ -637,7 +638,6 @@ pub async fn pass(ctx: &Context, schedule: &mut Schedule) -> Result<usize, Error
     sync_data_planes(ctx).await;
     let rollouts = blocking(&ctx.store, |s| s.rollouts(true)).await?;
     ctx.metrics.set_active(&rollouts);
-    crate::answers::collect(ctx, &rollouts).await;
     ctx.stats.next_pass();
     let started = tokio::time::Instant::now();
     let ids: Vec<i64> = rollouts.iter().map(|r| r.id).collect();

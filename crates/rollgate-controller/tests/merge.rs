@@ -78,6 +78,7 @@ fn replica(id: &str, boot: &str, requests: u64, failures: u64) -> GatewaySnapsho
         slow_clients: 0,
         streamed_requests: 0,
         wrong_protocol: 0,
+        answers_dropped: 0,
         fallbacks: Default::default(),
         in_flight: 0,
         unroutable: Default::default(),

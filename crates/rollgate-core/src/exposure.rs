@@ -335,6 +335,10 @@ pub struct GatewaySnapshot {
     /// Requests in another protocol than their model's (400).
     #[serde(default)]
     pub wrong_protocol: u64,
+    /// Answers recorded for labels dropped before the store could take
+    /// them (the gateway's queue was full).
+    #[serde(default)]
+    pub answers_dropped: u64,
     /// Per model: candidate requests retried on the champion.
     pub fallbacks: BTreeMap<String, u64>,
     /// Models that cannot be routed, and why.

@@ -96,6 +96,16 @@ pub enum Reason {
     /// Part of the gate could not be evaluated on what was measured (not
     /// a pass: the gate waits, and an on-time stage names it).
     NotEvaluated { what: String },
+    /// The arms' answers are labelled at shown different rates: the
+    /// quality test's assumption (labelling does not depend on the arm)
+    /// does not hold, so it neither passes nor fails; the stage holds, and
+    /// fails safe at the label deadline.
+    LabelCoverageDiffers {
+        candidate_labelled: u64,
+        candidate_recorded: u64,
+        champion_labelled: u64,
+        champion_recorded: u64,
+    },
 }
 
 /// Failures out of requests for one arm, and the client errors (4xx)
@@ -297,6 +307,10 @@ pub enum Evidence {
         /// The labelled share of the recorded pairs, and its floor.
         coverage: f64,
         min_coverage: f64,
+        /// In CANARY stages: each arm's labelled answers (the unpaired
+        /// test); `pairs` is then empty.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        canary: Option<crate::labels::CanaryLabels>,
     },
     GuardRails {
         candidate: Counts,
@@ -343,6 +357,7 @@ impl GateVerdict {
             Reason::InsufficientSamples { .. }
                 | Reason::ChampionNoVerdict { .. }
                 | Reason::TooFewKeys { .. }
+                | Reason::LabelCoverageDiffers { .. }
         )
     }
 

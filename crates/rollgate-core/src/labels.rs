@@ -8,7 +8,7 @@
 //! favours does not depend on the mix of requests, the drift of the
 //! label rate, or when labels come.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,7 +44,8 @@ pub fn wrong(gate: &QualityGate, answer: &Recorded, label: &str) -> Option<bool>
                 .value
                 .or_else(|| answer.class.as_deref()?.parse().ok())?;
             let truth: f64 = label.trim().parse().ok().filter(|x: &f64| x.is_finite())?;
-            Some((predicted - truth).abs() > gate.tolerance)
+            // A predicted NaN or infinity is wrong, whatever the label.
+            Some(!(predicted.is_finite() && (predicted - truth).abs() <= gate.tolerance))
         }
     }
 }
@@ -63,9 +64,10 @@ pub struct PairedLabels {
     /// The champion wrong, the candidate right.
     pub champion_only_wrong: u64,
     pub both_wrong: u64,
-    /// Per unit group: `requests` the discordant pairs, `failures` those
-    /// the candidate alone got wrong (the test's unit is the key). Not
-    /// kept with a verdict: the design effect it gave is.
+    /// Per unit group: `requests` the labelled pairs, `failures` those the
+    /// candidate alone got wrong, `client_errors` those the champion alone
+    /// got wrong (the tests' unit is the key). Not kept with a verdict: the
+    /// design effects it gave are.
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub units: Units,
@@ -94,7 +96,8 @@ pub fn paired(
     candidate: &str,
     gate: &QualityGate,
 ) -> PairedLabels {
-    let mut by_request: BTreeMap<&str, (Option<&Recorded>, Option<&Recorded>)> = BTreeMap::new();
+    let mut by_request: HashMap<&str, (Option<&Recorded>, Option<&Recorded>)> =
+        HashMap::with_capacity(rows.len() / 2 + 1);
     for r in rows {
         let slot = by_request.entry(r.request_id.as_str()).or_default();
         if r.revision == champion {
@@ -117,16 +120,16 @@ pub fn paired(
         };
         out.labelled += 1;
         let unit = out.units.entry(c.unit).or_insert_with(UnitTotals::default);
+        unit.requests += 1;
         match (cw, hw) {
             (true, true) => out.both_wrong += 1,
             (true, false) => {
                 out.candidate_only_wrong += 1;
-                unit.requests += 1;
                 unit.failures += 1;
             }
             (false, true) => {
                 out.champion_only_wrong += 1;
-                unit.requests += 1;
+                unit.client_errors += 1;
             }
             (false, false) => {}
         }
@@ -135,9 +138,107 @@ pub fn paired(
     out
 }
 
-/// The answers log's records and pages, as a gateway serves them at
-/// `GET /rollgate/answers?after=SEQ&limit=N` and the controller reads them.
-/// One arm's answer to one request.
+/// One arm's answers in CANARY epochs: recorded, labelled (comparably),
+/// and wrong by their labels, with the labelled ones per unit group
+/// (`requests` labelled, `failures` wrong).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ArmLabels {
+    pub recorded: u64,
+    pub labelled: u64,
+    pub wrong: u64,
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub units: Units,
+}
+
+impl ArmLabels {
+    fn add(&mut self, unit: u16, wrong: Option<bool>) {
+        self.recorded += 1;
+        if let Some(w) = wrong {
+            self.labelled += 1;
+            self.wrong += u64::from(w);
+            let u = self.units.entry(unit).or_default();
+            u.requests += 1;
+            u.failures += u64::from(w);
+        }
+    }
+
+    /// The sum of two tallies.
+    pub fn plus(&self, o: &ArmLabels) -> ArmLabels {
+        let mut units = self.units.clone();
+        for (g, u) in &o.units {
+            units.entry(*g).or_default().merge(u);
+        }
+        ArmLabels {
+            recorded: self.recorded + o.recorded,
+            labelled: self.labelled + o.labelled,
+            wrong: self.wrong + o.wrong,
+            units,
+        }
+    }
+
+    /// The labelled share of the recorded answers (0 with none).
+    pub fn coverage(&self) -> f64 {
+        if self.recorded == 0 {
+            0.0
+        } else {
+            self.labelled as f64 / self.recorded as f64
+        }
+    }
+}
+
+/// Both arms' answers in one epoch.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochLabels {
+    pub candidate: ArmLabels,
+    pub champion: ArmLabels,
+}
+
+/// The answers in `rows` that are no mirrored pair (a CANARY stage's: each
+/// request answered by one arm), per epoch from `from` on, each judged by
+/// its label under `gate`.
+pub fn unpaired(
+    rows: &[Recorded],
+    (champion, candidate): (&str, &str),
+    gate: &QualityGate,
+    from: Epoch,
+) -> BTreeMap<Epoch, EpochLabels> {
+    let mut arms_of: HashMap<&str, u8> = HashMap::with_capacity(rows.len());
+    for r in rows {
+        *arms_of.entry(r.request_id.as_str()).or_default() += 1;
+    }
+    let mut out: BTreeMap<Epoch, EpochLabels> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.epoch >= from) {
+        if arms_of.get(r.request_id.as_str()).copied().unwrap_or(0) != 1 {
+            continue;
+        }
+        let e = out.entry(r.epoch).or_default();
+        let arm = if r.revision == candidate {
+            &mut e.candidate
+        } else if r.revision == champion {
+            &mut e.champion
+        } else {
+            continue;
+        };
+        arm.add(r.unit, r.label.as_deref().and_then(|l| wrong(gate, r, l)));
+    }
+    out
+}
+
+/// What the CANARY stages' unpaired test saw: each arm's answers over
+/// the canary epochs, and whether their label coverage was shown to
+/// differ.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CanaryLabels {
+    pub candidate: ArmLabels,
+    pub champion: ArmLabels,
+    pub coverage_differs: bool,
+}
+
+/// One arm's answer to one request, as a gateway records it for labels
+/// (its store follower keeps it in the store).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AnswerRecord {
     /// Its place in the log, from 1.
@@ -154,19 +255,6 @@ pub struct AnswerRecord {
     pub class: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
-}
-
-/// A page of the log, as `GET /rollgate/answers` serves it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AnswersPage {
-    pub gateway: String,
-    /// This process's boot: sequence numbers start again at 1 with a new one.
-    pub boot: String,
-    /// The oldest sequence number still held (the next one when empty).
-    pub first: u64,
-    /// The sequence number the next record will take.
-    pub next: u64,
-    pub answers: Vec<AnswerRecord>,
 }
 
 #[cfg(test)]
@@ -215,8 +303,10 @@ mod tests {
         );
         assert_eq!(p.discordant(), 2);
         assert!((p.coverage() - 0.8).abs() < 1e-12);
-        let units: u64 = p.units.values().map(|u| u.requests).sum();
+        let units: u64 = p.units.values().map(|u| u.failures + u.client_errors).sum();
         assert_eq!(units, 2, "the discordant pairs, by unit group");
+        let labelled: u64 = p.units.values().map(|u| u.requests).sum();
+        assert_eq!(labelled, 4);
     }
 
     #[test]
@@ -233,6 +323,9 @@ mod tests {
         assert_eq!(wrong(&gate, &r, "9.4"), Some(true));
         assert_eq!(wrong(&gate, &r, "ten"), None);
         assert_eq!(wrong(&gate, &r, "NaN"), None);
+        r.value = Some(f64::NAN);
+        assert_eq!(wrong(&gate, &r, "10"), Some(true), "a NaN answer is wrong");
+        r.value = Some(10.0);
         let classification = QualityGate::default();
         assert_eq!(
             wrong(&classification, &r, "10"),
@@ -273,6 +366,7 @@ mod roundtrip {
                 max_error_ratio: 1.0,
                 coverage: 0.5,
                 min_coverage: 0.0,
+                canary: None,
             },
         );
         let text = serde_json::to_string(&v).expect("serialises");

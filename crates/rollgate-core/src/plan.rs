@@ -457,9 +457,10 @@ pub enum QualityKind {
 }
 
 /// Quality from delayed labels (ground truth sent to
-/// `POST /api/v1/models/{model}/labels`), judged in the SHADOW stage on
-/// labelled mirrored pairs (docs/statistics.md, "Quality from labels").
-/// Needs the `sequential` policy and a shadow stage.
+/// `POST /api/v1/models/{model}/labels`): in the SHADOW stage on labelled
+/// mirrored pairs, in CANARY stages on each arm's labelled answers
+/// (docs/statistics.md, "Quality from labels"). Needs the `sequential`
+/// policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
@@ -475,10 +476,12 @@ pub struct QualityGate {
     /// Pass needs the candidate's error rate shown at most this far above
     /// the champion's, on the labelled pairs. In [0, 1].
     pub margin: f64,
-    /// Labelled pairs needed before the gate may pass.
+    /// Labelled pairs (SHADOW), or each arm's labelled answers in the
+    /// stage (CANARY), needed before the gate may pass.
     pub min_labels: u64,
-    /// Labelled share of the stage's recorded pairs needed by the label
-    /// deadline. In [0, 1].
+    /// Labelled share of the stage's recorded pairs (CANARY: of the
+    /// candidate's recorded answers) needed by the label deadline. In
+    /// [0, 1].
     pub min_coverage: f64,
     /// Labels wait at most this long from the stage's start: a stage still
     /// short of `min_labels` or `min_coverage` then fails with

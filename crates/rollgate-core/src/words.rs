@@ -500,6 +500,15 @@ fn serde_reason(g: &GateVerdict) -> String {
         GrossBreach => "gross breach".into(),
         MetricsMissing { metric } => format!("{metric} missing"),
         NotEvaluated { what } => format!("not evaluated: {what}"),
+        LabelCoverageDiffers {
+            candidate_labelled,
+            candidate_recorded,
+            champion_labelled,
+            champion_recorded,
+        } => format!(
+            "label coverage differs between the arms (candidate {candidate_labelled}/\
+             {candidate_recorded}, champion {champion_labelled}/{champion_recorded}): held"
+        ),
     }
 }
 

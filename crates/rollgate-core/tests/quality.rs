@@ -52,8 +52,9 @@ struct Labelled {
     /// Accuracy of (champion, candidate).
     accuracy: (f64, f64),
     delay: Delay,
-    /// Share of requests ever labelled.
-    coverage: f64,
+    /// Share of requests ever labelled: of the champion's answers, of the
+    /// candidate's (in SHADOW a request's label is both arms').
+    coverage: (f64, f64),
     /// Every recorded answer, with when its label comes (if it does).
     rows: Vec<(Recorded, Option<u64>)>,
 }
@@ -65,37 +66,70 @@ impl Labelled {
             rate: 10,
             accuracy,
             delay,
-            coverage,
+            coverage: (coverage, coverage),
             rows: Vec::new(),
         }
     }
 
+    /// When a label for an answer at `now_ms` comes, if one does (at
+    /// coverage `p`).
+    fn comes(&mut self, now_ms: u64, p: f64) -> Option<u64> {
+        self.rng.random_bool(p).then(|| {
+            let u: f64 = self.rng.random_range(1e-9..1.0);
+            let secs = match self.delay {
+                Delay::Exponential(mean) => -mean * u.ln(),
+                Delay::Pareto(min) => min * u.powf(-1.0 / 1.2),
+            };
+            now_ms + (secs * 1000.0) as u64
+        })
+    }
+
+    fn answer(&mut self, id: &str, rev: &str, epoch: u32, unit: u16) -> Recorded {
+        let acc = if rev == CA {
+            self.accuracy.1
+        } else {
+            self.accuracy.0
+        };
+        let right = self.rng.random_bool(acc);
+        Recorded {
+            request_id: id.into(),
+            revision: rev.into(),
+            epoch,
+            unit,
+            class: Some(if right { "fraud" } else { "ok" }.into()),
+            value: None,
+            label: None,
+        }
+    }
+
     /// One second of mirrored requests, answered by both arms at `now_ms`.
-    fn tick(&mut self, now_ms: u64) {
+    fn tick(&mut self, now_ms: u64, epoch: u32) {
         for i in 0..self.rate {
             let id = format!("{now_ms}-{i}");
             let unit = self.rng.random_range(0..64u16);
-            let comes = self.rng.random_bool(self.coverage).then(|| {
-                let u: f64 = self.rng.random_range(1e-9..1.0);
-                let secs = match self.delay {
-                    Delay::Exponential(mean) => -mean * u.ln(),
-                    Delay::Pareto(min) => min * u.powf(-1.0 / 1.2),
-                };
-                now_ms + (secs * 1000.0) as u64
-            });
-            for (rev, acc) in [(CH, self.accuracy.0), (CA, self.accuracy.1)] {
-                let right = self.rng.random_bool(acc);
-                let row = Recorded {
-                    request_id: id.clone(),
-                    revision: rev.into(),
-                    epoch: 1,
-                    unit,
-                    class: Some(if right { "fraud" } else { "ok" }.into()),
-                    value: None,
-                    label: None,
-                };
+            let comes = self.comes(now_ms, self.coverage.0);
+            for rev in [CH, CA] {
+                let row = self.answer(&id, rev, epoch, unit);
                 self.rows.push((row, comes));
             }
+        }
+    }
+
+    /// One second of live requests split at `weight_bp` (each answered by
+    /// one arm), at `now_ms`.
+    fn tick_split(&mut self, now_ms: u64, epoch: u32, weight_bp: u32) {
+        for i in 0..self.rate {
+            let id = format!("{now_ms}-{i}");
+            let unit = self.rng.random_range(0..64u16);
+            let to_candidate = self.rng.random_range(0..10_000) < weight_bp;
+            let (rev, p) = if to_candidate {
+                (CA, self.coverage.1)
+            } else {
+                (CH, self.coverage.0)
+            };
+            let comes = self.comes(now_ms, p);
+            let row = self.answer(&id, rev, epoch, unit);
+            self.rows.push((row, comes));
         }
     }
 
@@ -129,13 +163,13 @@ fn run_shadow(plan: &Plan, labels: &mut Labelled, max_s: u64) -> (Phase, usize) 
         let now = s * 1000;
         traffic.tick();
         if state.phase == Phase::Shadow {
-            labels.tick(now);
+            labels.tick(now, state.epoch);
         }
         let obs = Observation {
             routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
-            labels: Some(labels.seen(now)),
+            labels: Some(std::sync::Arc::new(labels.seen(now))),
         };
         let t = step(&spec, &state, Input::Observe(obs), Timestamp(now)).expect("observe");
         for e in &t.effects {
@@ -224,12 +258,12 @@ fn a_stage_without_labels_fails_at_the_label_deadline_not_at_the_evidence_timeou
     let mut last = None;
     for s in 1..=700u64 {
         traffic.tick();
-        labels.tick(s * 1000);
+        labels.tick(s * 1000, state.epoch);
         let obs = Observation {
             routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
-            labels: Some(labels.seen(s * 1000)),
+            labels: Some(std::sync::Arc::new(labels.seen(s * 1000))),
         };
         let t = step(&spec, &state, Input::Observe(obs), Timestamp(s * 1000)).expect("observe");
         for e in &t.effects {
@@ -259,4 +293,85 @@ fn a_stage_without_labels_fails_at_the_label_deadline_not_at_the_evidence_timeou
     assert!(matches!(reason, StageReason::LabelTimeout { .. }));
     // Stage clock: from the first look in SHADOW (1 s), deadline 600 s.
     assert!((600..=602).contains(&s), "ended at {s} s");
+}
+
+/// A plan without a shadow stage: quality is judged in CANARY only, on
+/// each arm's labelled answers.
+fn canary_plan() -> Plan {
+    let mut plan = labelled_plan();
+    plan.shadow.enabled = false;
+    plan.steps = vec![50];
+    plan
+}
+
+/// A CANARY-only rollout run with labels until it ends or `max_s`.
+fn run_canary(plan: &Plan, labels: &mut Labelled, max_s: u64) -> RolloutState {
+    let spec = spec(plan.clone());
+    let mut traffic = Traffic::new(1, 20, HEALTHY, HEALTHY);
+    let mut state = RolloutState::new(Timestamp(0));
+    for s in 1..=max_s {
+        let now = s * 1000;
+        traffic.tick();
+        if matches!(state.phase, Phase::Canary { .. }) {
+            labels.tick_split(now, state.epoch, traffic.routing.candidate_weight_bp);
+        }
+        let obs = Observation {
+            routing_applied: None,
+            candidate_ready: true,
+            exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
+            labels: Some(std::sync::Arc::new(labels.seen(now))),
+        };
+        let t = step(&spec, &state, Input::Observe(obs), Timestamp(now)).expect("observe");
+        for e in &t.effects {
+            if let rollgate_core::Effect::SetRouting { routing } = e {
+                traffic.routing = *routing;
+            }
+        }
+        state = t.state;
+        if state.phase.is_terminal() {
+            break;
+        }
+    }
+    state
+}
+
+#[test]
+fn in_canary_a_worse_candidate_is_refused_on_labels_and_an_equal_one_promoted() {
+    let plan = canary_plan();
+    for seed in 0..5u64 {
+        let mut worse = Labelled::new(700 + seed, (0.9, 0.7), Delay::Exponential(5.0), 1.0);
+        let s = run_canary(&plan, &mut worse, 900);
+        assert!(quality_breach(&s.phase), "seed {seed}: {:?}", s.phase);
+        let mut equal = Labelled::new(800 + seed, (0.9, 0.9), Delay::Pareto(2.0), 1.0);
+        let s = run_canary(&plan, &mut equal, 900);
+        assert!(
+            matches!(s.phase, Phase::Promoted { .. }),
+            "seed {seed}: {:?}",
+            s.phase
+        );
+    }
+}
+
+#[test]
+fn in_canary_labels_that_come_more_for_one_arm_hold_the_stage_and_never_refuse_it() {
+    // The candidate's answers are labelled a third as often: the test's
+    // assumption fails, so the stage holds and fails safe at its deadline.
+    let plan = canary_plan();
+    for seed in 0..5u64 {
+        let mut skewed = Labelled::new(900 + seed, (0.9, 0.9), Delay::Exponential(2.0), 1.0);
+        skewed.coverage = (0.9, 0.3);
+        let s = run_canary(&plan, &mut skewed, 900);
+        match &s.phase {
+            Phase::RolledBack {
+                reason: RollbackReason::LabelTimeout { .. },
+            } => {}
+            other => panic!("seed {seed}: {other:?}"),
+        }
+        let held = s.last_verdict.as_ref().is_some_and(|v| {
+            v.gates
+                .iter()
+                .any(|g| matches!(g.reason, rollgate_core::Reason::LabelCoverageDiffers { .. }))
+        });
+        assert!(held, "seed {seed}: {:?}", s.last_verdict);
+    }
 }

@@ -156,6 +156,7 @@ impl Inner {
             slow_clients: self.counters.slow_clients.load(Ordering::Relaxed),
             streamed_requests: self.counters.streamed.load(Ordering::Relaxed),
             wrong_protocol: self.counters.wrong_protocol.load(Ordering::Relaxed),
+            answers_dropped: self.answers.dropped(),
             fallbacks: self
                 .counters
                 .fallbacks
@@ -300,6 +301,17 @@ impl Gateway {
             }
         }
         reason
+    }
+
+    /// Up to `max` of the answers recorded for labels, oldest first, taken
+    /// out of the gateway's queue (its store follower keeps them).
+    pub fn take_answers(&self, max: usize) -> Vec<answers::AnswerRecord> {
+        self.inner.answers.take(max)
+    }
+
+    /// Answers taken that could not be stored, queued again in front.
+    pub fn put_back_answers(&self, records: Vec<answers::AnswerRecord>) {
+        self.inner.answers.put_back(records);
     }
 
     /// Cumulative measurements, as served at `GET /rollgate/stats`.

@@ -267,6 +267,12 @@ fn encode_gateway_families(
     )?;
     family(
         enc,
+        "rollgate_answers_dropped",
+        "Answers recorded for labels dropped before the store could take them (the queue was full).",
+        vec![(vec![], ConstCounter::new(s.answers_dropped))],
+    )?;
+    family(
+        enc,
         "rollgate_wrong_protocol",
         "Requests in another protocol than their model's (400, never forwarded).",
         vec![(vec![], ConstCounter::new(s.wrong_protocol))],

@@ -12,11 +12,13 @@
 //! (`draw.rs`) and traffic models built from it (`traffic.rs`, `users.rs`,
 //! `scrape.rs`), how a tick's requests are served and recorded
 //! (`serve.rs`), who decides (`decider.rs`, `baseline.rs`), the runner
-//! (`run.rs`), and the scenarios × policies × seeds matrix (`matrix.rs`).
+//! (`run.rs`), and the scenarios × policies × seeds matrix (`matrix.rs`);
+//! apart, delayed labels judged by the quality gate (`labels.rs`).
 
 pub mod baseline;
 mod decider;
 mod draw;
+pub mod labels;
 pub mod matrix;
 mod run;
 mod scenario;

@@ -30,10 +30,12 @@ pub struct LabelIn {
     pub observed_at: Option<Timestamp>,
 }
 
-/// What became of a batch of labels: each one applied, or counted as a
-/// duplicate (the same label again), a conflict (a different label for a
-/// request already labelled: not applied), or unknown (no recorded answer
-/// has that id: never recorded, or pruned).
+/// What became of a batch of labels: each one applied (joined to a
+/// recorded answer), unknown (kept, but no recorded answer has that id
+/// yet: one the controller has not read yet joins it when it is; one
+/// never recorded, or pruned, never does), a duplicate (the same label
+/// again), or a conflict (a different label for a request already
+/// labelled: not applied, the first stands).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LabelCounts {

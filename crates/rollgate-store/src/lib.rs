@@ -341,16 +341,18 @@ pub trait Store: Send + Sync {
     /// Keeps answers the gateways recorded for labels (each once: one
     /// already kept is skipped); returns how many were new.
     fn record_answers(&self, rows: &[AnswerRow]) -> Result<u64>;
-    /// Applies a batch of labels to `model`'s recorded answers, in one
-    /// transaction with one `labels_received` audit record of its counts:
-    /// each label is applied, a duplicate, a conflict (not applied) or
-    /// unknown. `NotFound` if the model is not.
+    /// Keeps a batch of labels for `model`'s answers, in one transaction
+    /// with one `labels_received` audit record of its counts: each label
+    /// applied (an answer has its id), unknown (kept; no answer has its id
+    /// yet), a duplicate, or a conflict (not kept). `NotFound` if the
+    /// model is not.
     fn add_labels(&self, model: &str, batch: &[LabelIn], actor: &str) -> Result<LabelCounts>;
     /// Every answer recorded for `rollout`, with its request's label if one
     /// came.
     fn labelled_answers(&self, rollout: i64) -> Result<Vec<rollgate_core::labels::Recorded>>;
     /// Retention: removes answers recorded, and labels received, before
-    /// `before`. Returns how many rows went.
+    /// `before`, but none an active rollout reads. Returns how many rows
+    /// went.
     fn prune_answers(&self, before: Timestamp) -> Result<u64>;
     /// Walks the hash chain and reports the first broken link, if any.
     fn verify_audit(&self) -> Result<ChainReport>;

@@ -180,9 +180,9 @@ CREATE TABLE answers (
     at INTEGER NOT NULL,
     class TEXT,
     value TEXT,
-    PRIMARY KEY (model, request_id, revision)
+    PRIMARY KEY (rollout, request_id, revision)
 );
-CREATE INDEX answers_by_rollout ON answers (rollout);
+CREATE INDEX answers_by_request ON answers (model, request_id);
 CREATE INDEX answers_by_time ON answers (at);
 CREATE TABLE labels (
     model TEXT NOT NULL,
@@ -193,6 +193,7 @@ CREATE TABLE labels (
     received_by TEXT NOT NULL,
     PRIMARY KEY (model, request_id)
 );
+CREATE INDEX labels_by_time ON labels (received_at);
 "#,
 ];
 

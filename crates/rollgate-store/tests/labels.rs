@@ -62,8 +62,14 @@ fn labels_join_recorded_answers_once_and_a_batch_is_one_audit_record() {
         let kinds = audit_kinds(store);
         assert_eq!(kinds.len(), before + 2);
         assert_eq!(kinds.last().map(String::as_str), Some("labels_received"));
+        // A label that came before its answer joins it when it is read.
+        store
+            .record_answers(&[answer("zzz", "v2", "1")])
+            .expect("late answer");
         let joined = store.labelled_answers(7).expect("joined");
-        assert_eq!(joined.len(), 3);
+        assert_eq!(joined.len(), 4);
+        let late = joined.iter().find(|r| r.request_id == "zzz").expect("zzz");
+        assert_eq!(late.label.as_deref(), Some("1"));
         let a: Vec<_> = joined.iter().filter(|r| r.request_id == "a").collect();
         assert!(a.iter().all(|r| r.label.as_deref() == Some("1")), "{a:?}");
         assert_eq!(a[0].unit, 5);
@@ -78,7 +84,8 @@ fn labels_join_recorded_answers_once_and_a_batch_is_one_audit_record() {
         ));
         assert_eq!(
             store.prune_answers(Timestamp(u64::MAX / 2)).expect("prune"),
-            5
+            7,
+            "four answers, three labels (one kept before its answer came)"
         );
         assert!(store.labelled_answers(7).expect("pruned").is_empty());
         // The labeler role is kept like any other.

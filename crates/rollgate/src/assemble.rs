@@ -223,7 +223,6 @@ async fn context(
     Ok(Context {
         looks: Default::default(),
         registry_signals: Default::default(),
-        answer_cursors: Default::default(),
         anchor: {
             let (audit, data, store) = (c.audit.clone(), data.to_path_buf(), Arc::clone(store));
             tokio::task::spawn_blocking(move || {

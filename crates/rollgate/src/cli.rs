@@ -116,7 +116,8 @@ pub enum TokenCmd {
         /// The token's name: who or what uses it (kept in the audit log).
         name: String,
         /// viewer (reads), operator (also starts, pauses, resumes, aborts
-        /// rollouts) or admin (everything).
+        /// rollouts), admin (everything) or labeler (sends labels, nothing
+        /// else).
         #[arg(long)]
         role: String,
     },
@@ -374,7 +375,7 @@ pub enum AuditCmd {
     Verify,
 }
 
-fn api(g: &Global) -> anyhow::Result<Api> {
+pub(crate) fn api(g: &Global) -> anyhow::Result<Api> {
     Api::new(
         &g.api,
         std::env::var("ROLLGATE_TOKEN")
@@ -389,7 +390,7 @@ fn api(g: &Global) -> anyhow::Result<Api> {
 }
 
 /// Maps a call's result to an exit code, printing errors.
-fn finish(r: Result<ExitCode, CallError>) -> ExitCode {
+pub(crate) fn finish(r: Result<ExitCode, CallError>) -> ExitCode {
     match r {
         Ok(c) => c,
         Err(CallError::Input(m)) => {
@@ -403,7 +404,7 @@ fn finish(r: Result<ExitCode, CallError>) -> ExitCode {
     }
 }
 
-fn print(g: &Global, v: &Value, table: impl FnOnce(&Value)) {
+pub(crate) fn print(g: &Global, v: &Value, table: impl FnOnce(&Value)) {
     match g.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
         Output::Table => table(v),

@@ -1,6 +1,7 @@
 //! Gateways follow the store: every interval a gateway reads the routing of
-//! every model from the store, applies it atomically, and heartbeats so the
-//! controller knows whose stats to merge. It lives where gateways are
+//! every model from the store, applies it atomically, heartbeats so the
+//! controller knows whose stats to merge, and hands the store the answers
+//! it recorded for labels (users' data: never served over HTTP). It lives where gateways are
 //! assembled: the gateway crate knows no store, and the controller no
 //! gateway (they meet in the store and the core's types).
 
@@ -10,8 +11,9 @@ use std::time::Duration;
 use rollgate_controller::RoutePush;
 use rollgate_core::Timestamp;
 use rollgate_core::epoch_label;
+use rollgate_core::labels::AnswerRecord;
 use rollgate_gateway::{Gateway, MirroredUpstream, ModelRoute, Upstream, WeightedUpstream};
-use rollgate_store::{ModelRoutes, Revision, Store};
+use rollgate_store::{AnswerRow, ModelRoutes, Revision, Store};
 
 fn upstream(r: &Revision) -> Upstream {
     Upstream {
@@ -334,7 +336,7 @@ pub async fn follow(
     let mut calls = StoreCalls::new(store, id, stats_url);
     let mut applied = None;
     loop {
-        let (read, beat) = calls.cycle(state.watching_rollouts()).await;
+        let (read, beat) = calls.cycle(&gateway, state.watching_rollouts()).await;
         let was_held = state.held;
         if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
             if calls.resync {
@@ -353,11 +355,49 @@ pub async fn follow(
 }
 
 /// What one store call of the follower answers: the routes' version with
-/// the routes if they were read, and whether the heartbeat was written.
+/// the routes if they were read, whether the heartbeat was written, and
+/// the answers for labels the store did not take (to queue again).
 type Answer = (
     rollgate_store::Result<(u64, Option<Vec<ModelRoutes>>)>,
     rollgate_store::Result<()>,
+    Vec<AnswerRecord>,
 );
+
+/// Answers for labels written to the store per cycle at most.
+const ANSWERS_PER_CYCLE: usize = 20_000;
+
+/// An answer recorded for labels as the store keeps it; `None` when its
+/// epoch names no rollout (routed outside a rollout).
+fn answer_row(a: &AnswerRecord) -> Option<AnswerRow> {
+    let (rollout, _) = a.epoch.split_once('.')?;
+    let rollout: i64 = rollout.parse().ok()?;
+    Some(AnswerRow {
+        model: a.model.clone(),
+        request_id: a.request_id.clone(),
+        revision: a.revision.clone(),
+        rollout,
+        epoch: rollgate_core::epoch_of(&a.epoch, rollout)?,
+        unit: a.unit,
+        at: rollgate_core::Timestamp(a.at_ms),
+        class: a.class.clone(),
+        value: a.value,
+    })
+}
+
+/// Writes `answers` to the store; those it did not take, to queue again.
+fn store_answers(store: &dyn Store, answers: Vec<AnswerRecord>) -> Vec<AnswerRecord> {
+    if answers.is_empty() {
+        return answers;
+    }
+    let rows: Vec<AnswerRow> = answers.iter().filter_map(answer_row).collect();
+    match store.record_answers(&rows) {
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, answers = answers.len(), "storing answers for labels failed; they wait for the next cycle");
+            answers
+        }
+    }
+}
 
 /// The follower's store calls. One at a time: a store that hangs (a held
 /// lock, a stuck disk) is a cycle that did not confirm, not a follower that
@@ -394,13 +434,14 @@ impl StoreCalls {
     /// waits on the call still pending). Returns what was read and whether
     /// the heartbeat was written; a call not back within [`STALLED_AFTER`]
     /// read nothing and wrote nothing.
-    async fn cycle(&mut self, watching_rollouts: bool) -> (Read, bool) {
+    async fn cycle(&mut self, gateway: &Gateway, watching_rollouts: bool) -> (Read, bool) {
         let call = self.pending.get_or_insert_with(|| {
             let (s, i, u) = (
                 Arc::clone(&self.store),
                 self.id.clone(),
                 self.stats_url.clone(),
             );
+            let answers = gateway.take_answers(ANSWERS_PER_CYCLE);
             // A resync replaces the whole table; reads forced only to watch
             // held rollouts apply model by model, like any other read.
             self.resync = self.known.is_none() || self.read_at.elapsed() >= RESYNC_EVERY;
@@ -411,12 +452,14 @@ impl StoreCalls {
                     Some(k) if k == v => Ok((v, None)),
                     _ => s.routes().map(|r| (v, Some(r))),
                 });
-                (read, beat)
+                let unstored = store_answers(s.as_ref(), answers);
+                (read, beat, unstored)
             })
         });
         match tokio::time::timeout(STALLED_AFTER, call).await {
-            Ok(Ok((read, beat))) => {
+            Ok(Ok((read, beat, unstored))) => {
                 self.pending = None;
+                gateway.put_back_answers(unstored);
                 if let Err(e) = &beat {
                     tracing::warn!(error = %e, "writing the heartbeat failed");
                 }

@@ -9,6 +9,7 @@ mod demo_plane;
 mod follow;
 mod gateway;
 mod kit;
+mod labels;
 mod logging;
 #[cfg(feature = "kubernetes")]
 mod operator;
@@ -58,6 +59,8 @@ enum Command {
     Audit(cli::AuditArgs),
     /// API tokens: create (with a role), list, revoke.
     Token(cli::Admin<cli::TokenCmd>),
+    /// Labels (ground truth) for a model's answers: send.
+    Labels(cli::Admin<labels::LabelsCmd>),
     /// Kubernetes custom resources (`Model`, `ModelRollout`): `run` follows
     /// them into rollgate, `crds` prints their definitions.
     #[cfg(feature = "kubernetes")]
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
         Command::Rollout(a) => cli::rollout(&a.global, &a.cmd),
         Command::Audit(a) => cli::audit(&a.global, a),
         Command::Token(a) => cli::token(&a.global, &a.cmd),
+        Command::Labels(a) => labels::labels(&a.global, &a.cmd),
         Command::DataPlane(cmd) => seed::run(cmd),
         #[cfg(feature = "kubernetes")]
         Command::Operator(cmd) => operator::run(cmd),

@@ -30,6 +30,10 @@ pub struct SimArgs {
     /// Also write the reports as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Run the delayed-label cells of this file (TOML: `[plan]` and
+    /// `[[cells]]`) instead of the scenario matrix.
+    #[arg(long)]
+    labels: Option<PathBuf>,
 }
 
 fn policy(name: &str) -> Option<PolicyKind> {
@@ -41,6 +45,9 @@ fn opt(v: Option<f64>) -> String {
 }
 
 pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.labels {
+        return label_cells(args, path);
+    }
     let matrix: Matrix = match crate::config::read_toml(&args.scenarios) {
         Ok(m) => m,
         Err(e) => {
@@ -129,6 +136,72 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
     );
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&reports)?)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The delayed-label cells: each cell's runs through the real state
+/// machine, what they came to, and (`--json`) the reports.
+fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use rollgate_sim::labels::{LabelMatrix, label_cell};
+    let matrix: LabelMatrix = match crate::config::read_toml(path) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("rollgate: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if let Err(e) = matrix.plan.validate() {
+        eprintln!("rollgate: {}: {e}", path.display());
+        return Ok(ExitCode::from(2));
+    }
+    let started = std::time::Instant::now();
+    println!(
+        "{:<34} {:<8} {:>5} {:>8} {:>20} {:>8} {:>8} {:>7} {:>9} {:>12}",
+        "CELL",
+        "EXPECT",
+        "RUNS",
+        "REFUSED",
+        "REFUSED (95% CI)",
+        "TIMEOUT",
+        "OTHER",
+        "PASSED",
+        "UNDECIDED",
+        "MED LABELS"
+    );
+    let mut reports = Vec::new();
+    for cell in matrix
+        .cells
+        .iter()
+        .filter(|c| args.only.as_deref().is_none_or(|o| c.name.contains(o)))
+    {
+        let r = label_cell(&matrix.plan, cell, args.runs, args.threads);
+        let ci = rollgate_core::stats::wilson(
+            r.refused,
+            r.runs,
+            rollgate_core::stats::z_two_sided(0.05),
+        );
+        let (lo, hi) = (ci.lower, ci.upper);
+        println!(
+            "{:<34} {:<8} {:>5} {:>8} {:>6.2}% [{:>4.2}, {:>4.2}] {:>8} {:>8} {:>7} {:>9} {:>12}",
+            r.cell,
+            format!("{:?}", r.expect).to_lowercase(),
+            r.runs,
+            r.refused,
+            r.refused as f64 * 100.0 / r.runs.max(1) as f64,
+            lo * 100.0,
+            hi * 100.0,
+            r.label_timeout,
+            r.other_rollback,
+            r.passed,
+            r.undecided,
+            opt(r.median_labelled_at_refusal.map(|x| x as f64)),
+        );
+        reports.push(r);
+    }
+    println!("({:.1}s)", started.elapsed().as_secs_f64());
+    if let Some(out) = &args.json {
+        std::fs::write(out, serde_json::to_string_pretty(&reports)?)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -33,12 +33,17 @@ fn labelled_plan() -> Value {
 
 /// One prediction through the gateway under request id `id`.
 async fn predict(c: &HttpClient, gateway: &str, id: &str) -> u16 {
+    predict_body(c, gateway, id, r#"{"instances":[[1]]}"#.into()).await
+}
+
+/// One prediction of `body` through the gateway under request id `id`.
+async fn predict_body(c: &HttpClient, gateway: &str, id: &str, body: String) -> u16 {
     let req = Request::builder()
         .method("POST")
         .uri(format!("http://{gateway}/v1/models/m:predict"))
         .header("content-type", "application/json")
         .header("x-request-id", id)
-        .body(Full::new(Bytes::from(r#"{"instances":[[1]]}"#)))
+        .body(Full::new(Bytes::from(body)))
         .expect("request");
     let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
         .await
@@ -60,6 +65,24 @@ async fn send_labels(c: &HttpClient, ctl: &Proc, token: Option<&str>, body: Valu
     )
     .await;
     (s, v)
+}
+
+/// `rollgate labels send m FILE --output json` as `token`: its exit code,
+/// stdout and stderr.
+fn labels_cli(api: &str, token: &str, file: &std::path::Path) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["labels", "send", "m"])
+        .arg(file)
+        .args(["--output", "json"])
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env("ROLLGATE_TOKEN", token)
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,9 +120,6 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
 
     let started = Instant::now();
     let mut sent = 0u64;
-    // Ids of a batch whose labels were all applied (its answers were read
-    // from the gateway in time).
-    let mut labelled: Vec<String> = Vec::new();
     let r = loop {
         // Ten requests, then their labels, as a pipeline would send them
         // once the truth is known.
@@ -118,9 +138,6 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
         let (s, counts) = send_labels(&c, &ctl, Some(&labeler), json!({"labels": labels})).await;
         assert_eq!(s, 200, "{counts}");
         assert_eq!(counts["received"], 10, "{counts}");
-        if counts["applied"] == 10 {
-            labelled.clone_from(&ids);
-        }
         let (_, r) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
         if finished(&r) {
             break r;
@@ -140,8 +157,9 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
     );
 
     // Labels again: the same ones are duplicates, a different one is a
-    // conflict (not applied), an id no answer has is unknown; one bad
-    // entry refuses the whole batch, naming it, and applies nothing.
+    // conflict (not applied), an id no answer has is unknown (kept); one
+    // bad entry refuses the whole batch, naming it, and applies nothing.
+    let labelled: Vec<String> = (0..4).map(|i| format!("req-{i}")).collect();
     let (s, counts) = send_labels(
         &c,
         &ctl,
@@ -195,6 +213,28 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
         .count() as u64;
     assert_eq!(batches, sent / 10 + 1, "{audit}");
 
+    // The CLI sends a file of them the same way, as the labeler: a bad
+    // line stops it before anything is sent.
+    let file = dir.path().join("labels.csv");
+    std::fs::write(
+        &file,
+        format!("request_id,label\n{},1\nfresh-id,0\n", labelled[3]),
+    )
+    .expect("csv");
+    let (code, out, err) = labels_cli(ctl.addr(), &labeler, &file);
+    assert_eq!(code, 0, "{err}");
+    let sent_counts: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        (&sent_counts["duplicates"], &sent_counts["unknown"]),
+        (&json!(1), &json!(1)),
+        "{out}"
+    );
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"request_id\": \"a\", \"label\": 1}\nnot json\n").expect("jsonl");
+    let (code, _, err) = labels_cli(ctl.addr(), &labeler, &bad);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 2"), "{err}");
+
     // The labeler may do nothing else: not read, not start a rollout.
     let (s, _, _) = request(
         &c,
@@ -215,4 +255,144 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
     .await;
     assert_eq!(s, 403);
     assert!(chain_intact(&c, &ctl).await);
+}
+
+/// Requests of the synthetic task through the gateway, their labels (the
+/// task's ground truth) sent after each batch, until rollout `id` ends.
+/// Returns the rollout and the requests sent.
+async fn labelled_traffic(
+    c: &HttpClient,
+    ctl: &Proc,
+    gw: &str,
+    id: i64,
+    seed: u64,
+) -> (Value, usize) {
+    let (xs, ys) = rollgate_modelkit::task::sample(20_000, seed);
+    let started = Instant::now();
+    let mut sent = 0;
+    loop {
+        let batch = sent..sent + 20;
+        for i in batch.clone() {
+            let body = json!({"instances": [xs[i].to_vec()]}).to_string();
+            assert_eq!(predict_body(c, gw, &format!("{seed}-{i}"), body).await, 200);
+        }
+        sent += 20;
+        let labels: Vec<Value> = batch
+            .map(|i| json!({"request_id": format!("{seed}-{i}"), "label": u8::from(ys[i])}))
+            .collect();
+        let (s, counts) = send_labels(c, ctl, None, json!({"labels": labels})).await;
+        assert_eq!(s, 200, "{counts}");
+        let (_, r) = api(c, ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+        if finished(&r) {
+            return (r, sent);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(150) && sent + 20 <= xs.len(),
+            "not decided after {sent} labelled requests: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retrained_is_promoted()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let champion_path = crate::prometheus::trained_model(dir.path());
+    let models = std::path::Path::new(&champion_path)
+        .parent()
+        .expect("models dir")
+        .to_path_buf();
+    let path = |name: &str| {
+        models
+            .join(format!("{name}.json"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let servers: Vec<Proc> = ["champion", "broken-feature", "retrained"]
+        .iter()
+        .map(|m| crate::prometheus::serve(&path(m), &[]))
+        .collect();
+    let url = |p: &Proc| format!("http://{}", p.addr());
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let (_, broken) = setup(&c, &ctl, &url(&servers[0]), &url(&servers[1])).await;
+    let (s, retrained) = api(
+        &c,
+        &ctl,
+        "POST",
+        "/api/v1/models/m/revisions",
+        Some(json!({ "upstream": url(&servers[2]) })),
+    )
+    .await;
+    assert_eq!(s, 201, "{retrained}");
+    let retrained = retrained["id"].as_str().expect("id").to_string();
+    let gw = start_gateway(dir.path());
+    // Labels judge alone in SHADOW (the agreement gate is off); the
+    // margin lets the canary pass on a few hundred labels.
+    let mut plan = labelled_plan();
+    plan["gates"]["quality"]["margin"] = json!(0.3);
+    plan["gates"]["quality"]["min_labels"] = json!(50);
+
+    let id = start_rollout_with(&c, &ctl, &broken, plan.clone()).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
+        phase(r) == "shadow"
+    })
+    .await;
+    let (r, sent) = labelled_traffic(&c, &ctl, gw.addr(), id, 1).await;
+    assert_eq!(phase(&r), "rolled_back", "{r}");
+    assert_eq!(
+        r["state"]["phase"]["reason"]["gates"],
+        json!(["quality"]),
+        "{r}"
+    );
+    eprintln!("broken-feature refused in SHADOW after {sent} labelled requests");
+
+    let id = start_rollout_with(&c, &ctl, &retrained, plan).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
+        phase(r) == "shadow"
+    })
+    .await;
+    let (r, sent) = labelled_traffic(&c, &ctl, gw.addr(), id, 2).await;
+    assert_eq!(phase(&r), "promoted", "{r}");
+    eprintln!("retrained promoted after {sent} labelled requests");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_deadline_passing_with_too_few_labels_ends_the_rollout_with_label_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = start_controller(dir.path(), &[]);
+    let c = client();
+    let champion = model_server(Model::new(false)).await;
+    let candidate = model_server(Model::new(false)).await;
+    let (_, cand) = setup(&c, &ctl, &champion, &candidate).await;
+    let gw = start_gateway(dir.path());
+    let mut plan = labelled_plan();
+    plan["gates"]["quality"]["label_deadline"] = json!("3s");
+    let id = start_rollout_with(&c, &ctl, &cand, plan).await;
+    wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
+        phase(r) == "shadow"
+    })
+    .await;
+    // Answers come, labels never do.
+    let started = Instant::now();
+    let mut n = 0;
+    let r = loop {
+        assert_eq!(predict(&c, gw.addr(), &format!("t-{n}")).await, 200);
+        n += 1;
+        let (_, r) = api(&c, &ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
+        if finished(&r) {
+            break r;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "label_timeout",
+        "{r}"
+    );
+    assert_eq!(r["state"]["phase"]["reason"]["labelled"], 0, "{r}");
+    // Not shown worse: the candidate may be rolled out again.
+    let (_, rev) = api(&c, &ctl, "GET", &format!("/api/v1/revisions/{cand}"), None).await;
+    assert_ne!(rev["state"], "rejected", "{rev}");
 }

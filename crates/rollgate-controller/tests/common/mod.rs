@@ -30,7 +30,6 @@ pub fn context(store: Arc<dyn Store>, now: Timestamp) -> Context {
     Context {
         looks: Default::default(),
         registry_signals: Default::default(),
-        answer_cursors: Default::default(),
         leader: leading(store.as_ref()),
         store,
         http: HttpClient::new(Duration::from_secs(1)),

@@ -152,22 +152,20 @@ impl Plan {
         Ok(())
     }
 
-    /// The quality gate judges labelled mirrored pairs: it needs the
-    /// `sequential` policy and a shadow stage.
+    /// The quality gate's tests are anytime-valid: it needs the
+    /// `sequential` policy.
     fn validate_quality(&self) -> Result<(), PlanError> {
-        if !self.gates.quality.enabled {
-            return Ok(());
-        }
-        if self.policy != Policy::Sequential {
+        let q = &self.gates.quality;
+        if q.enabled && self.policy != Policy::Sequential {
             return Err(err(
                 "gates.quality.enabled",
                 "the quality gate needs policy = \"sequential\"",
             ));
         }
-        if !self.shadow.enabled {
+        if q.label_deadline < self.min_stage_duration {
             return Err(err(
-                "gates.quality.enabled",
-                "the quality gate judges labelled mirrored pairs: it needs shadow.enabled",
+                "gates.quality.label_deadline",
+                "must be at least min_stage_duration",
             ));
         }
         Ok(())

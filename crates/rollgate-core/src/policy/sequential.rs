@@ -47,7 +47,7 @@ mod state;
 
 pub use budget::{metric_alpha, stage_alpha, stage_count};
 use errors::{error_gate, error_tests};
-use quality::quality_gate;
+use quality::{canary_quality_gate, quality_gate};
 use state::Counted;
 pub use state::{ArmTally, MAX_CLASSES, SequentialState, Tally};
 
@@ -309,7 +309,8 @@ fn shift_gate(plan: &Plan, alpha: f64, tests: ShiftTests, stage: Arms) -> GateVe
     let judgement = ShiftJudgement {
         breached: tests.fail >= (1.0 / alpha).ln(),
         within: tests.within,
-        e_value: tests.fail.exp(),
+        // Finite: a stored verdict must read back (JSON has no infinity).
+        e_value: tests.fail.exp().min(f64::MAX),
         max_class_ratio: cfg.max_class_ratio,
         fail_at: 1.0 / alpha,
     };
@@ -470,15 +471,20 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
                 gates.push(quality_gate(plan, alpha, input.labels, ids));
             }
         }
-        StageKind::Canary if g.prediction_shift.enabled => {
+        StageKind::Canary => {
             let canary_from = input
                 .stage_starts
                 .get(usize::from(plan.shadow.enabled))
                 .copied();
-            let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
-            gates.push(shift_gate(plan, alpha, tests, arms));
+            if g.prediction_shift.enabled {
+                let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
+                gates.push(shift_gate(plan, alpha, tests, arms));
+            }
+            if g.quality.enabled {
+                let from = (canary_from.unwrap_or(stage_epoch), stage_epoch);
+                gates.push(canary_quality_gate(plan, alpha, input.labels, ids, from));
+            }
         }
-        StageKind::Canary => {}
     }
     // The whole rollout's counts, pooled once for what reads them whole.
     let whole = ledger.pooled(0, Epoch::MAX);

@@ -45,7 +45,9 @@ pub struct Observation {
     pub routing_applied: Option<Epoch>,
     /// The rollout's recorded predictions with their labels, read when its
     /// plan has a quality gate (`None`: not asked for, or not readable).
-    pub labels: Option<Vec<crate::labels::Recorded>>,
+    /// (Shared: a caller that keeps them, as the simulator does, passes
+    /// them each look without a copy.)
+    pub labels: Option<std::sync::Arc<Vec<crate::labels::Recorded>>>,
 }
 
 /// Something an operator asked for.
@@ -596,7 +598,7 @@ fn look(spec: &RolloutSpec, t: &mut Transition, obs: Observation, kind: StageKin
             elapsed: now.since(started),
             now,
             paused: state.paused,
-            labels: obs.labels.as_deref(),
+            labels: obs.labels.as_deref().map(Vec::as_slice),
         },
     );
     let verdict = named_stale(judged.verdict, stale.as_ref());

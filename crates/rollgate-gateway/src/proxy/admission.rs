@@ -118,7 +118,7 @@ pub(crate) async fn predict_admitted(
     // request.)
     let (inner, route) = (&inner, &route);
     // Who asked: an answer is recorded under the request's id.
-    let asked = (inner.as_ref(), &parts.headers);
+    let asked = |joinable| (inner.as_ref(), &parts.headers, joinable);
     let path_q = path_and_query(&parts.uri);
     // gRPC compresses by its own rules (`grpc-encoding`), not HTTP's.
     let gzip = wire == Wire::Rest && accepts_gzip(&parts.headers);
@@ -157,7 +157,7 @@ pub(crate) async fn predict_admitted(
         candidate.stats.with(|s| s.record_arrivals(1));
         let outcome = send(candidate, parts.method.clone(), body.again()).await;
         let unreachable = matches!(outcome, Upstreamed::Connect);
-        record(asked, route, candidate, unit, &outcome, wire);
+        record(asked(true), route, candidate, unit, &outcome, wire);
         // A streamed body went to the candidate: it cannot be sent again.
         if !(unreachable && route.fallback_to_champion && body.whole().is_some()) {
             return finish(outcome, candidate, Some(unit), gzip, wire);
@@ -173,7 +173,8 @@ pub(crate) async fn predict_admitted(
     let champion = &route.champion;
     champion.stats.with(|s| s.record_arrivals(1));
     let outcome = send(champion, parts.method.clone(), body.again()).await;
-    let preds = record(asked, route, champion, unit, &outcome, wire);
+    let joinable = mirrored || route.shadow.is_none();
+    let preds = record(asked(joinable), route, champion, unit, &outcome, wire);
     // (With a shadow, a body is always held whole.)
     if mirrored
         && let Some((_, _, pairs)) = &route.shadow

@@ -29,9 +29,12 @@ const REVISION: HeaderName = HeaderName::from_static(REVISION_HEADER);
 /// never comes (its client went away) stays unresolved, which the
 /// controller's error test takes at its worst for a rejection.
 /// A successful answer of one prediction is also remembered for labels
-/// when the route asks for it ([`remember`]).
+/// when the route asks for it and `asked` says to ([`remember`]):
+/// `asked` is the gateway, the request's headers (its id) and whether
+/// this answer may be joined with a label (a champion's answer in SHADOW
+/// only when it was mirrored: only pairs are judged there).
 pub(super) fn record(
-    (inner, request): (&crate::Inner, &HeaderMap),
+    (inner, request, joinable): (&crate::Inner, &HeaderMap, bool),
     route: &Route,
     target: &Target,
     unit: u16,
@@ -90,7 +93,9 @@ pub(super) fn record(
                 Vec::new()
             };
             tally.success(*latency_us, preds.iter().filter_map(|p| p.class.as_deref()));
-            remember(inner, route, target, unit, request, &preds);
+            if joinable {
+                remember(inner, route, target, unit, request, &preds);
+            }
             Some(preds)
         }
     }
@@ -117,6 +122,13 @@ fn remember(
     ) else {
         return;
     };
+    // A class longer than any label could never match one.
+    if p.class
+        .as_ref()
+        .is_some_and(|c| c.len() > crate::answers::MAX_CLASS)
+    {
+        return;
+    }
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);

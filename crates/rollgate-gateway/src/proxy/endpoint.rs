@@ -44,7 +44,6 @@ enum Endpoint<'a> {
     Metadata(&'a str),
     Health,
     Stats,
-    Answers,
     Metrics,
     NotFound,
 }
@@ -71,7 +70,6 @@ fn classify<'a>(method: &Method, path: &'a str) -> Endpoint<'a> {
             Endpoint::Health
         }
         (&Method::GET, "/rollgate/stats") => Endpoint::Stats,
-        (&Method::GET, "/rollgate/answers") => Endpoint::Answers,
         (&Method::GET, "/metrics") => Endpoint::Metrics,
         (&Method::POST, _) => Endpoint::JsonRoute,
         _ => Endpoint::NotFound,
@@ -107,11 +105,6 @@ async fn routed(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let refusal = match classify(req.method(), path) {
         Endpoint::Health => json_ok(r#"{"live":true,"ready":true}"#.into()),
         Endpoint::Stats => json_ok(serde_json::to_string(&inner.snapshot()).unwrap_or_default()),
-        Endpoint::Answers => {
-            let (after, limit) = crate::answers::page_query(uri.query());
-            let page = inner.answers.page(&inner.id, &inner.boot, after, limit);
-            json_ok(serde_json::to_string(&page).unwrap_or_default())
-        }
         Endpoint::Metrics => {
             let accept = req
                 .headers()

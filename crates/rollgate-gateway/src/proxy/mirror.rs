@@ -67,7 +67,14 @@ pub(super) fn mirror(
                 .await;
             return;
         }
-        let answer = record((&inner, &headers), &route, shadow, unit, &outcome, wire);
+        let answer = record(
+            (&inner, &headers, true),
+            &route,
+            shadow,
+            unit,
+            &outcome,
+            wire,
+        );
         if let (Some(champion), Some(answer)) = (champion, answer)
             && route.read_predictions
         {

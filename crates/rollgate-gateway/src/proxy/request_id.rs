@@ -4,9 +4,6 @@
 //! every answer, the gateway's own refusals included, so that a user, a
 //! model server's log and a label sent later can all name one request.
 
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use http::HeaderMap;
 use http::header::{HeaderName, HeaderValue};
 
@@ -33,31 +30,19 @@ fn usable(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_CLIENT_ID && id.iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
-/// A new id: this process's random prefix and a counter (32 hex digits),
-/// unique across processes and restarts without a lock or a syscall per
-/// request. Not a secret, and not meant to be unguessable.
+/// A new id: 128 random bits (32 hex digits) from the thread's
+/// cryptographically secure generator, without a lock or a syscall per
+/// request. Unguessable on purpose: a label sent later names a request by
+/// its id, so a client able to predict the ids the gateway will make could
+/// send its own request under one first and have a real request's label
+/// judge its answer.
 fn made() -> HeaderValue {
-    static PREFIX: OnceLock<u64> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        // The standard library's per-process random keys, with the time
-        // and the process id mixed in.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.write_u32(std::process::id());
-        h.finish()
-    });
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let v: u128 = rand::random();
     // Hex by hand: `format!` costs more than the rest of the id together
     // (measured with callgrind, bench/results/gateway.md).
     let mut id = [0u8; 32];
-    hex(prefix, &mut id[..16]);
-    hex(n, &mut id[16..]);
+    hex((v >> 64) as u64, &mut id[..16]);
+    hex(v as u64, &mut id[16..]);
     HeaderValue::from_bytes(&id).unwrap_or(HeaderValue::from_static("0"))
 }
 

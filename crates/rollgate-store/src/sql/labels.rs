@@ -1,6 +1,8 @@
 //! Answers recorded for labels, and the labels: answers inserted once per
 //! (model, request, revision); labels once per (model, request), a batch
-//! in one transaction with one audit record of its counts.
+//! in one transaction with one audit record of its counts. A label may
+//! come before its answer is read from the gateway: it is kept, and joins
+//! the answer when it comes.
 
 use rollgate_core::Timestamp;
 use rollgate_core::labels::Recorded;
@@ -58,10 +60,6 @@ pub(super) fn add_labels(
                     p![model, l.request_id.as_str()],
                 )?
                 .is_some();
-            if !known {
-                counts.unknown += 1;
-                continue;
-            }
             let had = db.row(
                 "SELECT label FROM labels WHERE model = ?1 AND request_id = ?2",
                 p![model, l.request_id.as_str()],
@@ -70,6 +68,8 @@ pub(super) fn add_labels(
                 Some(r) if r.text(0)? == l.label => counts.duplicates += 1,
                 Some(_) => counts.conflicts += 1,
                 None => {
+                    // Kept even before its answer is: the controller reads
+                    // the gateways' answers a pass behind.
                     db.exec(
                         "INSERT INTO labels (model, request_id, label, observed_at, received_at, received_by)
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -82,19 +82,27 @@ pub(super) fn add_labels(
                             actor
                         ],
                     )?;
-                    counts.applied += 1;
+                    if known {
+                        counts.applied += 1;
+                    } else {
+                        counts.unknown += 1;
+                    }
                 }
             }
         }
-        append_audit(
-            db,
-            now,
-            actor,
-            model,
-            None,
-            "labels_received",
-            serde_json::to_value(counts).unwrap_or_default(),
-        )?;
+        // A batch that changed nothing (empty, or only duplicates: a
+        // pipeline's retry) leaves no record.
+        if counts.applied + counts.unknown + counts.conflicts > 0 {
+            append_audit(
+                db,
+                now,
+                actor,
+                model,
+                None,
+                "labels_received",
+                serde_json::to_value(counts).unwrap_or_default(),
+            )?;
+        }
         Ok(counts)
     })
 }
@@ -127,8 +135,19 @@ pub(super) fn labelled_answers(store: &SqlStore, rollout: i64) -> Result<Vec<Rec
 
 pub(super) fn prune_answers(store: &SqlStore, before: Timestamp) -> Result<u64> {
     store.write(|db, _| {
-        let answers = db.exec("DELETE FROM answers WHERE at < ?1", p![before.0])?;
-        let labels = db.exec("DELETE FROM labels WHERE received_at < ?1", p![before.0])?;
+        // An active rollout keeps its answers and their labels: its tests'
+        // counts must never go down.
+        let answers = db.exec(
+            "DELETE FROM answers WHERE at < ?1
+                 AND rollout NOT IN (SELECT id FROM rollouts WHERE active = 1)",
+            p![before.0],
+        )?;
+        let labels = db.exec(
+            "DELETE FROM labels WHERE received_at < ?1 AND NOT EXISTS (
+                 SELECT 1 FROM answers a JOIN rollouts r ON r.id = a.rollout AND r.active = 1
+                 WHERE a.model = labels.model AND a.request_id = labels.request_id)",
+            p![before.0],
+        )?;
         Ok(answers + labels)
     })
 }

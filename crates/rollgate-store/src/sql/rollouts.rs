@@ -41,6 +41,18 @@ pub(super) fn create_rollout(
             )));
         }
         not_blocked(&rev)?;
+        // Labels join answers the gateway read: a JSON model must say where
+        // its predictions are, or every quality gate would time out.
+        if plan.gates.quality.enabled
+            && m.spec.protocol == rollgate_core::Protocol::Json
+            && m.spec.output_pointer.is_none()
+        {
+            return Err(StoreError::Invalid(format!(
+                "plan.gates.quality: model {model:?} is generic JSON without an \
+                 output_pointer, so its predictions are not read and no label could \
+                 judge them; set the model's output_pointer"
+            )));
+        }
         if let Some(id) = active_rollout(db, model)? {
             return Err(StoreError::Conflict(format!(
                 "rollout {id} is already active on model {model:?}"

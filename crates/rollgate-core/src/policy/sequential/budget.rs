@@ -17,7 +17,8 @@ pub fn metric_alpha(plan: &Plan) -> f64 {
         + usize::from(g.latency.enabled)
         + shadow * (1 + usize::from(g.shadow.max_flip_rate < 1.0))
         + usize::from(g.prediction_shift.enabled)
-        + shadow * usize::from(g.quality.enabled)
+        // Quality: the paired test in SHADOW, the unpaired one in CANARY.
+        + usize::from(g.quality.enabled) * (1 + shadow)
         + rails;
     plan.sequential.alpha / metrics.max(1) as f64
 }
