@@ -12,7 +12,7 @@
 # Usage: bench/gateway/callgrind.sh [requests]   (default 2000)
 # ROLLGATE=path/to/rollgate and NAME=gateway-callgrind-x compare another
 # build (results in bench/results/NAME.tsv); FLOOR=1 adds the floor
-# (bare_proxy, see floor.sh).
+# (bare_proxy, see floor.sh); LABELS=1 adds answers recorded for labels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . bench/gateway/lib.sh
@@ -107,6 +107,17 @@ candidate = { revision = "cand", url = "http://127.0.0.1:18282", weight_bp = 100
 cell split_shadow 18292 http 'champion = { revision = "champ", url = "http://127.0.0.1:18281" }
 candidate = { revision = "cand", url = "http://127.0.0.1:18282", weight_bp = 1000 }
 shadow = { revision = "shadow", url = "http://127.0.0.1:18282", mirror_bp = 10000 }'
+# LABELS=1: the split with a shadow, for a rollout judged on labels: each
+# arm's answer also recorded under the request's id (a build that knows
+# `record_answers`; with no store follower the queue fills, then drops
+# its oldest, as it would with the store away).
+if [ -n "${LABELS:-}" ]; then
+  cell split_shadow_labels 18296 http 'champion = { revision = "champ", url = "http://127.0.0.1:18281" }
+candidate = { revision = "cand", url = "http://127.0.0.1:18282", weight_bp = 1000 }
+shadow = { revision = "shadow", url = "http://127.0.0.1:18282", mirror_bp = 10000 }
+epoch = "1.1"
+record_answers = true'
+fi
 cell tls_both 18293 https 'champion = { revision = "champ", url = "https://localhost:18283" }' "[tls]
 cert_file = \"$W/server.crt\"
 key_file = \"$W/server.key\"

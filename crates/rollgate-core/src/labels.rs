@@ -139,8 +139,8 @@ pub fn paired(
 }
 
 /// One arm's answers in CANARY epochs: recorded, labelled (comparably),
-/// and wrong by their labels, with the labelled ones per unit group
-/// (`requests` labelled, `failures` wrong).
+/// and wrong by their labels, per unit group too (`latencies` recorded,
+/// `requests` labelled, `failures` wrong).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ArmLabels {
@@ -155,6 +155,7 @@ pub struct ArmLabels {
 impl ArmLabels {
     fn add(&mut self, unit: u16, wrong: Option<bool>) {
         self.recorded += 1;
+        self.units.entry(unit).or_default().latencies += 1;
         if let Some(w) = wrong {
             self.labelled += 1;
             self.wrong += u64::from(w);

@@ -631,8 +631,9 @@ fn rollback_words(r: &RollbackReason) -> String {
             format!("nobody approved {before} by the plan's deadline")
         }
         RollbackReason::LabelTimeout { labelled, recorded } => format!(
-            "too few labels by the quality gate's label deadline ({labelled} of {recorded} \
-             recorded pairs labelled)"
+            "the quality gate had no verdict by its label deadline (too few labels, or the \
+             arms' label coverage differed; {labelled} of the candidate's {recorded} recorded \
+             answers labelled)"
         ),
     }
 }

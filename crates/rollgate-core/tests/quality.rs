@@ -153,17 +153,28 @@ impl Labelled {
     }
 }
 
-/// The SHADOW stage run with labels, one look a second, until it leaves
-/// SHADOW or `max_s`. Returns the phase and the labelled pairs then.
-fn run_shadow(plan: &Plan, labels: &mut Labelled, max_s: u64) -> (Phase, usize) {
+/// A rollout run with labels, one look a second, until `done` says so or
+/// `max_s`: mirrored requests in SHADOW, split ones in CANARY. Returns
+/// the state, the second it stopped, and the last verdict's second.
+fn drive(
+    plan: &Plan,
+    labels: &mut Labelled,
+    max_s: u64,
+    done: impl Fn(&Phase) -> bool,
+) -> (RolloutState, u64, u64) {
     let spec = spec(plan.clone());
     let mut traffic = Traffic::new(1, 20, HEALTHY, HEALTHY);
     let mut state = RolloutState::new(Timestamp(0));
+    let mut judged_at = 0;
     for s in 1..=max_s {
         let now = s * 1000;
         traffic.tick();
-        if state.phase == Phase::Shadow {
-            labels.tick(now, state.epoch);
+        match state.phase {
+            Phase::Shadow => labels.tick(now, state.epoch),
+            Phase::Canary { .. } => {
+                labels.tick_split(now, state.epoch, traffic.routing.candidate_weight_bp)
+            }
+            _ => {}
         }
         let obs = Observation {
             routing_applied: None,
@@ -177,12 +188,24 @@ fn run_shadow(plan: &Plan, labels: &mut Labelled, max_s: u64) -> (Phase, usize) 
                 traffic.routing = *routing;
             }
         }
+        if t.state.last_verdict.is_some() {
+            judged_at = s;
+        }
         state = t.state;
-        if state.phase != Phase::Pending && state.phase != Phase::Shadow {
-            return (state.phase, labels.labelled_pairs(now));
+        if done(&state.phase) {
+            return (state, s, judged_at);
         }
     }
-    (state.phase, labels.labelled_pairs(max_s * 1000))
+    (state, max_s, judged_at)
+}
+
+/// The SHADOW stage run with labels until it leaves SHADOW or `max_s`.
+/// Returns the phase and the labelled pairs then.
+fn run_shadow(plan: &Plan, labels: &mut Labelled, max_s: u64) -> (Phase, usize) {
+    let left = |p: &Phase| *p != Phase::Pending && *p != Phase::Shadow;
+    let (state, s, _) = drive(plan, labels, max_s, left);
+    let pairs = labels.labelled_pairs(s * 1000);
+    (state.phase, pairs)
 }
 
 fn quality_breach(phase: &Phase) -> bool {
@@ -252,33 +275,7 @@ fn a_candidate_five_points_worse_is_refused_in_shadow_on_labels_alone() {
 fn a_stage_without_labels_fails_at_the_label_deadline_not_at_the_evidence_timeout() {
     let plan = labelled_plan();
     let mut labels = Labelled::new(9, (0.85, 0.85), Delay::Exponential(1.0), 0.0);
-    let spec = spec(plan.clone());
-    let mut traffic = Traffic::new(1, 20, HEALTHY, HEALTHY);
-    let mut state = RolloutState::new(Timestamp(0));
-    let mut last = None;
-    for s in 1..=700u64 {
-        traffic.tick();
-        labels.tick(s * 1000, state.epoch);
-        let obs = Observation {
-            routing_applied: None,
-            candidate_ready: true,
-            exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
-            labels: Some(std::sync::Arc::new(labels.seen(s * 1000))),
-        };
-        let t = step(&spec, &state, Input::Observe(obs), Timestamp(s * 1000)).expect("observe");
-        for e in &t.effects {
-            if let rollgate_core::Effect::SetRouting { routing } = e {
-                traffic.routing = *routing;
-            }
-        }
-        if let Some(v) = &t.state.last_verdict {
-            last = Some((s, v.stage, v.reason.clone()));
-        }
-        state = t.state;
-        if state.phase.is_terminal() {
-            break;
-        }
-    }
+    let (state, _, s) = drive(&plan, &mut labels, 700, Phase::is_terminal);
     match &state.phase {
         Phase::RolledBack {
             reason: RollbackReason::LabelTimeout { labelled, recorded },
@@ -288,9 +285,9 @@ fn a_stage_without_labels_fails_at_the_label_deadline_not_at_the_evidence_timeou
         }
         other => panic!("{other:?}"),
     }
-    let (s, stage, reason) = last.expect("judged");
-    assert_eq!(stage, StageKind::Shadow);
-    assert!(matches!(reason, StageReason::LabelTimeout { .. }));
+    let last = state.last_verdict.as_ref().expect("judged");
+    assert_eq!(last.stage, StageKind::Shadow);
+    assert!(matches!(last.reason, StageReason::LabelTimeout { .. }));
     // Stage clock: from the first look in SHADOW (1 s), deadline 600 s.
     assert!((600..=602).contains(&s), "ended at {s} s");
 }
@@ -306,33 +303,7 @@ fn canary_plan() -> Plan {
 
 /// A CANARY-only rollout run with labels until it ends or `max_s`.
 fn run_canary(plan: &Plan, labels: &mut Labelled, max_s: u64) -> RolloutState {
-    let spec = spec(plan.clone());
-    let mut traffic = Traffic::new(1, 20, HEALTHY, HEALTHY);
-    let mut state = RolloutState::new(Timestamp(0));
-    for s in 1..=max_s {
-        let now = s * 1000;
-        traffic.tick();
-        if matches!(state.phase, Phase::Canary { .. }) {
-            labels.tick_split(now, state.epoch, traffic.routing.candidate_weight_bp);
-        }
-        let obs = Observation {
-            routing_applied: None,
-            candidate_ready: true,
-            exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
-            labels: Some(std::sync::Arc::new(labels.seen(now))),
-        };
-        let t = step(&spec, &state, Input::Observe(obs), Timestamp(now)).expect("observe");
-        for e in &t.effects {
-            if let rollgate_core::Effect::SetRouting { routing } = e {
-                traffic.routing = *routing;
-            }
-        }
-        state = t.state;
-        if state.phase.is_terminal() {
-            break;
-        }
-    }
-    state
+    drive(plan, labels, max_s, Phase::is_terminal).0
 }
 
 #[test]

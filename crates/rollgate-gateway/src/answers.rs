@@ -21,8 +21,8 @@ pub use rollgate_core::labels::AnswerRecord;
 /// Records kept waiting for the store; beyond it the oldest go.
 pub const ANSWERS_KEPT: usize = 200_000;
 
-/// The longest class kept: a label is at most this long, so a longer
-/// class could never match one.
+/// The longest label: a class is kept to one byte past it (a longer one
+/// can never match a label, and counts as wrong).
 pub const MAX_CLASS: usize = 128;
 
 #[derive(Debug, Default)]

@@ -32,7 +32,8 @@ pub struct LabelIn {
 
 /// What became of a batch of labels: each one applied (joined to a
 /// recorded answer), unknown (kept, but no recorded answer has that id
-/// yet: one the controller has not read yet joins it when it is; one
+/// yet: one its gateway has not handed to the store yet joins it when it
+/// is; one
 /// never recorded, or pruned, never does), a duplicate (the same label
 /// again), or a conflict (a different label for a request already
 /// labelled: not applied, the first stands).

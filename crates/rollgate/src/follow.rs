@@ -333,10 +333,15 @@ pub async fn follow(
         format!("{}/{}", snap.gateway, snap.boot),
     );
     state.withheld = withheld;
+    let mut answers = AnswerWriter {
+        store: Arc::clone(&store),
+        pending: None,
+    };
     let mut calls = StoreCalls::new(store, id, stats_url);
     let mut applied = None;
     loop {
-        let (read, beat) = calls.cycle(&gateway, state.watching_rollouts()).await;
+        let (read, beat) = calls.cycle(state.watching_rollouts()).await;
+        answers.write(&gateway).await;
         let was_held = state.held;
         if let Some(r) = state.step(read, beat, tokio::time::Instant::now()) {
             if calls.resync {
@@ -349,22 +354,74 @@ pub async fn follow(
         log_hold_change(was_held, state.held);
         tokio::select! {
             () = tokio::time::sleep(every) => {}
-            () = &mut shutdown => return,
+            () = &mut shutdown => {
+                answers.flush(&gateway).await;
+                return;
+            }
         }
     }
 }
 
 /// What one store call of the follower answers: the routes' version with
-/// the routes if they were read, whether the heartbeat was written, and
-/// the answers for labels the store did not take (to queue again).
+/// the routes if they were read, and whether the heartbeat was written.
 type Answer = (
     rollgate_store::Result<(u64, Option<Vec<ModelRoutes>>)>,
     rollgate_store::Result<()>,
-    Vec<AnswerRecord>,
 );
 
-/// Answers for labels written to the store per cycle at most.
-const ANSWERS_PER_CYCLE: usize = 20_000;
+/// Answers for labels written to the store per write at most.
+const ANSWERS_PER_WRITE: usize = 5_000;
+
+/// Writes the gateway's answers for labels to the store, one write at a
+/// time, apart from the follower's confirming call: a slow write must
+/// never make the gateway take the store for gone (and withdraw its
+/// candidates). What a write could not store is queued again.
+struct AnswerWriter {
+    store: Arc<dyn Store>,
+    pending: Option<tokio::task::JoinHandle<Vec<AnswerRecord>>>,
+}
+
+impl AnswerWriter {
+    /// Collects the last write if it ended, and starts the next one.
+    async fn write(&mut self, gateway: &Gateway) {
+        if self.pending.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        if let Some(done) = self.pending.take() {
+            match done.await {
+                Ok(unstored) => gateway.put_back_answers(unstored),
+                Err(e) => tracing::warn!(error = %e, "an answers write failed"),
+            }
+        }
+        let batch = gateway.take_answers(ANSWERS_PER_WRITE);
+        if batch.is_empty() {
+            return;
+        }
+        let store = Arc::clone(&self.store);
+        self.pending = Some(tokio::task::spawn_blocking(move || {
+            store_answers(store.as_ref(), batch)
+        }));
+    }
+
+    /// On shutdown: the write under way, then what is still queued, until
+    /// the queue is empty or the store refuses.
+    async fn flush(&mut self, gateway: &Gateway) {
+        for _ in 0..=(rollgate_gateway::answers::ANSWERS_KEPT / ANSWERS_PER_WRITE) {
+            self.write(gateway).await;
+            let Some(write) = self.pending.take() else {
+                return;
+            };
+            match write.await {
+                Ok(unstored) if unstored.is_empty() => {}
+                Ok(unstored) => {
+                    gateway.put_back_answers(unstored);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
 
 /// An answer recorded for labels as the store keeps it; `None` when its
 /// epoch names no rollout (routed outside a rollout).
@@ -434,14 +491,13 @@ impl StoreCalls {
     /// waits on the call still pending). Returns what was read and whether
     /// the heartbeat was written; a call not back within [`STALLED_AFTER`]
     /// read nothing and wrote nothing.
-    async fn cycle(&mut self, gateway: &Gateway, watching_rollouts: bool) -> (Read, bool) {
+    async fn cycle(&mut self, watching_rollouts: bool) -> (Read, bool) {
         let call = self.pending.get_or_insert_with(|| {
             let (s, i, u) = (
                 Arc::clone(&self.store),
                 self.id.clone(),
                 self.stats_url.clone(),
             );
-            let answers = gateway.take_answers(ANSWERS_PER_CYCLE);
             // A resync replaces the whole table; reads forced only to watch
             // held rollouts apply model by model, like any other read.
             self.resync = self.known.is_none() || self.read_at.elapsed() >= RESYNC_EVERY;
@@ -452,14 +508,12 @@ impl StoreCalls {
                     Some(k) if k == v => Ok((v, None)),
                     _ => s.routes().map(|r| (v, Some(r))),
                 });
-                let unstored = store_answers(s.as_ref(), answers);
-                (read, beat, unstored)
+                (read, beat)
             })
         });
         match tokio::time::timeout(STALLED_AFTER, call).await {
-            Ok(Ok((read, beat, unstored))) => {
+            Ok(Ok((read, beat))) => {
                 self.pending = None;
-                gateway.put_back_answers(unstored);
                 if let Err(e) = &beat {
                     tracing::warn!(error = %e, "writing the heartbeat failed");
                 }

@@ -68,7 +68,7 @@ pub fn labels(g: &Global, cmd: &LabelsCmd) -> anyhow::Result<ExitCode> {
     Ok(finish((|| {
         let mut total =
             json!({"received": 0, "applied": 0, "duplicates": 0, "conflicts": 0, "unknown": 0});
-        for chunk in entries.chunks(usize::try_from(*batch).unwrap_or(1000)) {
+        for chunk in batches(&entries, usize::try_from(*batch).unwrap_or(1000)) {
             let counts = a.call("POST", &path, Some(&json!({ "labels": chunk })))?;
             for k in ["received", "applied", "duplicates", "conflicts", "unknown"] {
                 let sum = total[k].as_u64().unwrap_or(0) + counts[k].as_u64().unwrap_or(0);
@@ -148,19 +148,64 @@ fn parse_csv(text: &str) -> Result<Vec<Value>, String> {
         .collect()
 }
 
-/// A label entry as the API takes it: an object with a request id and a
-/// label (the API checks the rest).
+/// A label entry as the API takes it (the API's own rules, checked here
+/// first so that a bad line stops the command before anything is sent):
+/// an object of `request_id` (1-128 characters, no control characters),
+/// `label` (a string of 1-128 characters, a number or a boolean) and
+/// optionally `observed_at` (milliseconds).
 fn checked(v: Value) -> Result<Value, String> {
-    let ok = v
-        .get("request_id")
-        .and_then(Value::as_str)
-        .is_some_and(|s| !s.is_empty())
-        && v.get("label").is_some_and(|l| !l.is_null());
-    if ok {
-        Ok(v)
-    } else {
-        Err("expected an object with request_id and label".into())
+    const MAX: usize = rollgate_store::MAX_LABEL_TEXT;
+    let obj = v.as_object().ok_or("expected an object")?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "request_id" | "label" | "observed_at"))
+    {
+        return Err(format!("unknown field {k:?}"));
     }
+    match obj.get("request_id") {
+        Some(Value::String(s))
+            if !s.is_empty() && s.len() <= MAX && !s.chars().any(char::is_control) => {}
+        _ => {
+            return Err(format!(
+                "request_id: expected the request's id, 1-{MAX} characters"
+            ));
+        }
+    }
+    match obj.get("label") {
+        Some(Value::String(s)) if !s.trim().is_empty() && s.len() <= MAX => {}
+        Some(Value::Number(_) | Value::Bool(_)) => {}
+        _ => {
+            return Err(format!(
+                "label: expected a string (1-{MAX} characters), a number or a boolean"
+            ));
+        }
+    }
+    match obj.get("observed_at") {
+        None | Some(Value::Null) => {}
+        Some(o) if o.as_u64().is_some() => {}
+        Some(_) => return Err("observed_at: expected milliseconds since the Unix epoch".into()),
+    }
+    Ok(v)
+}
+
+/// The entries in batches of at most `max` labels and about 1 MiB (the
+/// API reads 2 MiB at most).
+fn batches(entries: &[Value], max: usize) -> Vec<&[Value]> {
+    const BYTES: usize = 1 << 20;
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, e) in entries.iter().enumerate() {
+        let size = e.to_string().len() + 1;
+        if i > start && (i - start >= max || bytes + size > BYTES) {
+            out.push(&entries[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < entries.len() {
+        out.push(&entries[start..]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -187,6 +232,19 @@ mod tests {
         let e = parse("request_id,label\na,1\nb\n", Format::Csv).expect_err("short row");
         assert!(e.contains("line 3") || e.contains("record 2"), "{e}");
         assert!(parse("id,truth\na,1\n", Format::Csv).is_err());
+        assert!(parse("{\"request_id\": \"a\", \"label\": \"\"}\n", Format::Jsonl).is_err());
+        assert!(
+            parse(
+                "{\"request_id\": \"a\", \"label\": 1, \"x\": 2}\n",
+                Format::Jsonl
+            )
+            .is_err()
+        );
+        let many: Vec<Value> = (0..2500)
+            .map(|i| json!({"request_id": format!("r{i}"), "label": 1}))
+            .collect();
+        let sizes: Vec<usize> = batches(&many, 1000).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [1000, 1000, 500]);
         assert_eq!(format_of(Path::new("x.CSV")), Format::Csv);
         assert_eq!(format_of(Path::new("x.jsonl")), Format::Jsonl);
     }

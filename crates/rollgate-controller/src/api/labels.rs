@@ -57,7 +57,9 @@ fn label_of(i: usize, v: &serde_json::Value) -> Result<LabelIn, String> {
         }
     };
     let label = match obj.get("label") {
-        Some(serde_json::Value::String(s)) if s.len() <= MAX_LABEL_TEXT => s.clone(),
+        Some(serde_json::Value::String(s)) if !s.trim().is_empty() && s.len() <= MAX_LABEL_TEXT => {
+            s.clone()
+        }
         Some(serde_json::Value::Bool(b)) => b.to_string(),
         // An integral number reads as the class a model would name it by.
         Some(serde_json::Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
@@ -68,7 +70,7 @@ fn label_of(i: usize, v: &serde_json::Value) -> Result<LabelIn, String> {
         },
         _ => {
             return Err(format!(
-                "labels[{i}].label: expected a string (at most {MAX_LABEL_TEXT} characters), \
+                "labels[{i}].label: expected a string (1-{MAX_LABEL_TEXT} characters), \
                  a number or a boolean"
             ));
         }
@@ -173,6 +175,7 @@ mod tests {
             ),
             (json!({"request_id": "r"}), "labels[3].label"),
             (json!({"request_id": "r", "label": [1]}), "labels[3].label"),
+            (json!({"request_id": "r", "label": " "}), "labels[3].label"),
             (
                 json!({"request_id": "r", "label": "a", "observed_at": "now"}),
                 "labels[3].observed_at",

@@ -162,7 +162,7 @@ impl Plan {
                 "the quality gate needs policy = \"sequential\"",
             ));
         }
-        if q.label_deadline < self.min_stage_duration {
+        if q.enabled && q.label_deadline < self.min_stage_duration {
             return Err(err(
                 "gates.quality.label_deadline",
                 "must be at least min_stage_duration",

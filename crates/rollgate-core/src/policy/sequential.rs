@@ -576,6 +576,9 @@ fn awaiting_labels(
         (_, StageReason::SharedOutage) => Some((Outcome::Wait, StageReason::SharedOutage)),
         _ if past_deadline => {
             let (labelled, recorded) = match &q.evidence {
+                crate::gate::Evidence::Quality {
+                    canary: Some(c), ..
+                } => (c.candidate.labelled, c.candidate.recorded),
                 crate::gate::Evidence::Quality { pairs, .. } => (pairs.labelled, pairs.recorded),
                 _ => (0, 0),
             };

@@ -122,13 +122,15 @@ fn remember(
     ) else {
         return;
     };
-    // A class longer than any label could never match one.
-    if p.class
-        .as_ref()
-        .is_some_and(|c| c.len() > crate::answers::MAX_CLASS)
-    {
-        return;
-    }
+    // A class longer than any label can never match one: kept cut to one
+    // byte past the longest label, so it still counts, as wrong.
+    let class = p.class.as_deref().map(|c| {
+        let mut end = c.len().min(crate::answers::MAX_CLASS + 1);
+        while !c.is_char_boundary(end) {
+            end += 1;
+        }
+        c[..end].to_string()
+    });
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -140,7 +142,7 @@ fn remember(
         revision: target.revision.clone(),
         unit,
         at_ms,
-        class: p.class.clone(),
+        class,
         value: p.value,
     });
 }

@@ -68,8 +68,8 @@ pub(super) fn add_labels(
                 Some(r) if r.text(0)? == l.label => counts.duplicates += 1,
                 Some(_) => counts.conflicts += 1,
                 None => {
-                    // Kept even before its answer is: the controller reads
-                    // the gateways' answers a pass behind.
+                    // Kept even before its answer is: gateways hand their
+                    // answers to the store a follow cycle behind.
                     db.exec(
                         "INSERT INTO labels (model, request_id, label, observed_at, received_at, received_by)
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",

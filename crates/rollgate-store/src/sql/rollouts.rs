@@ -43,6 +43,15 @@ pub(super) fn create_rollout(
         not_blocked(&rev)?;
         // Labels join answers the gateway read: a JSON model must say where
         // its predictions are, or every quality gate would time out.
+        if plan.gates.quality.enabled && (m.spec.data_plane.is_some() || !plan.mode.is_enforce())
+        {
+            return Err(StoreError::Invalid(
+                "plan.gates.quality: labels are judged on the answers rollgate's gateways \
+                 serve; a dry run (mode = \"observe\") or a model on another data plane \
+                 serves none in CANARY stages"
+                    .into(),
+            ));
+        }
         if plan.gates.quality.enabled
             && m.spec.protocol == rollgate_core::Protocol::Json
             && m.spec.output_pointer.is_none()

@@ -27,10 +27,13 @@
 //! *recorded* answers — if labelling does not depend on the arm. In
 //! CANARY it may (a blocked transaction has no chargeback), so the arms'
 //! label coverage is compared per epoch with its own test (two
-//! conditional binomials against coverage ratios outside `[1/1.2, 1.2]`);
-//! while it shows them different the gate neither passes nor fails
-//! (`label_coverage_differs`), and the stage fails safe at its label
-//! deadline. Late labels extend their own epoch's counts.
+//! conditional binomials against coverage ratios outside `[1/1.2, 1.2]`,
+//! tempered by the key's design effect); while it shows them different
+//! the gate neither passes nor fails (`label_coverage_differs`), and the
+//! stage fails safe at its label deadline. A coverage ratio inside the
+//! band is not held, so the fail test's null is widened by it: "error
+//! ratio ≤ `max_error_ratio` × 1.2". Late labels extend their own epoch's
+//! counts.
 
 use crate::anytime::{ConditionalBinomial, robbins_cs_tempered};
 use crate::exposure::Epoch;
@@ -41,8 +44,8 @@ use crate::stats::Interval;
 use crate::unit::{count_design_effect, ratio_design_effect};
 
 /// Label coverage ratios (candidate over champion) within `[1/x, x]` are
-/// taken as equal: a smaller difference cannot bias the test much, and a
-/// test against exactly 1 would hold every long rollout.
+/// not held (a test against exactly 1 would hold every long rollout); the
+/// fail test's null is widened by `x` to stay valid under any of them.
 const COVERAGE_RATIO: f64 = 1.2;
 
 /// The quality gate's verdict on the rollout's labelled pairs at `alpha`;
@@ -171,7 +174,9 @@ impl CanaryShown {
     ) -> Self {
         let cfg = &plan.gates.quality;
         let (canary_from, stage_from) = from;
-        let mut test = ConditionalBinomial::new(cfg.max_error_ratio);
+        // Coverage ratios within the band are not held, so the fail test
+        // must stay valid under any of them: the band widens its null.
+        let mut test = ConditionalBinomial::new(cfg.max_error_ratio * COVERAGE_RATIO);
         let mut more = ConditionalBinomial::new(COVERAGE_RATIO);
         let mut less = ConditionalBinomial::below(1.0 / COVERAGE_RATIO);
         let (mut all, mut stage) = (
@@ -193,6 +198,11 @@ impl CanaryShown {
             less.update(h.labelled, c.labelled, w);
         }
         let d = ratio_design_effect(&all.0.units, &all.1.units, |u| (u.requests, u.failures));
+        // Whether a request is labelled clusters by key too (a tenant that
+        // never sends chargebacks): the coverage test is tempered alike.
+        let dl = ratio_design_effect(&all.0.units, &all.1.units, |u| (u.latencies, u.requests));
+        let shown =
+            |cb: &ConditionalBinomial| cb.log_e_value_tempered(1.0 / dl) >= (1.0 / alpha).ln();
         let pick = |u: &crate::unit::UnitTotals| (u.requests, u.failures);
         let (c, h) = &stage;
         let ic = robbins_cs_tempered(
@@ -210,7 +220,7 @@ impl CanaryShown {
         CanaryShown {
             log_e: test.log_e_value_tempered(1.0 / d),
             design_effect: d,
-            differs: more.rejects(alpha) || less.rejects(alpha),
+            differs: shown(&more) || shown(&less),
             difference: Interval {
                 lower: ic.lower - ih.upper,
                 upper: ic.upper - ih.lower,
