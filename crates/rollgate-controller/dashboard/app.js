@@ -66,6 +66,11 @@ function phaseBadge(p, paused, dryRun) {
     phaseName(p) + (paused ? " (paused)" : ""));
   return dryRun ? h("span", {}, badge, " ", h("span", { class: "badge dry-run", "data-dry-run": "" }, "DRY RUN")) : badge;
 }
+// Watching after promotion, the candidate serves everyone and the mirror
+// goes to the previous champion.
+const routingWords = (r) => r.state.phase.phase === "watching"
+  ? `candidate 100% live (promoted, watched), previous champion ${r.spec.champion} ${r.routing.mirror_bp / 100}% mirrored`
+  : `candidate ${r.routing.candidate_weight_bp / 100}% live, ${r.routing.mirror_bp / 100}% mirrored`;
 const ended = (p) => ["promoted", "rolled_back", "aborted"].includes(p.phase);
 const approvalPoint = (a) => (a === "promotion" ? "promotion" : `${a}%`);
 
@@ -330,7 +335,7 @@ async function rolloutView(id) {
       h("p", { class: "why", "data-phase-line": "" }, tl.phase_line),
       tl.outcome_lines.map((l) => h("p", {}, l)),
       awaiting,
-      h("p", { class: "muted" }, `${r.spec.champion} → ${r.spec.candidate}; policy ${r.spec.plan.policy}; ${tl.evaluations} evaluations (${tl.recorded} recorded); routing: candidate ${r.routing.candidate_weight_bp / 100}% live, ${r.routing.mirror_bp / 100}% mirrored`)),
+      h("p", { class: "muted" }, `${r.spec.champion} → ${r.spec.candidate}; policy ${r.spec.plan.policy}; ${tl.evaluations} evaluations (${tl.recorded} recorded); routing: ${routingWords(r)}`)),
     actionBar(r),
     h("section", { id: "verdict" }, h("h2", {}, ended(st.phase) ? "The deciding verdict" : "The latest verdict"),
       tl.last_verdict.length ? h("pre", { class: "lines" }, tl.last_verdict.join("\n")) : h("p", { class: "muted" }, "No verdict yet.")),

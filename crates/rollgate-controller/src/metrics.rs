@@ -367,13 +367,16 @@ impl ControllerMetrics {
                     phase: r.state.phase.name().into(),
                 })
                 .set(1);
-            self.weight
-                .get_or_create(&ModelLabel { model })
-                .set(i64::from(r.routing.candidate_weight_bp / 100));
+            // Watching after promotion, the candidate serves everyone.
+            let weight = match r.state.phase {
+                rollgate_core::Phase::Watching { .. } => 100,
+                _ => i64::from(r.routing.candidate_weight_bp / 100),
+            };
+            self.weight.get_or_create(&ModelLabel { model }).set(weight);
         }
         *shown = now;
         drop(shown);
-        for phase in ["PENDING", "SHADOW", "CANARY"] {
+        for phase in ["PENDING", "SHADOW", "CANARY", "WATCHING"] {
             let n = rollouts
                 .iter()
                 .filter(|r| r.state.phase.name() == phase)

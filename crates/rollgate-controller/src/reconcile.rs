@@ -505,8 +505,13 @@ async fn labelled(
     ctx: &Context,
     rec: &RolloutRecord,
 ) -> Option<std::sync::Arc<Vec<rollgate_core::labels::Recorded>>> {
-    let judged = matches!(rec.state.phase, Phase::Shadow | Phase::Canary { .. });
-    if !rec.spec.plan.gates.quality.enabled || !judged {
+    let quality = &rec.spec.plan.gates.quality;
+    let judged = match rec.state.phase {
+        Phase::Shadow | Phase::Canary { .. } => quality.in_stages,
+        Phase::Watching { .. } => true,
+        _ => false,
+    };
+    if !quality.enabled || !judged {
         return None;
     }
     let id = rec.id;

@@ -78,6 +78,44 @@ pub struct Plan {
     /// a dry run (see [`Mode`]).
     #[serde(skip_serializing_if = "Mode::is_enforce")]
     pub mode: Mode,
+    /// After promotion, the quality gate keeps judging the promoted
+    /// revision against the previous champion for a while (see [`Watch`]).
+    #[serde(skip_serializing_if = "Watch::is_off")]
+    pub watch: Watch,
+}
+
+/// A watch after promotion, for labels slower than the rollout: the
+/// promoted revision serves every user while the previous champion stays
+/// routable as a mirror of `mirror_percent` of the requests, and the
+/// quality gate's paired test (the SHADOW stage's, continued) judges the
+/// two on the labels that keep coming. A shown regression within `window`
+/// rolls back to the previous champion; at its end the promotion is final.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(default, deny_unknown_fields)]
+pub struct Watch {
+    /// How long the watch lasts from the promotion (`0s`: no watch).
+    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, default = "0s"))]
+    pub window: Duration,
+    /// Share of the promoted revision's requests mirrored to the previous
+    /// champion, in percent (1..=100).
+    pub mirror_percent: u32,
+}
+
+impl Watch {
+    pub fn is_off(&self) -> bool {
+        self.window.is_zero()
+    }
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Watch {
+            window: Duration::ZERO,
+            mirror_percent: 100,
+        }
+    }
 }
 
 /// Whether a rollout's decisions take effect.
@@ -285,6 +323,7 @@ impl Default for Plan {
             gates: Gates::default(),
             approvals: Vec::new(),
             mode: Mode::Enforce,
+            watch: Watch::default(),
         }
     }
 }
@@ -490,6 +529,10 @@ pub struct QualityGate {
     #[serde(with = "humantime_serde")]
     #[cfg_attr(feature = "openapi", schema(value_type = String, default = "30m"))]
     pub label_deadline: Duration,
+    /// The stages wait for labels (SHADOW, CANARY). `false`: labels come
+    /// too late for them; the gate judges only in the watch after
+    /// promotion (`[watch]`), on every pair recorded since SHADOW.
+    pub in_stages: bool,
 }
 
 impl Default for QualityGate {
@@ -503,6 +546,7 @@ impl Default for QualityGate {
             min_labels: 100,
             min_coverage: 0.0,
             label_deadline: Duration::from_secs(30 * 60),
+            in_stages: true,
         }
     }
 }

@@ -20,6 +20,9 @@ pub enum StageKind {
     Shadow,
     /// The candidate serves a share of live traffic.
     Canary,
+    /// After promotion: the candidate serves everyone, the previous
+    /// champion answers mirrored traffic (`Phase::Watching`).
+    Watch,
 }
 
 /// Why the stage answered as it did.
@@ -182,6 +185,9 @@ pub enum RollbackReason {
     /// Too few labels came by the quality gate's label deadline (the
     /// candidate is not rejected: nothing was shown against it).
     LabelTimeout { labelled: u64, recorded: u64 },
+    /// After promotion, the watch's labels showed the promoted revision
+    /// worse than the previous champion, which is champion again.
+    WatchRegression { gates: Vec<GateKind> },
 }
 
 impl RollbackReason {
@@ -193,6 +199,7 @@ impl RollbackReason {
             RollbackReason::Breach { .. }
                 | RollbackReason::GrossBreach { .. }
                 | RollbackReason::AnytimeBreach { .. }
+                | RollbackReason::WatchRegression { .. }
         )
     }
 
@@ -210,7 +217,7 @@ impl RollbackReason {
 
     /// Every reason's [`code`](Self::code), so a counter by reason can
     /// start at zero for each (an alert on its increase fires on the first).
-    pub const CODES: [&'static str; 10] = [
+    pub const CODES: [&'static str; 11] = [
         "readiness_timeout",
         "breach",
         "gross_breach",
@@ -221,6 +228,7 @@ impl RollbackReason {
         "approval_timeout",
         "routing_not_applied",
         "label_timeout",
+        "watch_regression",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -235,6 +243,7 @@ impl RollbackReason {
             RollbackReason::ApprovalTimeout { .. } => "approval_timeout",
             RollbackReason::RoutingNotApplied { .. } => "routing_not_applied",
             RollbackReason::LabelTimeout { .. } => "label_timeout",
+            RollbackReason::WatchRegression { .. } => "watch_regression",
         }
     }
 }

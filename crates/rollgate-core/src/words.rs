@@ -525,6 +525,9 @@ pub fn phase_line(p: &Phase) -> String {
     match p {
         Phase::Promoted { manual: false } => "PROMOTED: every stage passed".into(),
         Phase::Promoted { manual: true } => "PROMOTED by an operator".into(),
+        Phase::Watching { .. } => "PROMOTED and WATCHING: labels judge it against the previous \
+                                   champion, mirrored, until the watch's window ends"
+            .into(),
         Phase::RolledBack { reason } => format!("ROLLED BACK: {}", rollback_words(reason)),
         Phase::Aborted => "ABORTED by an operator".into(),
         other => format!("unfinished, still {}", other.name()),
@@ -634,6 +637,11 @@ fn rollback_words(r: &RollbackReason) -> String {
             "the quality gate had no verdict by its label deadline (too few labels, or the \
              arms' label coverage differed; {labelled} of the candidate's {recorded} recorded \
              answers labelled)"
+        ),
+        RollbackReason::WatchRegression { gates } => format!(
+            "after promotion, {} shown worse than the previous champion in the watch \
+             (anytime-valid test on labels); the previous champion is champion again",
+            names(gates)
         ),
     }
 }

@@ -17,7 +17,7 @@ use crate::rollout::*;
 
 /// A sequential plan whose SHADOW stage is judged on labels alone (the
 /// agreement gate off), with a quality gate.
-fn labelled_plan() -> Plan {
+pub(crate) fn labelled_plan() -> Plan {
     let mut plan = Plan {
         min_stage_duration: Duration::from_secs(10),
         evidence_timeout: Duration::from_secs(60),
@@ -38,14 +38,14 @@ fn labelled_plan() -> Plan {
 
 /// How labels come back.
 #[derive(Clone, Copy)]
-enum Delay {
+pub(crate) enum Delay {
     /// Exponential with this mean (seconds).
     Exponential(f64),
     /// Pareto with shape 1.2 and this minimum (seconds): a heavy tail.
     Pareto(f64),
 }
 
-struct Labelled {
+pub(crate) struct Labelled {
     rng: StdRng,
     /// Mirrored requests a second.
     rate: u64,
@@ -57,10 +57,12 @@ struct Labelled {
     coverage: (f64, f64),
     /// Every recorded answer, with when its label comes (if it does).
     rows: Vec<(Recorded, Option<u64>)>,
+    /// From this time (ms) on the store cannot give the labels.
+    unreadable_from: u64,
 }
 
 impl Labelled {
-    fn new(seed: u64, accuracy: (f64, f64), delay: Delay, coverage: f64) -> Self {
+    pub(crate) fn new(seed: u64, accuracy: (f64, f64), delay: Delay, coverage: f64) -> Self {
         Labelled {
             rng: StdRng::seed_from_u64(seed),
             rate: 10,
@@ -68,6 +70,7 @@ impl Labelled {
             delay,
             coverage: (coverage, coverage),
             rows: Vec::new(),
+            unreadable_from: u64::MAX,
         }
     }
 
@@ -156,11 +159,23 @@ impl Labelled {
 /// A rollout run with labels, one look a second, until `done` says so or
 /// `max_s`: mirrored requests in SHADOW, split ones in CANARY. Returns
 /// the state, the second it stopped, and the last verdict's second.
-fn drive(
+pub(crate) fn drive(
     plan: &Plan,
     labels: &mut Labelled,
     max_s: u64,
     done: impl Fn(&Phase) -> bool,
+) -> (RolloutState, u64, u64) {
+    drive_with(plan, labels, max_s, done, |_, _, _| {})
+}
+
+/// [`drive`], with `seen` shown each look's state before it, its
+/// transition, and its second.
+pub(crate) fn drive_with(
+    plan: &Plan,
+    labels: &mut Labelled,
+    max_s: u64,
+    done: impl Fn(&Phase) -> bool,
+    mut seen: impl FnMut(&RolloutState, &rollgate_core::Transition, u64),
 ) -> (RolloutState, u64, u64) {
     let spec = spec(plan.clone());
     let mut traffic = Traffic::new(1, 20, HEALTHY, HEALTHY);
@@ -170,7 +185,9 @@ fn drive(
         let now = s * 1000;
         traffic.tick();
         match state.phase {
-            Phase::Shadow => labels.tick(now, state.epoch),
+            // Mirrored: in SHADOW to the candidate, in the watch after
+            // promotion to the previous champion; both arms answer.
+            Phase::Shadow | Phase::Watching { .. } => labels.tick(now, state.epoch),
             Phase::Canary { .. } => {
                 labels.tick_split(now, state.epoch, traffic.routing.candidate_weight_bp)
             }
@@ -180,9 +197,10 @@ fn drive(
             routing_applied: None,
             candidate_ready: true,
             exposure: Some(Exposure::pooled(traffic.snapshot.clone())),
-            labels: Some(std::sync::Arc::new(labels.seen(now))),
+            labels: (now < labels.unreadable_from).then(|| std::sync::Arc::new(labels.seen(now))),
         };
         let t = step(&spec, &state, Input::Observe(obs), Timestamp(now)).expect("observe");
+        seen(&state, &t, s);
         for e in &t.effects {
             if let rollgate_core::Effect::SetRouting { routing } = e {
                 traffic.routing = *routing;
@@ -345,4 +363,30 @@ fn in_canary_labels_that_come_more_for_one_arm_hold_the_stage_and_never_refuse_i
         });
         assert!(held, "seed {seed}: {:?}", s.last_verdict);
     }
+}
+
+#[test]
+fn labels_that_cannot_be_read_hold_the_stage_past_its_deadline_and_never_time_it_out() {
+    let plan = labelled_plan();
+    // Too few labels for the deadline (600 s), and from 500 s on the store
+    // cannot give them: the stage holds, never `label_timeout` on a read
+    // that failed.
+    let mut labels = Labelled::new(11, (0.85, 0.85), Delay::Exponential(1.0), 0.0);
+    labels.unreadable_from = 500_000;
+    let (state, s, _) = drive(&plan, &mut labels, 800, Phase::is_terminal);
+    assert_eq!(state.phase, Phase::Shadow, "at {s} s");
+    let v = state.last_verdict.as_ref().expect("judged");
+    assert!(
+        !matches!(v.reason, StageReason::LabelTimeout { .. }),
+        "{v:?}"
+    );
+    // The control: the same labels, readable, time the stage out.
+    labels.unreadable_from = u64::MAX;
+    let (state, _, _) = drive(&plan, &mut labels, 700, Phase::is_terminal);
+    assert!(matches!(
+        state.phase,
+        Phase::RolledBack {
+            reason: RollbackReason::LabelTimeout { .. }
+        }
+    ));
 }

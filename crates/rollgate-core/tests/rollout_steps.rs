@@ -389,7 +389,9 @@ fn assert_harmless(effects: &[Effect]) {
     for e in effects {
         match e {
             Effect::SetRouting { routing } => assert_eq!(routing.candidate_weight_bp, 0, "{e:?}"),
-            Effect::PromoteCandidate | Effect::RejectCandidate => panic!("{e:?} in a dry run"),
+            Effect::PromoteCandidate | Effect::RejectCandidate | Effect::RestoreChampion => {
+                panic!("{e:?} in a dry run")
+            }
             Effect::Audit { event } => assert!(event.dry_run, "{event:?}"),
         }
     }

@@ -10,3 +10,4 @@ mod rollout;
 mod rollout_sequential;
 mod rollout_steps;
 mod tidy;
+mod watch;

@@ -65,9 +65,10 @@ pub fn rollout_status(r: &RolloutView, mut into: ModelRolloutStatus) -> ModelRol
         Phase::Canary { weight_percent, .. } => format!("CANARY {weight_percent}%"),
         other => other.name().to_string(),
     });
-    // Promoted, the candidate is the champion: all of the traffic.
+    // Promoted (and watched after), the candidate is the champion: all
+    // of the traffic.
     into.weight_percent = match phase {
-        Phase::Promoted { .. } => 100,
+        Phase::Promoted { .. } | Phase::Watching { .. } => 100,
         _ => r.routing.candidate_weight_bp / 100,
     };
     into.paused = r.state.paused;

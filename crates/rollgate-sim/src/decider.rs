@@ -80,7 +80,7 @@ impl Decider for CoreDecider {
             match e {
                 Effect::SetRouting { routing: r } => routing = Some(r),
                 Effect::Audit { event } => audit.push(*event),
-                Effect::PromoteCandidate | Effect::RejectCandidate => {}
+                Effect::PromoteCandidate | Effect::RejectCandidate | Effect::RestoreChampion => {}
             }
         }
         self.state = t.state;

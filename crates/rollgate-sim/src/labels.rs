@@ -5,7 +5,9 @@
 //! delay (exponential or heavy-tailed) for a share of the requests (per
 //! arm: a model's decision may change whether a label comes), judged by
 //! rollgate's real state machine. The other gates see two identical,
-//! healthy arms, so what decides is the quality gate.
+//! healthy arms, so what decides is the quality gate. A plan with a watch
+//! after promotion runs on through it (requests mirrored to the previous
+//! champion) to its end.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -161,7 +163,9 @@ fn tick(
     let n = rand_distr::Poisson::new(cell.rate.max(1e-9)).map_or(0, |p| {
         rand_distr::Distribution::<f64>::sample(&p, rng) as u64
     });
-    let shadow = state.phase == Phase::Shadow;
+    // Mirrored: to the candidate in SHADOW, to the previous champion in
+    // the watch after promotion; both arms answer.
+    let shadow = matches!(state.phase, Phase::Shadow | Phase::Watching { .. });
     for i in 0..n {
         let id = format!("{now_s}-{i}");
         let unit = rng.random_range(0..64u16);
@@ -191,7 +195,7 @@ fn tick(
             ));
             answered.comes.push(comes);
         }
-        if shadow {
+        if state.phase == Phase::Shadow {
             snap.pairs_mut(CANDIDATE).record_pair(h == c, false);
         }
     }
@@ -201,6 +205,8 @@ fn tick(
 pub fn simulate_labels(plan: &Plan, cell: &LabelCell, seed: u64) -> LabelRun {
     let mut plan = plan.clone();
     plan.shadow.enabled = cell.shadow;
+    // With a watch after promotion a run goes on to the watch's end.
+    let watch = !plan.watch.is_off();
     let spec = RolloutSpec {
         model: "sim".into(),
         champion: CHAMPION.into(),
@@ -223,7 +229,10 @@ pub fn simulate_labels(plan: &Plan, cell: &LabelCell, seed: u64) -> LabelRun {
             .count() as u64
     };
     for s in 1..=cell.window_s {
-        if matches!(state.phase, Phase::Shadow | Phase::Canary { .. }) {
+        if matches!(
+            state.phase,
+            Phase::Shadow | Phase::Canary { .. } | Phase::Watching { .. }
+        ) {
             tick(
                 &mut rng,
                 cell,
@@ -259,11 +268,14 @@ pub fn simulate_labels(plan: &Plan, cell: &LabelCell, seed: u64) -> LabelRun {
                 reason: RollbackReason::AnytimeBreach { gates },
             } if gates.contains(&GateKind::Quality) => Some(LabelOutcome::Refused),
             Phase::RolledBack {
+                reason: RollbackReason::WatchRegression { .. },
+            } => Some(LabelOutcome::Refused),
+            Phase::RolledBack {
                 reason: RollbackReason::LabelTimeout { .. },
             } => Some(LabelOutcome::LabelTimeout),
             Phase::RolledBack { .. } | Phase::Aborted => Some(LabelOutcome::OtherRollback),
             Phase::Promoted { .. } => Some(LabelOutcome::Passed),
-            Phase::Canary { .. } if left_shadow => Some(LabelOutcome::Passed),
+            Phase::Canary { .. } if left_shadow && !watch => Some(LabelOutcome::Passed),
             _ => None,
         };
         if let Some(outcome) = outcome {
@@ -377,5 +389,23 @@ mod tests {
         }
         assert!((f64::from(h) / 1e5 - 0.85).abs() < 0.01);
         assert!((f64::from(k) / 1e5 - 0.80).abs() < 0.01);
+    }
+
+    #[test]
+    fn with_a_watch_a_run_goes_on_past_promotion_and_the_watch_decides() {
+        let mut plan = plan();
+        plan.gates.quality.in_stages = false;
+        plan.watch.window = std::time::Duration::from_secs(900);
+        plan.min_stage_duration = std::time::Duration::from_secs(30);
+        let long = |accuracy| LabelCell {
+            window_s: 3000,
+            ..cell(accuracy)
+        };
+        let r = simulate_labels(&plan, &long((0.85, 0.6)), 1);
+        assert_eq!(r.outcome, LabelOutcome::Refused, "{r:?}");
+        let r = simulate_labels(&plan, &long((0.85, 0.85)), 2);
+        assert_eq!(r.outcome, LabelOutcome::Passed, "{r:?}");
+        // At the watch's end, not when SHADOW passed.
+        assert!(r.seconds >= 900, "{r:?}");
     }
 }

@@ -124,7 +124,9 @@ pub struct GatewayInfo {
 pub struct ModelRoutes {
     pub model: Model,
     pub champion: Option<Revision>,
-    /// `(candidate, routing, rollout id)` while a rollout is active.
+    /// `(candidate, routing, rollout id)` while a rollout is active (while
+    /// it watches after promotion, the revision is its previous champion,
+    /// which the routing mirrors).
     pub rollout: Option<(Revision, Routing, i64)>,
     /// The active rollout's evidence series (a gateway process each) and
     /// when the last committed look that read each was: a gateway can tell
@@ -134,6 +136,11 @@ pub struct ModelRoutes {
     /// The active rollout judges quality from labels: gateways record
     /// each answer for them.
     pub record_answers: bool,
+    /// The active rollout watches after promotion: its revision is the
+    /// previous champion, mirrored, and testers' pins are off (a pin to
+    /// "candidate" would reach the previous champion).
+    #[serde(default)]
+    pub watching: bool,
 }
 
 /// One rollout transition to commit: the new state and the effects the

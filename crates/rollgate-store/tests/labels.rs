@@ -97,3 +97,86 @@ fn labels_join_recorded_answers_once_and_a_batch_is_one_audit_record() {
         assert_eq!(found.map(|t| t.role), Some(Role::Labeler));
     });
 }
+
+/// A plan whose quality gate judges only a watch after promotion.
+fn watched_plan() -> rollgate_core::Plan {
+    let mut plan = rollgate_core::Plan::default();
+    plan.gates.quality.enabled = true;
+    plan.gates.quality.in_stages = false;
+    plan.watch.window = std::time::Duration::from_secs(3600);
+    plan.watch.mirror_percent = 25;
+    plan
+}
+
+#[test]
+fn a_watch_mirrors_the_previous_champion_and_ending_it_restores_that_champion_atomically() {
+    use rollgate_core::{OperatorAction, Phase};
+    use rollgate_store::RevisionState;
+    for_each_store(|store, _| {
+        let ids = model_with_champion(store, 2);
+        for (candidate, abort) in [(&ids[1], true), (&ids[2], false)] {
+            let r = store
+                .create_rollout("risk", candidate, &watched_plan(), "a")
+                .expect("rollout");
+            let promote = OperatorAction::Promote {
+                reason: "verified".into(),
+            };
+            let watching = act(store, r.id, promote);
+            assert!(matches!(watching.state.phase, Phase::Watching { .. }));
+            assert!(watching.is_active());
+            // The candidate serves everyone; the previous champion is what
+            // the rollout mirrors, and the gateways record both for labels.
+            assert_eq!(champions(store), vec![candidate.clone()]);
+            let routes = store.routes().expect("routes");
+            let m = routes
+                .iter()
+                .find(|m| m.model.name == "risk")
+                .expect("risk");
+            assert_eq!(m.champion.as_ref().map(|c| &c.id), Some(candidate));
+            let (mirrored, routing, _) = m.rollout.as_ref().expect("watching");
+            assert_eq!(mirrored.id, ids[0]);
+            assert_eq!((routing.candidate_weight_bp, routing.mirror_bp), (0, 2500));
+            assert!(m.record_answers);
+            // Ended by an abort (restored, not rejected) or by a shown
+            // regression (restored and rejected), in one change.
+            let r = store.rollout(r.id).expect("rollout");
+            let (mut state, mut effects) = (r.state.clone(), vec![]);
+            effects.push(rollgate_core::Effect::SetRouting {
+                routing: rollgate_core::Routing::CHAMPION_ONLY,
+            });
+            effects.push(rollgate_core::Effect::RestoreChampion);
+            state.phase = if abort {
+                Phase::Aborted
+            } else {
+                effects.push(rollgate_core::Effect::RejectCandidate);
+                Phase::RolledBack {
+                    reason: rollgate_core::RollbackReason::WatchRegression {
+                        gates: vec![rollgate_core::GateKind::Quality],
+                    },
+                }
+            };
+            store
+                .apply(rollgate_store::TransitionWrite {
+                    rollout: r.id,
+                    expected_version: r.version,
+                    state: &state,
+                    effects: &effects,
+                    actor: "controller",
+                    fence: None,
+                })
+                .expect("ended");
+            assert_eq!(champions(store), vec![ids[0].clone()]);
+            let was = store.revision(candidate).expect("candidate").state;
+            let want = if abort {
+                RevisionState::Archived
+            } else {
+                RevisionState::Rejected
+            };
+            assert_eq!(was, want);
+            let m = store.routes().expect("routes");
+            let m = m.iter().find(|m| m.model.name == "risk").expect("risk");
+            assert_eq!(m.champion.as_ref().map(|c| &c.id), Some(&ids[0]));
+            assert!(m.rollout.is_none());
+        }
+    });
+}

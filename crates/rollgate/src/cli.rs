@@ -1,6 +1,7 @@
 //! Admin commands: models, revisions, the champion, rollouts and the audit
 //! log, over the admin API. Exit codes: 0 success (or promoted), 3 rolled
-//! back or aborted (`rollout wait`), 2 usage or input errors, 1 other failures.
+//! back or aborted (`rollout wait`), 4 rolled back by the watch after
+//! promotion (`rollout wait`), 2 usage or input errors, 1 other failures.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -329,10 +330,16 @@ pub enum RolloutCmd {
         #[arg(long)]
         reason: String,
     },
-    /// Wait until the rollout ends: exit 0 promoted, 3 rolled back or aborted.
+    /// Wait until the rollout ends (a watch after promotion included): exit
+    /// 0 promoted, 3 rolled back or aborted, 4 rolled back by the watch
+    /// after promotion.
     Wait {
         /// The rollout.
         id: i64,
+        /// Return once the candidate is promoted, not waiting for the end
+        /// of a watch after promotion (exit 0 then, WATCHING or PROMOTED).
+        #[arg(long)]
+        until_promoted: bool,
         /// Give up after this long (e.g. 10m): exit 1.
         #[arg(long, value_parser = humantime_duration)]
         timeout: Option<Duration>,
@@ -701,7 +708,11 @@ pub fn rollout(g: &Global, cmd: &RolloutCmd) -> anyhow::Result<ExitCode> {
             print(g, &r, |r| println!("revision {} unblocked", s(r, "id")));
             Ok(ExitCode::SUCCESS)
         }
-        RolloutCmd::Wait { id, timeout } => wait_rollout(&a, *id, *timeout),
+        RolloutCmd::Wait {
+            id,
+            timeout,
+            until_promoted,
+        } => wait_rollout(&a, *id, *timeout, *until_promoted),
     })()))
 }
 
@@ -800,13 +811,32 @@ fn list_rollouts(g: &Global, a: &Api) -> Result<ExitCode, CallError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `rollout wait`: polls until the rollout ends; exit 0 when promoted, 3
-/// when rolled back or aborted, an error after `timeout`.
-fn wait_rollout(a: &Api, id: i64, timeout: Option<Duration>) -> Result<ExitCode, CallError> {
+/// `rollout wait`: polls until the rollout ends (or, `until_promoted`, is
+/// promoted); exit 0 when promoted, 3 when rolled back or aborted, 4 when
+/// the watch after promotion rolled it back, an error after `timeout`.
+fn wait_rollout(
+    a: &Api,
+    id: i64,
+    timeout: Option<Duration>,
+    until_promoted: bool,
+) -> Result<ExitCode, CallError> {
     let started = Instant::now();
     loop {
         let rec = rollout_record(a.call("GET", &format!("/api/v1/rollouts/{id}"), None)?)?;
         match &rec.state.phase {
+            p @ Phase::RolledBack {
+                reason: rollgate_core::RollbackReason::WatchRegression { .. },
+            } => {
+                println!("{}", words::rollout_phase_line(&rec.spec.plan, p));
+                return Ok(ExitCode::from(4));
+            }
+            Phase::Watching { .. } if until_promoted => {
+                println!(
+                    "{}",
+                    words::rollout_phase_line(&rec.spec.plan, &rec.state.phase)
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             Phase::Promoted { .. } => {
                 println!(
                     "{}",

@@ -100,7 +100,7 @@ pub fn gateway_routes(routes: &[ModelRoutes]) -> Vec<ModelRoute> {
                 // only measures a shadow, on copies of its requests (and
                 // routes no candidate: `ModelRoute::mirror_only`).
                 mirror_only: spec.data_plane.is_some(),
-                pinning: spec.pinning.unwrap_or(false),
+                pinning: spec.pinning.unwrap_or(false) && !m.watching,
                 record_answers: m.record_answers,
             })
         })
@@ -624,6 +624,7 @@ mod tests {
             rollout: Some((revision("r2", cand), routing, 7)),
             rollout_seen: Default::default(),
             record_answers: false,
+            watching: false,
         }];
         let r = &gateway_routes(&routes)[0];
         assert!(r.fallback_to_champion);
@@ -674,6 +675,7 @@ mod tests {
             )),
             rollout_seen: std::collections::BTreeMap::from([("gw/b".to_string(), Timestamp(seen))]),
             record_answers: false,
+            watching: false,
         }]
     }
 

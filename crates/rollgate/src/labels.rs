@@ -104,6 +104,8 @@ fn read(file: &Path) -> std::io::Result<String> {
 
 /// Every label in `text`, or the first line that is not one.
 fn parse(text: &str, format: Format) -> Result<Vec<Value>, String> {
+    // A spreadsheet's byte-order mark is not part of the first field.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     match format {
         Format::Jsonl => text
             .lines()
@@ -245,6 +247,8 @@ mod tests {
             .collect();
         let sizes: Vec<usize> = batches(&many, 1000).iter().map(|b| b.len()).collect();
         assert_eq!(sizes, [1000, 1000, 500]);
+        let bom = parse("\u{feff}request_id,label\na,1\n", Format::Csv).expect("a BOM");
+        assert_eq!(bom[0]["request_id"], "a");
         assert_eq!(format_of(Path::new("x.CSV")), Format::Csv);
         assert_eq!(format_of(Path::new("x.jsonl")), Format::Jsonl);
     }

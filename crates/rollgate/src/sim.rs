@@ -144,6 +144,12 @@ pub fn run(args: &SimArgs) -> anyhow::Result<ExitCode> {
 /// machine, what they came to, and (`--json`) the reports.
 fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCode> {
     use rollgate_sim::labels::{LabelMatrix, label_cell};
+    if !args.policies.is_empty() {
+        eprintln!(
+            "rollgate: --labels runs rollgate's own state machine; --policies does not apply"
+        );
+        return Ok(ExitCode::from(2));
+    }
     let matrix: LabelMatrix = match crate::config::read_toml(path) {
         Ok(m) => m,
         Err(e) => {

@@ -42,6 +42,15 @@ pub(crate) fn rollout_view(r: &RolloutRecord) -> String {
             words::rollout_phase_line(&r.spec.plan, &r.state.phase)
         ));
     }
+    if let rollgate_core::Phase::Watching { since, .. } = r.state.phase {
+        out.push_str(&format!(
+            "  PROMOTED, WATCHING until {}: labels judge {} against the previous champion {}, \
+             mirrored; a regression shown restores it\n",
+            rfc3339(since.plus(r.spec.plan.watch.window), false),
+            r.spec.candidate,
+            r.spec.champion
+        ));
+    }
     if let Some(a) = &r.state.awaiting {
         let deadline = r
             .spec

@@ -257,9 +257,9 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
     assert!(chain_intact(&c, &ctl).await);
 }
 
-/// Requests of the synthetic task through the gateway, their labels (the
-/// task's ground truth) sent after each batch, until rollout `id` ends.
-/// Returns the rollout and the requests sent.
+/// Requests of the synthetic task through the gateway, each request's
+/// label (the task's ground truth) sent 0–30 s after its answer, until
+/// rollout `id` ends. Returns the rollout and the requests sent.
 async fn labelled_traffic(
     c: &HttpClient,
     ctl: &Proc,
@@ -267,38 +267,60 @@ async fn labelled_traffic(
     id: i64,
     seed: u64,
 ) -> (Value, usize) {
+    labelled_traffic_until(c, ctl, gw, (id, seed), finished).await
+}
+
+/// [`labelled_traffic`] until `until` holds of the rollout.
+async fn labelled_traffic_until(
+    c: &HttpClient,
+    ctl: &Proc,
+    gw: &str,
+    (id, seed): (i64, u64),
+    until: impl Fn(&Value) -> bool,
+) -> (Value, usize) {
+    use rand::{Rng, SeedableRng};
     let (xs, ys) = rollgate_modelkit::task::sample(20_000, seed);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // Labels not yet due: (when, request).
+    let mut owed: Vec<(Instant, usize)> = Vec::new();
     let started = Instant::now();
     let mut sent = 0;
     loop {
-        let batch = sent..sent + 20;
-        for i in batch.clone() {
-            let body = json!({"instances": [xs[i].to_vec()]}).to_string();
+        for (i, x) in xs.iter().enumerate().skip(sent).take(20) {
+            let body = json!({"instances": [x.to_vec()]}).to_string();
             assert_eq!(predict_body(c, gw, &format!("{seed}-{i}"), body).await, 200);
+            let delay = Duration::from_millis(rng.random_range(0..30_000));
+            owed.push((Instant::now() + delay, i));
         }
         sent += 20;
-        let labels: Vec<Value> = batch
-            .map(|i| json!({"request_id": format!("{seed}-{i}"), "label": u8::from(ys[i])}))
+        let now = Instant::now();
+        let due: Vec<Value> = owed
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|&(_, i)| json!({"request_id": format!("{seed}-{i}"), "label": u8::from(ys[i])}))
             .collect();
-        let (s, counts) = send_labels(c, ctl, None, json!({"labels": labels})).await;
-        assert_eq!(s, 200, "{counts}");
+        owed.retain(|(at, _)| *at > now);
+        if !due.is_empty() {
+            let (s, counts) = send_labels(c, ctl, None, json!({"labels": due})).await;
+            assert_eq!(s, 200, "{counts}");
+        }
         let (_, r) = api(c, ctl, "GET", &format!("/api/v1/rollouts/{id}"), None).await;
-        if finished(&r) {
+        if until(&r) {
             return (r, sent);
         }
         assert!(
-            started.elapsed() < Duration::from_secs(150) && sent + 20 <= xs.len(),
-            "not decided after {sent} labelled requests: {r}"
+            started.elapsed() < Duration::from_secs(240) && sent + 20 <= xs.len(),
+            "not decided after {sent} requests: {r}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retrained_is_promoted()
-{
-    let dir = tempfile::tempdir().expect("tempdir");
-    let champion_path = crate::prometheus::trained_model(dir.path());
+/// The model zoo's champion and `candidates` served by `rollgate serve`,
+/// the controller and a gateway; returns the servers (kept alive), the
+/// controller, the gateway and the candidates' revision ids.
+async fn zoo(dir: &std::path::Path, candidates: &[&str]) -> (Vec<Proc>, Proc, Proc, Vec<String>) {
+    let champion_path = crate::prometheus::trained_model(dir);
     let models = std::path::Path::new(&champion_path)
         .parent()
         .expect("models dir")
@@ -309,32 +331,45 @@ async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retr
             .to_string_lossy()
             .into_owned()
     };
-    let servers: Vec<Proc> = ["champion", "broken-feature", "retrained"]
-        .iter()
+    let servers: Vec<Proc> = std::iter::once("champion")
+        .chain(candidates.iter().copied())
         .map(|m| crate::prometheus::serve(&path(m), &[]))
         .collect();
     let url = |p: &Proc| format!("http://{}", p.addr());
-    let ctl = start_controller(dir.path(), &[]);
+    let ctl = start_controller(dir, &[]);
     let c = client();
-    let (_, broken) = setup(&c, &ctl, &url(&servers[0]), &url(&servers[1])).await;
-    let (s, retrained) = api(
-        &c,
-        &ctl,
-        "POST",
-        "/api/v1/models/m/revisions",
-        Some(json!({ "upstream": url(&servers[2]) })),
-    )
-    .await;
-    assert_eq!(s, 201, "{retrained}");
-    let retrained = retrained["id"].as_str().expect("id").to_string();
-    let gw = start_gateway(dir.path());
+    let (_, first) = setup(&c, &ctl, &url(&servers[0]), &url(&servers[1])).await;
+    let mut ids = vec![first];
+    for server in &servers[2..] {
+        let (s, rev) = api(
+            &c,
+            &ctl,
+            "POST",
+            "/api/v1/models/m/revisions",
+            Some(json!({ "upstream": url(server) })),
+        )
+        .await;
+        assert_eq!(s, 201, "{rev}");
+        ids.push(rev["id"].as_str().expect("id").to_string());
+    }
+    let gw = start_gateway(dir);
+    (servers, ctl, gw, ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retrained_is_promoted()
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_servers, ctl, gw, ids) = zoo(dir.path(), &["broken-feature", "retrained"]).await;
+    let (broken, retrained) = (&ids[0], &ids[1]);
+    let c = client();
     // Labels judge alone in SHADOW (the agreement gate is off); the
     // margin lets the canary pass on a few hundred labels.
     let mut plan = labelled_plan();
     plan["gates"]["quality"]["margin"] = json!(0.3);
     plan["gates"]["quality"]["min_labels"] = json!(50);
 
-    let id = start_rollout_with(&c, &ctl, &broken, plan.clone()).await;
+    let id = start_rollout_with(&c, &ctl, broken, plan.clone()).await;
     wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
         phase(r) == "shadow"
     })
@@ -346,16 +381,118 @@ async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retr
         json!(["quality"]),
         "{r}"
     );
-    eprintln!("broken-feature refused in SHADOW after {sent} labelled requests");
+    eprintln!("broken-feature refused in SHADOW after {sent} requests");
 
-    let id = start_rollout_with(&c, &ctl, &retrained, plan).await;
+    let id = start_rollout_with(&c, &ctl, retrained, plan).await;
     wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
         phase(r) == "shadow"
     })
     .await;
     let (r, sent) = labelled_traffic(&c, &ctl, gw.addr(), id, 2).await;
     assert_eq!(phase(&r), "promoted", "{r}");
-    eprintln!("retrained promoted after {sent} labelled requests");
+    eprintln!("retrained promoted after {sent} requests");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_after_promotion_rolls_back_a_revision_whose_late_labels_come_in_worse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_servers, ctl, gw, ids) = zoo(dir.path(), &["broken-feature"]).await;
+    let c = client();
+    let (_, model) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    let champion = model["champion"].as_str().expect("champion").to_string();
+    // Labels come too late for the stages: only the watch judges them.
+    let mut plan = labelled_plan();
+    plan["gates"]["quality"]["in_stages"] = json!(false);
+    plan["watch"] = json!({ "window": "10m", "mirror_percent": 100 });
+    let id = start_rollout_with(&c, &ctl, &ids[0], plan).await;
+    let watching = |r: &Value| phase(r) == "watching" || finished(r);
+    let (r, before) = labelled_traffic_until(&c, &ctl, gw.addr(), (id, 3), watching).await;
+    assert_eq!(phase(&r), "watching", "{r}");
+    let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    assert_eq!(m["champion"], ids[0].as_str(), "promoted: {m}");
+    let api_addr = ctl.addr().to_string();
+    let (code, out, err) = cli(&api_addr, &["rollout", "status", &id.to_string()]);
+    assert!(code == 0 && out.contains("WATCHING until"), "{out}{err}");
+
+    let (r, sent) = labelled_traffic(&c, &ctl, gw.addr(), id, 4).await;
+    assert_eq!(
+        r["state"]["phase"]["reason"]["code"], "watch_regression",
+        "{r}"
+    );
+    eprintln!(
+        "broken-feature promoted after {before} requests, rolled back by the watch after {sent} more"
+    );
+    // The previous champion is champion again; the candidate rejected.
+    let (_, m) = api(&c, &ctl, "GET", "/api/v1/models/m", None).await;
+    assert_eq!(m["champion"], champion.as_str(), "{m}");
+    let (_, rev) = api(
+        &c,
+        &ctl,
+        "GET",
+        &format!("/api/v1/revisions/{}", ids[0]),
+        None,
+    )
+    .await;
+    assert_eq!(rev["state"], "rejected", "{rev}");
+    // The gateway serves the champion again.
+    let mut served = None;
+    for _ in 0..100 {
+        let (status, who) = predict_revision(&c, gw.addr()).await;
+        assert_eq!(status, 200);
+        if who == champion {
+            served = Some(who);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(served.as_deref(), Some(champion.as_str()));
+    // `rollout wait` names it: exit 4.
+    let (code, out, err) = cli(&api_addr, &["rollout", "wait", &id.to_string()]);
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(out.contains("after promotion"), "{out}");
+    assert!(chain_intact(&c, &ctl).await);
+}
+
+/// One prediction through the gateway: its status and the revision that
+/// answered.
+async fn predict_revision(c: &HttpClient, gateway: &str) -> (u16, String) {
+    let req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{gateway}/v1/models/m:predict"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            json!({"instances": [rollgate_modelkit::task::sample(1, 99).0[0].to_vec()]})
+                .to_string(),
+        )))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("answered within 10 s")
+        .expect("http");
+    let who = resp
+        .headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    (status, who)
+}
+
+/// The CLI against the admin API at `api`, as the local admin.
+fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(args)
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env_remove("ROLLGATE_TOKEN")
+        .output()
+        .expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

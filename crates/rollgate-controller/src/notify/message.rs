@@ -44,7 +44,8 @@ pub fn summary(rec: &AuditRecord) -> String {
                 | rollgate_core::RollbackReason::GrossBreach { gates }
                 | rollgate_core::RollbackReason::EvidenceTimeout { gates }
                 | rollgate_core::RollbackReason::MetricsMissing { gates }
-                | rollgate_core::RollbackReason::AnytimeBreach { gates } => gates.clone(),
+                | rollgate_core::RollbackReason::AnytimeBreach { gates }
+                | rollgate_core::RollbackReason::WatchRegression { gates } => gates.clone(),
             };
             let gates: Vec<String> = gates
                 .iter()
@@ -59,6 +60,9 @@ pub fn summary(rec: &AuditRecord) -> String {
         }
         rollgate_core::Phase::Canary { weight_percent, .. } => {
             Some(format!("now at {weight_percent}%"))
+        }
+        rollgate_core::Phase::Watching { .. } => {
+            Some("watching it against the previous champion on labels".into())
         }
         _ => e.note.clone(),
     });

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 /// The audit kinds sent when a receiver names none: every decision and
 /// registry change a person would want to hear of (not evaluations, not
 /// token changes).
-pub const DEFAULT_KINDS: [&str; 14] = [
+pub const DEFAULT_KINDS: [&str; 15] = [
     "rollout_created",
     "started",
     "advanced",
@@ -28,6 +28,7 @@ pub const DEFAULT_KINDS: [&str; 14] = [
     "paused",
     "resumed",
     "promoted",
+    "watch_ended",
     "rolled_back",
     "aborted",
     "revision_rejected",

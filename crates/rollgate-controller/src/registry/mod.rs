@@ -165,12 +165,19 @@ fn held(
             judged.insert(v);
         }
     }
+    let active = rollouts
+        .iter()
+        .find(|r| r.spec.model == model.name && r.is_active());
+    // While a rollout watches after promotion the registry's champion
+    // alias still names the previous champion: it moves when the watch
+    // ends, so that is the champion it is expected to name.
+    let champion = match active {
+        Some(r) if matches!(r.state.phase, Phase::Watching { .. }) => Some(&r.spec.champion),
+        _ => model.champion.as_ref(),
+    };
     Held {
-        champion: model.champion.as_deref().map(version),
-        active: rollouts
-            .iter()
-            .find(|r| r.spec.model == model.name && r.is_active())
-            .map(|r| (r.id, version(&r.spec.candidate))),
+        champion: champion.map(|c| version(c)),
+        active: active.map(|r| (r.id, version(&r.spec.candidate))),
         judged,
     }
 }

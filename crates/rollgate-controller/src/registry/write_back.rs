@@ -1,8 +1,11 @@
 //! Verdicts back to the registry, from the audit log (the outbox), after
 //! the registry's cursor in the store:
 //!
-//! - a rollout's end (`promoted`, `rolled_back`, `aborted`; dry runs change
-//!   nothing and are skipped): on a promotion the champion alias moves to
+//! - a rollout's end (`promoted`, `rolled_back`, `aborted`, or with a
+//!   watch after promotion `watch_ended` — the promotion that began the
+//!   watch is no end, so a version the watch rolls back never held the
+//!   champion alias; dry runs change nothing and are skipped): on a
+//!   promotion the champion alias moves to
 //!   the version; every end removes the followed alias if it still names
 //!   the version, and tags it (`rollgate.rollout`, `rollgate.audit`,
 //!   `rollgate.reason`, then `rollgate.verdict`, last, so whoever sees it
@@ -99,7 +102,13 @@ impl Follower<'_> {
         let hand_champion = rec.kind == "champion_set"
             && rec.rollout.is_none()
             && rec.actor != super::actor(self.name);
-        let end = matches!(rec.kind.as_str(), "promoted" | "rolled_back" | "aborted");
+        // A promotion that begins a watch is no end yet: the watch's end
+        // (`watch_ended`, or a rollback restoring the champion) is.
+        let watching = rec.body["to"]["phase"] == "watching";
+        let end = matches!(
+            rec.kind.as_str(),
+            "promoted" | "watch_ended" | "rolled_back" | "aborted"
+        ) && !watching;
         if !hand_champion && !end {
             return Ok(None);
         }

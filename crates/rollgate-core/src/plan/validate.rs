@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use super::{
-    ApprovalPoint, Assignment, ErrorRateGate, Gates, GuardRails, LatencyGate, Plan, PlanError,
-    Policy, QualityGate, SequentialPlan, ShadowGate, ShadowPlan, ShiftGate,
+    ApprovalPoint, Assignment, ErrorRateGate, Gates, GuardRails, LatencyGate, Mode, Plan,
+    PlanError, Policy, QualityGate, SequentialPlan, ShadowGate, ShadowPlan, ShiftGate,
 };
 
 /// The error naming `field`.
@@ -166,6 +166,27 @@ impl Plan {
             return Err(err(
                 "gates.quality.label_deadline",
                 "must be at least min_stage_duration",
+            ));
+        }
+        if !self.watch.is_off() && !q.enabled {
+            return Err(err(
+                "watch.window",
+                "a watch judges labels: it needs gates.quality.enabled = true",
+            ));
+        }
+        if !self.watch.is_off() && self.mode == Mode::Observe {
+            return Err(err(
+                "watch.window",
+                "a dry run (mode = \"observe\") promotes nothing to watch",
+            ));
+        }
+        if !(1..=100).contains(&self.watch.mirror_percent) {
+            return Err(err("watch.mirror_percent", "must be in 1..=100"));
+        }
+        if q.enabled && !q.in_stages && self.watch.is_off() {
+            return Err(err(
+                "gates.quality.in_stages",
+                "a quality gate that judges no stage needs a watch after promotion ([watch] window)",
             ));
         }
         Ok(())

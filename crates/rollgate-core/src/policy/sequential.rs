@@ -47,6 +47,7 @@ mod state;
 
 pub use budget::{metric_alpha, stage_alpha, stage_count};
 use errors::{error_gate, error_tests};
+pub use quality::watch_verdict;
 use quality::{canary_quality_gate, quality_gate};
 use state::Counted;
 pub use state::{ArmTally, MAX_CLASSES, SequentialState, Tally};
@@ -467,7 +468,7 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
     match input.stage {
         StageKind::Shadow => {
             gates.push(shadow_gate(plan, alpha, &stage_snap, input.candidate, arms));
-            if g.quality.enabled {
+            if g.quality.enabled && g.quality.in_stages {
                 gates.push(quality_gate(plan, alpha, input.labels, ids));
             }
         }
@@ -480,11 +481,12 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
                 let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
                 gates.push(shift_gate(plan, alpha, tests, arms));
             }
-            if g.quality.enabled {
+            if g.quality.enabled && g.quality.in_stages {
                 let from = (canary_from.unwrap_or(stage_epoch), stage_epoch);
                 gates.push(canary_quality_gate(plan, alpha, input.labels, ids, from));
             }
         }
+        StageKind::Watch => {} // judged by `watch_verdict`, never by a stage's look
     }
     // The whole rollout's counts, pooled once for what reads them whole.
     let whole = ledger.pooled(0, Epoch::MAX);
@@ -562,7 +564,11 @@ fn awaiting_labels(
         .iter()
         .find(|g| g.gate == GateKind::Quality && g.outcome == Outcome::Wait)?;
     let past_deadline = input.elapsed >= plan.gates.quality.label_deadline;
-    if past_deadline && !q.starving() {
+    // Labels that could not be read this look are no evidence either way:
+    // the stage holds until a look reads them (never judged as a gate that
+    // has its labels, nor timed out on one failed read).
+    let unread = matches!(q.reason, crate::gate::Reason::NotEvaluated { .. });
+    if past_deadline && !unread && !q.starving() {
         return None;
     }
     let others: Vec<GateVerdict> = gates
@@ -574,7 +580,7 @@ fn awaiting_labels(
     match judge(plan, advance, champion, &others, input.elapsed) {
         (Outcome::Fail, reason) => Some((Outcome::Fail, reason)),
         (_, StageReason::SharedOutage) => Some((Outcome::Wait, StageReason::SharedOutage)),
-        _ if past_deadline => {
+        _ if past_deadline && !unread => {
             let (labelled, recorded) = match &q.evidence {
                 crate::gate::Evidence::Quality {
                     canary: Some(c), ..

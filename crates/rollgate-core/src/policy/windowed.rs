@@ -239,7 +239,7 @@ pub fn evaluate_gates(
         StageKind::Canary if g.prediction_shift.enabled => {
             out.push(prediction_shift_gate(&g.prediction_shift, arms, plan.alpha))
         }
-        StageKind::Canary => {}
+        StageKind::Canary | StageKind::Watch => {}
     }
     out.extend(guard_rail_gate(
         &g.guard_rails,

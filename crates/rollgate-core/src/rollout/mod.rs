@@ -1,5 +1,6 @@
-//! The rollout state machine: `PENDING -> SHADOW -> CANARY(i) -> PROMOTED`,
-//! or `ROLLED_BACK(reason)`, or `ABORTED`; `paused` is a flag.
+//! The rollout state machine: `PENDING -> SHADOW -> CANARY(i) -> PROMOTED`
+//! (through `WATCHING` when the plan has a watch after promotion), or
+//! `ROLLED_BACK(reason)`, or `ABORTED`; `paused` is a flag.
 //!
 //! [`step`] is a pure function of the plan, the state, one input and `now`.
 //! Its effects are data (set routing, promote, reject, audit) that the
@@ -108,6 +109,9 @@ pub enum AuditKind {
     AwaitingApproval,
     /// An operator approved the step the rollout waited for.
     Approved,
+    /// The watch after promotion ended without a regression shown: the
+    /// promotion is final.
+    WatchEnded,
 }
 
 /// An audit record, before the store gives it a sequence number and hash.
@@ -139,6 +143,11 @@ pub enum Effect {
     PromoteCandidate,
     /// The candidate is marked REJECTED.
     RejectCandidate,
+    /// The previous champion (the rollout's `champion`) is champion again
+    /// and the candidate, promoted when the watch began, steps down: a
+    /// regression shown in the watch, or an abort. Lands only while the
+    /// candidate is still the model's champion.
+    RestoreChampion,
     Audit {
         event: Box<AuditEvent>,
     },
@@ -185,7 +194,7 @@ pub fn step(
             if spec.plan.mode == Mode::Observe && matches!(action, OperatorAction::Promote { .. }) {
                 return Err(StepError::DryRunCannotPromote);
             }
-            operate(&mut t, actor, action)?
+            operate(spec, &mut t, actor, action, now)?
         }
     }
     if spec.plan.mode == Mode::Observe {
@@ -206,7 +215,7 @@ fn dry_run(before: &RolloutState, t: &mut Transition) {
     let mut effects = Vec::with_capacity(t.effects.len() + 1);
     for effect in t.effects.drain(..) {
         match effect {
-            Effect::PromoteCandidate | Effect::RejectCandidate => {}
+            Effect::PromoteCandidate | Effect::RejectCandidate | Effect::RestoreChampion => {}
             Effect::SetRouting { routing } => effects.push(Effect::SetRouting {
                 routing: Routing {
                     candidate_weight_bp: 0,
@@ -401,7 +410,7 @@ fn advance(
                 None,
             );
         }
-        None => promote(t, Actor::Controller, false, Some(verdict), None),
+        None => promote(spec, t, Actor::Controller, false, Some(verdict), None, now),
     }
 }
 
@@ -434,17 +443,123 @@ fn roll_back(
     );
 }
 
+/// The candidate becomes champion: the rollout ends, or, when the plan
+/// has a watch, watches it against the previous champion (mirrored) on
+/// labels for the watch's window.
 fn promote(
+    spec: &RolloutSpec,
     t: &mut Transition,
     actor: Actor,
     manual: bool,
     verdict: Option<Arc<StageVerdict>>,
     note: Option<String>,
+    now: Timestamp,
+) {
+    let from = t.state.phase.clone();
+    t.effects.push(Effect::PromoteCandidate);
+    if spec.plan.watch.is_off() || spec.plan.mode == Mode::Observe {
+        t.state.phase = Phase::Promoted { manual };
+    } else {
+        t.state.phase = Phase::Watching { manual, since: now };
+        t.state.begin_epoch(now);
+        t.state.stage = Some(StageClock::new(now, t.state.epoch));
+        t.effects.push(Effect::SetRouting {
+            routing: Routing {
+                epoch: t.state.epoch,
+                ..Routing::for_phase(&spec.plan, &t.state.phase)
+            },
+        });
+    }
+    audit(t, AuditKind::Promoted, actor, from, verdict, note);
+}
+
+/// One look in the watch after promotion: the labels judge the promoted
+/// revision against the previous champion; a regression shown restores the
+/// previous champion, and the window's end makes the promotion final (a
+/// pause holds the end, not a rollback).
+fn watch(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestamp) {
+    let Phase::Watching { manual, since } = t.state.phase else {
+        return;
+    };
+    // The gateways' counts are read as in a stage (nothing judges them
+    // here), so each gateway sees the controller is following its series.
+    if let Some(e) = obs.exposure.as_ref().filter(|e| e.stale.is_none()) {
+        t.state.evidence.absorb(e, t.state.epoch, now);
+    }
+    let labels = obs.labels.as_deref().map(Vec::as_slice);
+    let verdict = sequential::watch_verdict(
+        &spec.plan,
+        labels,
+        (&spec.champion, &spec.candidate),
+        now.since(since),
+    );
+    let (_, verdict) = record_evaluation(t, verdict, None, now);
+    if verdict.outcome == Outcome::Fail {
+        // A regression shown rolls back, paused or not (as a breach does
+        // in a stage).
+        let reason = RollbackReason::WatchRegression {
+            gates: vec![crate::gate::GateKind::Quality],
+        };
+        let rejects = reason.rejects(&spec.plan);
+        end_watch_restoring(t, Phase::RolledBack { reason }, Some(verdict), rejects);
+    } else if now.since(since) >= spec.plan.watch.window && !t.state.paused && labels.is_some() {
+        // The window's end, judged on labels that could be read: then the
+        // promotion is final. A pause holds it.
+        finish_watch(t, manual, Actor::Controller, Some(verdict), None);
+    }
+}
+
+/// The watch ends with the promotion kept.
+fn finish_watch(
+    t: &mut Transition,
+    manual: bool,
+    actor: Actor,
+    verdict: Option<Arc<StageVerdict>>,
+    note: Option<String>,
 ) {
     let from = t.state.phase.clone();
     t.state.phase = Phase::Promoted { manual };
-    t.effects.push(Effect::PromoteCandidate);
-    audit(t, AuditKind::Promoted, actor, from, verdict, note);
+    t.effects.push(Effect::SetRouting {
+        routing: Routing::CHAMPION_ONLY,
+    });
+    audit(t, AuditKind::WatchEnded, actor, from, verdict, note);
+}
+
+/// The watch ends with the previous champion restored: rolled back (a
+/// regression shown; the candidate rejected when the plan says so) or
+/// aborted by an operator.
+fn end_watch_restoring(
+    t: &mut Transition,
+    to: Phase,
+    verdict: Option<Arc<StageVerdict>>,
+    rejects: bool,
+) {
+    let from = t.state.phase.clone();
+    let aborted = to == Phase::Aborted;
+    t.state.phase = to;
+    t.effects.push(Effect::SetRouting {
+        routing: Routing::CHAMPION_ONLY,
+    });
+    t.effects.push(Effect::RestoreChampion);
+    if rejects {
+        t.effects.push(Effect::RejectCandidate);
+    }
+    if aborted {
+        return;
+    }
+    let note = if rejects {
+        "after promotion: the previous champion is champion again; the candidate rejected"
+    } else {
+        "after promotion: the previous champion is champion again; the candidate not rejected"
+    };
+    audit(
+        t,
+        AuditKind::RolledBack,
+        Actor::Controller,
+        from,
+        verdict,
+        Some(note.to_string()),
+    );
 }
 
 fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestamp) {
@@ -456,6 +571,9 @@ fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timest
     }
     if t.state.phase == Phase::Pending {
         return start_when_ready(spec, t, &obs, now);
+    }
+    if matches!(t.state.phase, Phase::Watching { .. }) {
+        return watch(spec, t, obs, now);
     }
     if approval_deadline_rolled_back(&spec.plan, t, now) {
         return;
@@ -677,7 +795,13 @@ fn restart_epoch(plan: &Plan, t: &mut Transition, now: Timestamp) {
     });
 }
 
-fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<(), StepError> {
+fn operate(
+    spec: &RolloutSpec,
+    t: &mut Transition,
+    actor: String,
+    action: OperatorAction,
+    now: Timestamp,
+) -> Result<(), StepError> {
     if t.state.phase.is_terminal() {
         return Err(StepError::Terminal {
             phase: t.state.phase.name(),
@@ -700,6 +824,18 @@ fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<
             t.state.paused = false;
             audit(t, AuditKind::Resumed, who, from, None, None);
         }
+        OperatorAction::Abort { reason } if matches!(from, Phase::Watching { .. }) => {
+            // Undoing the rollout: the previous champion back.
+            let reason = required(reason, "abort")?;
+            end_watch_restoring(t, Phase::Aborted, None, false);
+            audit(t, AuditKind::Aborted, who, from, None, Some(reason));
+        }
+        OperatorAction::Promote { reason } if matches!(from, Phase::Watching { .. }) => {
+            // The promotion made final before the watch's end.
+            let reason = required(reason, "promote")?;
+            let manual = matches!(from, Phase::Watching { manual: true, .. });
+            finish_watch(t, manual, who, None, Some(reason));
+        }
         OperatorAction::Abort { reason } => {
             let reason = required(reason, "abort")?;
             t.state.awaiting = None;
@@ -712,7 +848,7 @@ fn operate(t: &mut Transition, actor: String, action: OperatorAction) -> Result<
         OperatorAction::Promote { reason } => {
             let reason = required(reason, "promote")?;
             t.state.awaiting = None;
-            promote(t, who, true, None, Some(reason));
+            promote(spec, t, who, true, None, Some(reason), now);
         }
         OperatorAction::Approve { reason } => {
             let reason = required(reason, "approve")?;

@@ -27,6 +27,14 @@ pub enum Phase {
         step: usize,
         weight_percent: u32,
     },
+    /// The candidate is the champion and serves every user; the previous
+    /// champion answers mirrored copies, and the quality gate judges the
+    /// two on labels until the plan's watch window from `since` ends.
+    /// `manual`: an operator promoted it.
+    Watching {
+        manual: bool,
+        since: Timestamp,
+    },
     /// The candidate is the champion. `manual`: an operator promoted it.
     Promoted {
         manual: bool,
@@ -51,6 +59,7 @@ impl Phase {
             Phase::Pending => "PENDING",
             Phase::Shadow => "SHADOW",
             Phase::Canary { .. } => "CANARY",
+            Phase::Watching { .. } => "WATCHING",
             Phase::Promoted { .. } => "PROMOTED",
             Phase::RolledBack { .. } => "ROLLED_BACK",
             Phase::Aborted => "ABORTED",
@@ -117,6 +126,15 @@ impl Routing {
                 epoch: 0,
                 assignment: plan.assignment,
                 fallback_to_champion: plan.fallback_to_champion,
+            },
+            // The rollout's mirrored revision is now its previous champion
+            // (what gateways route for a watching rollout: the store's).
+            Phase::Watching { .. } => Routing {
+                candidate_weight_bp: 0,
+                mirror_bp: plan.watch.mirror_percent * 100,
+                epoch: 0,
+                assignment: plan.assignment,
+                fallback_to_champion: false,
             },
             Phase::Promoted { .. } => Routing {
                 candidate_weight_bp: 10_000,

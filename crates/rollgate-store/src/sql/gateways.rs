@@ -24,10 +24,19 @@ fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
         Some(id) => Some(get_revision(db, id)?),
         None => None,
     };
+    let mut watching = false;
     let (rollout, rollout_seen, record_answers) = match active_rollout(db, &model.name)? {
         Some(id) => {
             let r = get_rollout(db, id)?;
-            let candidate = get_revision(db, &r.spec.candidate)?;
+            // Watching after promotion, the rollout's other revision is
+            // its previous champion (mirrored); before, its candidate.
+            watching = matches!(r.state.phase, rollgate_core::Phase::Watching { .. });
+            let other = if watching {
+                &r.spec.champion
+            } else {
+                &r.spec.candidate
+            };
+            let candidate = get_revision(db, other)?;
             let seen = r
                 .state
                 .evidence
@@ -45,6 +54,7 @@ fn model_routes_in(db: &mut dyn Db, model: Model) -> Result<ModelRoutes> {
         rollout,
         rollout_seen,
         record_answers,
+        watching,
     })
 }
 

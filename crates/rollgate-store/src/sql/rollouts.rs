@@ -205,9 +205,12 @@ fn apply_in(db: &mut dyn Db, now: Timestamp, w: &TransitionWrite) -> Result<Roll
     // candidate while active (rejection, the end of the rollout).
     if routing != current.routing
         || terminal
-        || w.effects
-            .iter()
-            .any(|e| matches!(e, Effect::PromoteCandidate | Effect::RejectCandidate))
+        || w.effects.iter().any(|e| {
+            matches!(
+                e,
+                Effect::PromoteCandidate | Effect::RejectCandidate | Effect::RestoreChampion
+            )
+        })
     {
         routes_changed(db);
     }
@@ -252,6 +255,7 @@ fn apply_effect(
             return Ok(Some(Routing::CHAMPION_ONLY));
         }
         Effect::RejectCandidate => reject_candidate(db, now, w, spec)?,
+        Effect::RestoreChampion => restore_champion(db, now, w, spec)?,
         Effect::Audit { event } => record_event(db, now, w, spec, event)?,
     }
     Ok(None)
@@ -273,6 +277,33 @@ fn promote_candidate(
         now,
         &model,
         &spec.candidate,
+        w.actor,
+        body,
+        Some(w.rollout),
+    )
+}
+
+/// The previous champion is champion again (the candidate, promoted when
+/// the watch began, archived) — only while the candidate is still the
+/// model's champion: a champion an operator set meanwhile stays.
+fn restore_champion(
+    db: &mut dyn Db,
+    now: Timestamp,
+    w: &TransitionWrite,
+    spec: &RolloutSpec,
+) -> Result<()> {
+    let model = get_model(db, &spec.model)?;
+    if model.champion.as_deref() != Some(spec.candidate.as_str()) {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "from": model.champion, "to": spec.champion, "rollout": w.rollout, "restored": true
+    });
+    promote_in(
+        db,
+        now,
+        &model,
+        &spec.champion,
         w.actor,
         body,
         Some(w.rollout),

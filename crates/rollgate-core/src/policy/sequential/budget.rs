@@ -17,10 +17,20 @@ pub fn metric_alpha(plan: &Plan) -> f64 {
         + usize::from(g.latency.enabled)
         + shadow * (1 + usize::from(g.shadow.max_flip_rate < 1.0))
         + usize::from(g.prediction_shift.enabled)
-        // Quality: the paired test in SHADOW, the unpaired one in CANARY.
-        + usize::from(g.quality.enabled) * (1 + shadow)
+        // Quality: the paired test (SHADOW, continued in the watch after
+        // promotion), the unpaired one in CANARY.
+        + usize::from(g.quality.enabled) * quality_tests(plan)
         + rails;
     plan.sequential.alpha / metrics.max(1) as f64
+}
+
+/// The quality gate's tests: the paired one if a SHADOW stage or a watch
+/// judges labels (one test either way: the watch continues the SHADOW
+/// stage's e-process), and the unpaired one if the stages judge labels.
+fn quality_tests(plan: &Plan) -> usize {
+    let q = &plan.gates.quality;
+    let paired = (plan.shadow.enabled && q.in_stages) || !plan.watch.is_off();
+    usize::from(paired) + usize::from(q.in_stages)
 }
 
 /// The plan's stages: one routing epoch each.

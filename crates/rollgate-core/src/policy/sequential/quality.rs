@@ -251,12 +251,20 @@ impl CanaryShown {
             )
         } else if self.log_e >= (1.0 / alpha).ln() {
             (Outcome::Fail, Reason::Breach)
-        } else if c.labelled < need || h.labelled < cfg.min_labels {
+        } else if c.labelled < need {
             (
                 Outcome::Wait,
                 Reason::InsufficientSamples {
-                    have: c.labelled.min(h.labelled),
+                    have: c.labelled,
                     need,
+                },
+            )
+        } else if h.labelled < cfg.min_labels {
+            (
+                Outcome::Wait,
+                Reason::ChampionNoVerdict {
+                    have: h.labelled,
+                    need: cfg.min_labels,
                 },
             )
         } else if self.difference.upper <= cfg.margin {
@@ -319,4 +327,46 @@ pub(super) fn canary_quality_gate(
             }),
         },
     )
+}
+
+/// The watch after promotion (`Phase::Watching`): the SHADOW stage's
+/// paired test, continued on every labelled pair of the rollout — those of
+/// the SHADOW stage whose labels came late, and those of the watch, where
+/// the promoted revision answers and the previous champion is mirrored. One
+/// e-process from the first pair to the watch's end, at the share of `α`
+/// the plan gives it, so looking on after promotion spends nothing more.
+/// It fails (a regression shown) or waits; it never ends the watch early.
+pub fn watch_verdict(
+    plan: &Plan,
+    rows: Option<&[Recorded]>,
+    ids: (&str, &str),
+    elapsed: std::time::Duration,
+) -> crate::stage::StageVerdict {
+    use crate::stage::{StageKind, StageReason, StageVerdict};
+    let gate = quality_gate(plan, super::metric_alpha(plan), rows, ids);
+    let (outcome, reason) = match gate.outcome {
+        Outcome::Fail => (
+            Outcome::Fail,
+            StageReason::Breach {
+                gates: vec![GateKind::Quality],
+            },
+        ),
+        Outcome::Pass => (Outcome::Pass, StageReason::AllGatesPass),
+        Outcome::Wait => (
+            Outcome::Wait,
+            StageReason::AwaitingEvidence {
+                gates: vec![GateKind::Quality],
+            },
+        ),
+    };
+    StageVerdict {
+        stage: StageKind::Watch,
+        outcome,
+        reason,
+        gross: false,
+        elapsed_ms: elapsed.as_millis().min(u128::from(u64::MAX)) as u64,
+        champion: None,
+        gates: vec![gate],
+        confirmation: None,
+    }
 }
