@@ -419,11 +419,6 @@ fn the_admin_api_refuses_a_public_address_without_a_token() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ROLLGATE_TOKEN"));
 }
 
-/// Runs the CLI as a user would, against `rollgate up`.
-fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
-    cli_as(api, None, args)
-}
-
 /// The CLI with its stdout a pipe whose reader is already gone; its exit
 /// code and stderr.
 fn cli_into_closed_pipe(api: &str, args: &[&str]) -> (i32, String) {
@@ -439,23 +434,6 @@ fn cli_into_closed_pipe(api: &str, args: &[&str]) -> (i32, String) {
     let out = child.wait_with_output().expect("wait");
     (
         out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The CLI with `token` in `ROLLGATE_TOKEN` (none: unset).
-fn cli_as(api: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
-    cmd.args(args)
-        .env("ROLLGATE_API", format!("http://{api}"))
-        .env_remove("ROLLGATE_TOKEN");
-    if let Some(t) = token {
-        cmd.env("ROLLGATE_TOKEN", t);
-    }
-    let out = cmd.output().expect("run the CLI");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }

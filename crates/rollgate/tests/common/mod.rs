@@ -665,3 +665,25 @@ pub async fn chain_intact(c: &HttpClient, ctl: &Proc) -> bool {
     let (s, v) = api(c, ctl, "GET", "/api/v1/audit/verify", None).await;
     s == 200 && v["first_break"].is_null() && v["records"].as_u64().unwrap_or(0) > 0
 }
+
+/// Runs the CLI as a user would, against the admin API at `api`.
+pub fn cli(api: &str, args: &[&str]) -> (i32, String, String) {
+    cli_as(api, None, args)
+}
+
+/// The CLI with `token` in `ROLLGATE_TOKEN` (none: unset).
+pub fn cli_as(api: &str, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"));
+    cmd.args(args)
+        .env("ROLLGATE_API", format!("http://{api}"))
+        .env_remove("ROLLGATE_TOKEN");
+    if let Some(t) = token {
+        cmd.env("ROLLGATE_TOKEN", t);
+    }
+    let out = cmd.output().expect("run the CLI");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
