@@ -367,12 +367,9 @@ impl ControllerMetrics {
                     phase: r.state.phase.name().into(),
                 })
                 .set(1);
-            // Watching after promotion, the candidate serves everyone.
-            let weight = match r.state.phase {
-                rollgate_core::Phase::Watching { .. } => 100,
-                _ => i64::from(r.routing.candidate_weight_bp / 100),
-            };
-            self.weight.get_or_create(&ModelLabel { model }).set(weight);
+            self.weight
+                .get_or_create(&ModelLabel { model })
+                .set(i64::from(r.routing.live_percent(&r.state.phase)));
         }
         *shown = now;
         drop(shown);

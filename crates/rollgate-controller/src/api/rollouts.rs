@@ -105,11 +105,7 @@ impl From<&RolloutRecord> for RolloutSummary {
             phase: r.state.phase.clone(),
             paused: r.state.paused,
             dry_run: !r.spec.plan.mode.is_enforce(),
-            // Watching after promotion, the candidate serves everyone.
-            weight_percent: match r.state.phase {
-                rollgate_core::Phase::Watching { .. } => 100,
-                _ => r.routing.candidate_weight_bp / 100,
-            },
+            weight_percent: r.routing.live_percent(&r.state.phase),
             evaluations: r.state.evaluations,
             version: r.version,
             created_at: r.created_at,

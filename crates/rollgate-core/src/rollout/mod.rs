@@ -427,11 +427,25 @@ fn roll_back(
     t.effects.push(Effect::SetRouting {
         routing: Routing::CHAMPION_ONLY,
     });
-    let note = if rejects {
+    // Rolled back after promotion: the previous champion serves again.
+    let watched = matches!(from, Phase::Watching { .. });
+    if watched {
+        t.effects.push(Effect::RestoreChampion);
+    }
+    if rejects {
         t.effects.push(Effect::RejectCandidate);
-        "candidate rejected: it was shown worse or never became ready"
-    } else {
-        "candidate not rejected: no regression was shown; it may be rolled out again"
+    }
+    let note = match (watched, rejects) {
+        (false, true) => "candidate rejected: it was shown worse or never became ready",
+        (false, false) => {
+            "candidate not rejected: no regression was shown; it may be rolled out again"
+        }
+        (true, true) => {
+            "after promotion: the previous champion is champion again; the candidate rejected"
+        }
+        (true, false) => {
+            "after promotion: the previous champion is champion again; the candidate not rejected"
+        }
     };
     audit(
         t,
@@ -500,8 +514,7 @@ fn watch(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestam
         let reason = RollbackReason::WatchRegression {
             gates: vec![crate::gate::GateKind::Quality],
         };
-        let rejects = reason.rejects(&spec.plan);
-        end_watch_restoring(t, Phase::RolledBack { reason }, Some(verdict), rejects);
+        roll_back(&spec.plan, t, reason, Some(verdict));
     } else if now.since(since) >= spec.plan.watch.window && !t.state.paused && labels.is_some() {
         // The window's end, judged on labels that could be read: then the
         // promotion is final. A pause holds it.
@@ -523,43 +536,6 @@ fn finish_watch(
         routing: Routing::CHAMPION_ONLY,
     });
     audit(t, AuditKind::WatchEnded, actor, from, verdict, note);
-}
-
-/// The watch ends with the previous champion restored: rolled back (a
-/// regression shown; the candidate rejected when the plan says so) or
-/// aborted by an operator.
-fn end_watch_restoring(
-    t: &mut Transition,
-    to: Phase,
-    verdict: Option<Arc<StageVerdict>>,
-    rejects: bool,
-) {
-    let from = t.state.phase.clone();
-    let aborted = to == Phase::Aborted;
-    t.state.phase = to;
-    t.effects.push(Effect::SetRouting {
-        routing: Routing::CHAMPION_ONLY,
-    });
-    t.effects.push(Effect::RestoreChampion);
-    if rejects {
-        t.effects.push(Effect::RejectCandidate);
-    }
-    if aborted {
-        return;
-    }
-    let note = if rejects {
-        "after promotion: the previous champion is champion again; the candidate rejected"
-    } else {
-        "after promotion: the previous champion is champion again; the candidate not rejected"
-    };
-    audit(
-        t,
-        AuditKind::RolledBack,
-        Actor::Controller,
-        from,
-        verdict,
-        Some(note.to_string()),
-    );
 }
 
 fn observe(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestamp) {
@@ -824,12 +800,6 @@ fn operate(
             t.state.paused = false;
             audit(t, AuditKind::Resumed, who, from, None, None);
         }
-        OperatorAction::Abort { reason } if matches!(from, Phase::Watching { .. }) => {
-            // Undoing the rollout: the previous champion back.
-            let reason = required(reason, "abort")?;
-            end_watch_restoring(t, Phase::Aborted, None, false);
-            audit(t, AuditKind::Aborted, who, from, None, Some(reason));
-        }
         OperatorAction::Promote { reason } if matches!(from, Phase::Watching { .. }) => {
             // The promotion made final before the watch's end.
             let reason = required(reason, "promote")?;
@@ -843,6 +813,10 @@ fn operate(
             t.effects.push(Effect::SetRouting {
                 routing: Routing::CHAMPION_ONLY,
             });
+            // Aborted after promotion: the previous champion serves again.
+            if matches!(from, Phase::Watching { .. }) {
+                t.effects.push(Effect::RestoreChampion);
+            }
             audit(t, AuditKind::Aborted, who, from, None, Some(reason));
         }
         OperatorAction::Promote { reason } => {

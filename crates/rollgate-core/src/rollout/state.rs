@@ -110,6 +110,16 @@ impl Routing {
         fallback_to_champion: false,
     };
 
+    /// The candidate's live share in percent while `phase` holds: all of
+    /// the traffic while it is watched after promotion (the routing then
+    /// mirrors the previous champion), else the routing's weight.
+    pub fn live_percent(&self, phase: &Phase) -> u32 {
+        match phase {
+            Phase::Watching { .. } => 100,
+            _ => self.candidate_weight_bp / 100,
+        }
+    }
+
     /// The routing a phase implies under `plan`.
     pub fn for_phase(plan: &Plan, phase: &Phase) -> Routing {
         match phase {

@@ -269,18 +269,7 @@ fn promote_candidate(
     spec: &RolloutSpec,
 ) -> Result<()> {
     let model = get_model(db, &spec.model)?;
-    let body = serde_json::json!({
-        "from": model.champion, "to": spec.candidate, "rollout": w.rollout
-    });
-    promote_in(
-        db,
-        now,
-        &model,
-        &spec.candidate,
-        w.actor,
-        body,
-        Some(w.rollout),
-    )
+    champion_of_rollout(db, now, w, &model, &spec.candidate)
 }
 
 /// The previous champion is champion again (the candidate, promoted when
@@ -296,18 +285,19 @@ fn restore_champion(
     if model.champion.as_deref() != Some(spec.candidate.as_str()) {
         return Ok(());
     }
-    let body = serde_json::json!({
-        "from": model.champion, "to": spec.champion, "rollout": w.rollout, "restored": true
-    });
-    promote_in(
-        db,
-        now,
-        &model,
-        &spec.champion,
-        w.actor,
-        body,
-        Some(w.rollout),
-    )
+    champion_of_rollout(db, now, w, &model, &spec.champion)
+}
+
+/// `to` becomes `model`'s champion by the rollout's decision.
+fn champion_of_rollout(
+    db: &mut dyn Db,
+    now: Timestamp,
+    w: &TransitionWrite,
+    model: &crate::Model,
+    to: &str,
+) -> Result<()> {
+    let body = serde_json::json!({ "from": model.champion, "to": to, "rollout": w.rollout });
+    promote_in(db, now, model, to, w.actor, body, Some(w.rollout))
 }
 
 /// The candidate is rejected and blocked until an operator unblocks it.
