@@ -130,15 +130,31 @@ pub struct ConditionalBinomial {
     /// The alternatives lie below `r0` (a test of "at least `r0`").
     #[serde(default)]
     pub below: bool,
+    /// The grid's widest alternative over (or under) `r0`.
+    #[serde(default = "default_span")]
+    pub span: f64,
+}
+
+fn default_span() -> f64 {
+    100.0
 }
 
 impl ConditionalBinomial {
     /// Null "ratio ≤ `r0`", alternatives above it.
     pub fn new(r0: f64) -> Self {
+        Self::spanning(r0, default_span())
+    }
+
+    /// Null "ratio ≤ `r0`", alternatives from just above it to `span`
+    /// times it: a narrower span puts the mixture's weight nearer the null,
+    /// on the regressions users meet (a third more mistakes, not a hundred
+    /// times as many), and shows them sooner.
+    pub fn spanning(r0: f64, span: f64) -> Self {
         ConditionalBinomial {
             r0: r0.max(1e-9),
             log_lr: vec![0.0; GRID],
             below: false,
+            span: span.max(1.0 + 1e-6),
         }
     }
 
@@ -168,11 +184,13 @@ impl ConditionalBinomial {
         let theta = |r: f64| r * rho / (r * rho + 1.0 - rho);
         let t0 = theta(self.r0);
         let (a, b) = (champion_failures as f64, candidate_failures as f64);
-        let step = 100f64.powf(if self.below { -1.0 } else { 1.0 } / GRID as f64);
+        let step = self
+            .span
+            .powf(if self.below { -1.0 } else { 1.0 } / GRID as f64);
         let mut r1 = self.r0;
         for i in 0..GRID {
-            // The grid's alternatives, r0 · 100^((i+1)/GRID): 1.21×r0,
-            // 1.47×r0, …, 100×r0, by multiplication.
+            // The grid's alternatives, r0 · span^((i+1)/GRID) (span 100:
+            // 1.21×r0, 1.47×r0, …, 100×r0), by multiplication.
             r1 *= step;
             let t1 = theta(r1);
             self.log_lr[i] += b * (t1 / t0).ln() + a * ((1.0 - t1) / (1.0 - t0)).ln();

@@ -295,7 +295,7 @@ pub enum Evidence {
         /// The labelled mirrored pairs, judged by their labels.
         pairs: crate::labels::PairedLabels,
         /// Bound on the candidate's error rate minus the champion's, on
-        /// the labelled pairs.
+        /// the matured pairs (CANARY: the stage's matured answers).
         difference: Interval,
         margin: f64,
         /// The discordant-pairs e-process's value (FAIL at `fail_at`).
@@ -304,13 +304,20 @@ pub enum Evidence {
         /// The design effect it was tempered by (the key is the unit).
         design_effect: f64,
         max_error_ratio: f64,
-        /// The labelled share of the recorded pairs, and its floor.
+        /// The labelled share of the matured pairs (CANARY: of the
+        /// candidate's matured answers), and its floor.
         coverage: f64,
         min_coverage: f64,
         /// In CANARY stages: each arm's labelled answers (the unpaired
         /// test); `pairs` is then empty.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         canary: Option<crate::labels::CanaryLabels>,
+        /// How old an answer must be to be judged (0: no window).
+        #[serde(default)]
+        label_window_ms: u64,
+        /// How matured answers without a label were judged.
+        #[serde(default)]
+        unlabelled: crate::plan::Unlabelled,
     },
     GuardRails {
         candidate: Counts,

@@ -31,6 +31,60 @@ pub struct Recorded {
     pub value: Option<f64>,
     /// The label, as sent (a class, or a number's text).
     pub label: Option<String>,
+    /// When the answer was recorded (ms since the Unix epoch, the
+    /// gateway's clock).
+    #[serde(default)]
+    pub at_ms: u64,
+    /// When its label was received (ms, the API's clock), if one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labelled_at_ms: Option<u64>,
+}
+
+/// Which answers the tests may read at one look, and with what label: an
+/// answer is *matured* once `window` old, and judged by the label it had
+/// received by then (`absent` when none had, if declared). A matured
+/// answer's label never changes afterwards, so matured answers enter the
+/// tests in the order they were answered, whatever decides when labels
+/// come (delays ≤ `window`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Maturity<'a> {
+    pub now_ms: u64,
+    pub window_ms: u64,
+    pub absent: Option<&'a str>,
+}
+
+impl<'a> Maturity<'a> {
+    /// The gate's maturity at `now_ms` (no window declared: every answer
+    /// is matured at once, and labels count whenever they came).
+    pub fn of(gate: &'a QualityGate, now_ms: u64) -> Self {
+        Maturity {
+            now_ms,
+            window_ms: gate
+                .label_window
+                .map_or(0, |w| w.as_millis().min(u128::from(u64::MAX)) as u64),
+            absent: gate.absent_label.as_deref(),
+        }
+    }
+
+    /// Whether an answer recorded at `at_ms` is matured.
+    pub fn matured(&self, at_ms: u64) -> bool {
+        self.now_ms >= at_ms.saturating_add(self.window_ms)
+    }
+
+    /// The label a matured answer recorded at `at_ms` is judged by: the
+    /// one received before its window ended, else the declared meaning of
+    /// none (no window: any label received).
+    pub fn label_of<'r>(&self, r: &'r Recorded, at_ms: u64) -> Option<&'r str>
+    where
+        'a: 'r,
+    {
+        let in_window = |t: u64| self.window_ms == 0 || t < at_ms.saturating_add(self.window_ms);
+        match (&r.label, r.labelled_at_ms) {
+            (Some(l), Some(t)) if in_window(t) => Some(l.as_str()),
+            (Some(l), None) => Some(l.as_str()),
+            _ => self.absent,
+        }
+    }
 }
 
 /// Whether `answer` is wrong by `label` under `gate`; `None` when they
@@ -57,30 +111,45 @@ pub fn wrong(gate: &QualityGate, answer: &Recorded, label: &str) -> Option<bool>
 pub struct PairedLabels {
     /// Requests both arms answered (and the gateway recorded).
     pub recorded: u64,
-    /// Of those, the ones whose label came and could be compared.
+    /// Of those, the ones at least `label_window` old: the tests read
+    /// only these.
+    #[serde(default)]
+    pub matured: u64,
+    /// Of the matured, the ones judged by a label (received within the
+    /// window, or the declared meaning of none) that could be compared.
     pub labelled: u64,
     /// The candidate wrong, the champion right.
     pub candidate_only_wrong: u64,
     /// The champion wrong, the candidate right.
     pub champion_only_wrong: u64,
     pub both_wrong: u64,
-    /// Per unit group: `requests` the labelled pairs, `failures` those the
+    /// Per unit group: `requests` the matured pairs, `failures` those the
     /// candidate alone got wrong, `client_errors` those the champion alone
-    /// got wrong (the tests' unit is the key). Not kept with a verdict: the
-    /// design effects it gave are.
+    /// got wrong, `latencies` those without a label (the tests' unit is
+    /// the key). Not kept with a verdict: the design effects it gave are.
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub units: Units,
 }
 
 impl PairedLabels {
-    /// The labelled share of the recorded pairs (0 with none recorded).
+    /// The labelled share of the matured pairs (0 with none matured).
     pub fn coverage(&self) -> f64 {
-        if self.recorded == 0 {
+        if self.matured == 0 {
             0.0
         } else {
-            self.labelled as f64 / self.recorded as f64
+            self.labelled as f64 / self.matured as f64
         }
+    }
+
+    /// Matured pairs without a label.
+    pub fn unlabelled(&self) -> u64 {
+        self.matured.saturating_sub(self.labelled)
+    }
+
+    /// Recorded pairs not yet matured.
+    pub fn pending(&self) -> u64 {
+        self.recorded.saturating_sub(self.matured)
     }
 
     pub fn discordant(&self) -> u64 {
@@ -89,12 +158,12 @@ impl PairedLabels {
 }
 
 /// The pairs in `rows`: requests answered by both `champion` and
-/// `candidate`, each judged by its label under `gate`.
+/// `candidate`, each matured one judged by its label under `gate`.
 pub fn paired(
     rows: &[Recorded],
-    champion: &str,
-    candidate: &str,
+    (champion, candidate): (&str, &str),
     gate: &QualityGate,
+    maturity: Maturity<'_>,
 ) -> PairedLabels {
     let mut by_request: HashMap<&str, (Option<&Recorded>, Option<&Recorded>)> =
         HashMap::with_capacity(rows.len() / 2 + 1);
@@ -112,15 +181,22 @@ pub fn paired(
             continue;
         };
         out.recorded += 1;
-        let Some(label) = h.label.as_deref().or(c.label.as_deref()) else {
+        // The answer users saw: the champion's, answered first.
+        let at = h.at_ms.min(c.at_ms);
+        if !maturity.matured(at) {
             continue;
-        };
-        let (Some(hw), Some(cw)) = (wrong(gate, h, label), wrong(gate, c, label)) else {
+        }
+        out.matured += 1;
+        let unit = out.units.entry(c.unit).or_insert_with(UnitTotals::default);
+        unit.requests += 1;
+        // A label is the request's: either arm's row carries it.
+        let label = maturity.label_of(if h.label.is_some() { h } else { c }, at);
+        let judged = label.and_then(|l| Some((wrong(gate, h, l)?, wrong(gate, c, l)?)));
+        let Some((hw, cw)) = judged else {
+            unit.latencies += 1;
             continue;
         };
         out.labelled += 1;
-        let unit = out.units.entry(c.unit).or_insert_with(UnitTotals::default);
-        unit.requests += 1;
         match (cw, hw) {
             (true, true) => out.both_wrong += 1,
             (true, false) => {
@@ -138,24 +214,61 @@ pub fn paired(
     out
 }
 
-/// One arm's answers in CANARY epochs: recorded, labelled (comparably),
-/// and wrong by their labels, per unit group too (`latencies` recorded,
-/// `requests` labelled, `failures` wrong).
+/// Answered classes kept apart in [`ArmLabels::by_class`]; the rest are
+/// counted under [`OTHER_CLASSES`].
+pub const MAX_ANSWER_CLASSES: usize = 16;
+
+/// Where answers of classes beyond [`MAX_ANSWER_CLASSES`] are counted.
+pub const OTHER_CLASSES: &str = "(other)";
+
+/// One answered class's matured answers and how many of them had labels:
+/// whether a label comes often depends on what was answered (a flagged
+/// transaction is reviewed at once, a passed one is known at its
+/// chargeback).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClassCoverage {
+    pub matured: u64,
+    pub labelled: u64,
+}
+
+/// One arm's answers in CANARY epochs: matured, labelled (comparably),
+/// and wrong by their labels, per unit group too (`latencies` matured,
+/// `requests` labelled, `failures` wrong), and per answered class.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ArmLabels {
+    /// Matured answers (at least `label_window` old): the tests read only
+    /// these.
     pub recorded: u64,
     pub labelled: u64,
     pub wrong: u64,
+    /// Answers recorded but not yet matured.
+    #[serde(default)]
+    pub pending: u64,
+    /// Matured and labelled answers by the class answered.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_class: BTreeMap<String, ClassCoverage>,
     #[serde(skip)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub units: Units,
 }
 
 impl ArmLabels {
-    fn add(&mut self, unit: u16, wrong: Option<bool>) {
+    fn add(&mut self, unit: u16, class: Option<&str>, wrong: Option<bool>) {
         self.recorded += 1;
         self.units.entry(unit).or_default().latencies += 1;
+        if let Some(class) = class {
+            let key =
+                if self.by_class.contains_key(class) || self.by_class.len() < MAX_ANSWER_CLASSES {
+                    class
+                } else {
+                    OTHER_CLASSES
+                };
+            let c = self.by_class.entry(key.to_string()).or_default();
+            c.matured += 1;
+            c.labelled += u64::from(wrong.is_some());
+        }
         if let Some(w) = wrong {
             self.labelled += 1;
             self.wrong += u64::from(w);
@@ -171,21 +284,34 @@ impl ArmLabels {
         for (g, u) in &o.units {
             units.entry(*g).or_default().merge(u);
         }
+        let mut by_class = self.by_class.clone();
+        for (k, c) in &o.by_class {
+            let e = by_class.entry(k.clone()).or_default();
+            e.matured += c.matured;
+            e.labelled += c.labelled;
+        }
         ArmLabels {
             recorded: self.recorded + o.recorded,
             labelled: self.labelled + o.labelled,
             wrong: self.wrong + o.wrong,
+            pending: self.pending + o.pending,
+            by_class,
             units,
         }
     }
 
-    /// The labelled share of the recorded answers (0 with none).
+    /// The labelled share of the matured answers (0 with none).
     pub fn coverage(&self) -> f64 {
         if self.recorded == 0 {
             0.0
         } else {
             self.labelled as f64 / self.recorded as f64
         }
+    }
+
+    /// Matured answers without a label.
+    pub fn unlabelled(&self) -> u64 {
+        self.recorded.saturating_sub(self.labelled)
     }
 }
 
@@ -197,12 +323,12 @@ pub struct EpochLabels {
 }
 
 /// The answers in `rows` that are no mirrored pair (a CANARY stage's: each
-/// request answered by one arm), per epoch from `from` on, each judged by
-/// its label under `gate`.
+/// request answered by one arm), per epoch from `from` on, each matured
+/// one judged by its label under `gate`.
 pub fn unpaired(
     rows: &[Recorded],
     (champion, candidate): (&str, &str),
-    gate: &QualityGate,
+    (gate, maturity): (&QualityGate, Maturity<'_>),
     from: Epoch,
 ) -> BTreeMap<Epoch, EpochLabels> {
     let mut arms_of: HashMap<&str, u8> = HashMap::with_capacity(rows.len());
@@ -222,19 +348,29 @@ pub fn unpaired(
         } else {
             continue;
         };
-        arm.add(r.unit, r.label.as_deref().and_then(|l| wrong(gate, r, l)));
+        if !maturity.matured(r.at_ms) {
+            arm.pending += 1;
+            continue;
+        }
+        let judged = maturity
+            .label_of(r, r.at_ms)
+            .and_then(|l| wrong(gate, r, l));
+        arm.add(r.unit, r.class.as_deref(), judged);
     }
     out
 }
 
 /// What the CANARY stages' unpaired test saw: each arm's answers over
-/// the canary epochs, and whether their label coverage was shown to
-/// differ.
+/// the canary epochs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CanaryLabels {
     pub candidate: ArmLabels,
     pub champion: ArmLabels,
+    /// Earlier versions held a stage while the arms' label coverage
+    /// differed; kept to read their records. Never set now: unlabelled
+    /// answers are judged by `gates.quality.unlabelled`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub coverage_differs: bool,
 }
 
@@ -271,8 +407,16 @@ mod tests {
             class: Some(class.into()),
             value: None,
             label: label.map(Into::into),
+            at_ms: 0,
+            labelled_at_ms: None,
         }
     }
+
+    const AT_ONCE: Maturity<'static> = Maturity {
+        now_ms: 0,
+        window_ms: 0,
+        absent: None,
+    };
 
     #[test]
     fn a_pair_is_judged_by_its_one_label_and_unpaired_answers_are_not_pairs() {
@@ -291,7 +435,7 @@ mod tests {
             row("e", "c", "1", None),
             row("f", "h", "1", Some("1")),
         ];
-        let p = paired(&rows, "h", "c", &gate);
+        let p = paired(&rows, ("h", "c"), &gate, AT_ONCE);
         assert_eq!(
             (
                 p.recorded,
@@ -306,8 +450,90 @@ mod tests {
         assert!((p.coverage() - 0.8).abs() < 1e-12);
         let units: u64 = p.units.values().map(|u| u.failures + u.client_errors).sum();
         assert_eq!(units, 2, "the discordant pairs, by unit group");
-        let labelled: u64 = p.units.values().map(|u| u.requests).sum();
-        assert_eq!(labelled, 4);
+        let matured: u64 = p.units.values().map(|u| u.requests).sum();
+        let unlabelled: u64 = p.units.values().map(|u| u.latencies).sum();
+        assert_eq!((matured, unlabelled), (5, 1));
+    }
+
+    /// A pair answered at `at_ms` whose label (`1`) came at `label_ms`.
+    fn timed(id: &str, at_ms: u64, label_ms: Option<u64>, classes: (&str, &str)) -> [Recorded; 2] {
+        let mut h = row(id, "h", classes.0, label_ms.map(|_| "1"));
+        let mut c = row(id, "c", classes.1, label_ms.map(|_| "1"));
+        for r in [&mut h, &mut c] {
+            r.at_ms = at_ms;
+            r.labelled_at_ms = label_ms;
+        }
+        [h, c]
+    }
+
+    #[test]
+    fn only_matured_pairs_count_each_with_the_label_it_had_at_its_window_end() {
+        let gate = QualityGate::default();
+        let rows: Vec<Recorded> = [
+            // Matured, labelled in time: the candidate wrong.
+            timed("a", 0, Some(5_000), ("1", "0")),
+            // Matured, labelled after its window: not counted.
+            timed("b", 0, Some(15_000), ("1", "0")),
+            // Matured, never labelled.
+            timed("cc", 1_000, None, ("0", "1")),
+            // Not yet matured, though labelled.
+            timed("d", 9_000, Some(9_500), ("0", "1")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let at = |absent| Maturity {
+            now_ms: 11_000,
+            window_ms: 10_000,
+            absent,
+        };
+        let p = paired(&rows, ("h", "c"), &gate, at(None));
+        assert_eq!((p.recorded, p.matured, p.labelled), (4, 3, 1));
+        assert_eq!((p.candidate_only_wrong, p.champion_only_wrong), (1, 0));
+        assert_eq!((p.unlabelled(), p.pending()), (2, 1));
+        // With a declared meaning of no label ("0"), every matured pair is
+        // judged: "b" (its label too late) and "cc" by "0".
+        let p = paired(&rows, ("h", "c"), &gate, at(Some("0")));
+        assert_eq!((p.matured, p.labelled, p.unlabelled()), (3, 3, 0));
+        assert_eq!((p.candidate_only_wrong, p.champion_only_wrong), (2, 1));
+        // CANARY: each arm's answers, matured or pending, by class.
+        let single: Vec<Recorded> = rows
+            .iter()
+            .filter(|r| r.request_id != "a" || r.revision == "c")
+            .cloned()
+            .collect();
+        let one_arm: Vec<Recorded> = single
+            .into_iter()
+            .filter(|r| r.request_id == "a" || r.revision == "h")
+            .collect();
+        let e = unpaired(&one_arm, ("h", "c"), (&gate, at(None)), 0);
+        let l = &e[&1];
+        assert_eq!(
+            (
+                l.candidate.recorded,
+                l.candidate.labelled,
+                l.candidate.wrong
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (l.champion.recorded, l.champion.labelled, l.champion.pending),
+            (2, 0, 1)
+        );
+        assert_eq!(
+            l.champion.by_class["1"],
+            ClassCoverage {
+                matured: 1,
+                labelled: 0
+            }
+        );
+        assert_eq!(
+            l.candidate.by_class["0"],
+            ClassCoverage {
+                matured: 1,
+                labelled: 1
+            }
+        );
     }
 
     #[test]
@@ -368,6 +594,8 @@ mod roundtrip {
                 coverage: 0.5,
                 min_coverage: 0.0,
                 canary: None,
+                label_window_ms: 60_000,
+                unlabelled: crate::plan::Unlabelled::AtRandom,
             },
         );
         let text = serde_json::to_string(&v).expect("serialises");

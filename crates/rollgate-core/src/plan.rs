@@ -533,6 +533,39 @@ pub struct QualityGate {
     /// too late for them; the gate judges only in the watch after
     /// promotion (`[watch]`), on every pair recorded since SHADOW.
     pub in_stages: bool,
+    /// The longest a label takes after its answer (required): an answer is
+    /// judged only once this old (*matured*), with the label it had by
+    /// then; a label later than this is not counted. When labels come
+    /// then says nothing of which answers were right.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "90d"))]
+    pub label_window: Option<Duration>,
+    /// What no label by the end of `label_window` means, for labels that
+    /// exist for one outcome only (`"0"`: no chargeback, legitimate).
+    /// Unset: a matured answer without a label is unlabelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absent_label: Option<String>,
+    /// How matured answers without a label are judged.
+    pub unlabelled: Unlabelled,
+}
+
+/// How the quality tests treat matured answers that have no label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Unlabelled {
+    /// Each counts against the verdict being tested (wrong for the
+    /// candidate's pass, right for its refusal): sound whatever decides
+    /// which answers get labels, and decisive only when nearly all do.
+    #[default]
+    WorstCase,
+    /// Left out: declares that whether an answer gets a label does not
+    /// depend on its being right (labels sampled at random, per arm).
+    AtRandom,
 }
 
 impl Default for QualityGate {
@@ -547,6 +580,9 @@ impl Default for QualityGate {
             min_coverage: 0.0,
             label_deadline: Duration::from_secs(30 * 60),
             in_stages: true,
+            label_window: None,
+            absent_label: None,
+            unlabelled: Unlabelled::WorstCase,
         }
     }
 }

@@ -208,16 +208,18 @@ pub fn gate_point(g: &GateVerdict, plan: &Plan) -> Option<GatePoint> {
             pairs,
             difference,
             margin,
+            canary,
             ..
-        } => (pairs.labelled > 0).then(|| {
-            GatePoint::interval(
-                "labelled error rate, candidate - champion",
-                difference.lower,
-                difference.upper,
-                Some(*margin),
-                Fails::Above,
-            )
-        }),
+        } => (pairs.labelled > 0 || canary.as_ref().is_some_and(|c| c.candidate.labelled > 0))
+            .then(|| {
+                GatePoint::interval(
+                    "labelled error rate, candidate - champion",
+                    difference.lower,
+                    difference.upper,
+                    Some(*margin),
+                    Fails::Above,
+                )
+            }),
         Evidence::GuardRails {
             error_rate,
             max_error_rate,

@@ -14,8 +14,16 @@
 //!    at the deadline fails the stage; before it, the stage waits. Which
 //!    gates wait depends on [`Advance`]: under `on_evidence` every gate not
 //!    yet shown within budget; under `on_time` only those below their sample
-//!    floors.
+//!    floors. A quality gate holding for labels (rule 5½) is not judged
+//!    here.
 //! 5. [`missing_metrics_fail`]: traffic seen but a metric missing fails.
+//!
+//!    5½. [`labels_hold`]: a quality gate waiting for labels holds the stage
+//!    until its own `label_deadline` (not `evidence_timeout`), whatever
+//!    [`Advance`]; at the deadline, one still short of labels fails the
+//!    stage with `label_timeout`. Labels that could not be read hold it,
+//!    never time it out. Past the deadline, a quality gate with its labels
+//!    is judged by rule 4 like any other.
 //! 6. [`unproven_gates_pass_on_time`]: under `on_time`, gates with their
 //!    floors but no verdict pass the stage as "no regression shown", never
 //!    as "passed".
@@ -118,17 +126,32 @@ pub fn clean_stage_waits_for_min_duration(plan: &Plan, elapsed: Duration) -> Dec
     })
 }
 
+/// A quality gate whose labels could not be read this look.
+fn labels_unread(g: &GateVerdict) -> bool {
+    g.gate == GateKind::Quality && matches!(g.reason, crate::gate::Reason::NotEvaluated { .. })
+}
+
+/// A quality gate still waiting for labels (rule 5½ judges it): before its
+/// label deadline, or short of labels, or unread.
+fn holds_for_labels(plan: &Plan, g: &GateVerdict, elapsed: Duration) -> bool {
+    g.gate == GateKind::Quality
+        && g.outcome == Outcome::Wait
+        && (elapsed < plan.gates.quality.label_deadline || g.starving() || labels_unread(g))
+}
+
 /// Rule 4: gates still waiting for evidence wait until the deadline, then
-/// fail.
+/// fail (a quality gate holding for labels is rule 5½'s, but named among
+/// those the stage waits for).
 pub fn waiting_stage_fails_at_deadline(
     plan: &Plan,
     advance: Advance,
     gates: &[GateVerdict],
     elapsed: Duration,
 ) -> Decision {
-    let waiting = match advance {
-        Advance::OnTime => kinds(gates, GateVerdict::starving),
-        Advance::OnEvidence => kinds(gates, unproven),
+    let judged = |g: &GateVerdict| !holds_for_labels(plan, g, elapsed);
+    let mut waiting = match advance {
+        Advance::OnTime => kinds(gates, |g| judged(g) && g.starving()),
+        Advance::OnEvidence => kinds(gates, |g| judged(g) && unproven(g)),
     };
     if waiting.is_empty() {
         None
@@ -138,11 +161,39 @@ pub fn waiting_stage_fails_at_deadline(
             StageReason::EvidenceTimeout { gates: waiting },
         ))
     } else {
+        waiting.extend(kinds(gates, |g| holds_for_labels(plan, g, elapsed)));
         Some((
             Outcome::Wait,
             StageReason::AwaitingEvidence { gates: waiting },
         ))
     }
+}
+
+/// Rule 5½: a quality gate waiting for labels holds the stage until its
+/// label deadline; then, still short of labels, it fails the stage with
+/// `label_timeout` (the candidate is not rejected: nothing was shown
+/// against it). Unread labels hold, never time out.
+pub fn labels_hold(plan: &Plan, gates: &[GateVerdict], elapsed: Duration) -> Decision {
+    let q = gates.iter().find(|g| holds_for_labels(plan, g, elapsed))?;
+    if elapsed >= plan.gates.quality.label_deadline && !labels_unread(q) {
+        let (labelled, recorded) = match &q.evidence {
+            crate::gate::Evidence::Quality {
+                canary: Some(c), ..
+            } => (c.candidate.labelled, c.candidate.recorded),
+            crate::gate::Evidence::Quality { pairs, .. } => (pairs.labelled, pairs.matured),
+            _ => (0, 0),
+        };
+        return Some((
+            Outcome::Fail,
+            StageReason::LabelTimeout { labelled, recorded },
+        ));
+    }
+    Some((
+        Outcome::Wait,
+        StageReason::AwaitingEvidence {
+            gates: vec![GateKind::Quality],
+        },
+    ))
 }
 
 /// Rule 5: traffic was seen but a metric is missing: nothing is assumed.
@@ -177,6 +228,7 @@ pub fn judge(
         .or_else(|| clean_stage_waits_for_min_duration(plan, elapsed))
         .or_else(|| waiting_stage_fails_at_deadline(plan, advance, gates, elapsed))
         .or_else(|| missing_metrics_fail(gates))
+        .or_else(|| labels_hold(plan, gates, elapsed))
         .or_else(|| unproven_gates_pass_on_time(gates))
         .unwrap_or((Outcome::Pass, StageReason::AllGatesPass))
 }
@@ -188,13 +240,22 @@ mod tests {
     use crate::stats::Interval;
     use proptest::prelude::*;
 
-    const KINDS: [GateKind; 5] = [
+    const KINDS: [GateKind; 6] = [
         GateKind::ErrorRate,
         GateKind::Latency,
         GateKind::PredictionShift,
         GateKind::ShadowAgreement,
         GateKind::GuardRails,
+        GateKind::Quality,
     ];
+
+    /// A plan whose quality gate's label deadline (400 s) falls before the
+    /// evidence deadline, so both orders of the two clocks are drawn.
+    fn plan() -> Plan {
+        let mut plan = Plan::default();
+        plan.gates.quality.label_deadline = Duration::from_secs(400);
+        plan
+    }
 
     fn reason(i: u8) -> (Outcome, Reason) {
         match i % 8 {
@@ -260,7 +321,7 @@ mod tests {
 
     #[test]
     fn an_inconclusive_gate_waits_on_evidence_and_passes_on_time_as_no_regression_shown() {
-        let plan = Plan::default();
+        let plan = plan();
         let g = gates(&[0, 3]);
         let at = Duration::from_secs(120);
         assert_eq!(
@@ -288,12 +349,12 @@ mod tests {
         /// clock and champion health, under both advance modes.
         #[test]
         fn the_rule_chain_keeps_the_safety_model(
-            codes in proptest::collection::vec(0u8..8, 0..=5),
+            codes in proptest::collection::vec(0u8..8, 0..=6),
             elapsed_s in 0u64..1200,
             outage in any::<bool>(),
             on_time in any::<bool>(),
         ) {
-            let plan = Plan::default();
+            let plan = plan();
             let advance = if on_time { Advance::OnTime } else { Advance::OnEvidence };
             let g = gates(&codes);
             let elapsed = Duration::from_secs(elapsed_s);
@@ -320,6 +381,27 @@ mod tests {
             // Starvation fails only at the deadline.
             let timed_out = matches!(reason, StageReason::EvidenceTimeout { .. });
             prop_assert!(!timed_out || elapsed >= plan.evidence_timeout);
+            // A quality gate waiting for labels holds the stage until its
+            // own deadline, under either advance mode; labels that could
+            // not be read never time a stage out; a label timeout comes
+            // only at the label deadline, from a quality gate short of
+            // labels.
+            let quality = g.iter().find(|v| v.gate == GateKind::Quality);
+            let unread = quality.is_some_and(labels_unread);
+            let q_waits = quality.is_some_and(|q| q.outcome == Outcome::Wait);
+            if q_waits && (elapsed < plan.gates.quality.label_deadline || unread) {
+                prop_assert!(outcome != Outcome::Pass);
+            }
+            if matches!(reason, StageReason::LabelTimeout { .. }) {
+                prop_assert!(elapsed >= plan.gates.quality.label_deadline);
+                prop_assert!(!unread);
+                prop_assert!(quality.is_some_and(GateVerdict::starving));
+            }
+            if unread && outcome == Outcome::Fail {
+                // Only a failure shown elsewhere, never one for labels.
+                let label = matches!(reason, StageReason::LabelTimeout { .. });
+                prop_assert!(!label);
+            }
         }
     }
 }

@@ -285,13 +285,22 @@ pub fn count_design_effect(units: &Units, pick: fn(&UnitTotals) -> (u64, u64)) -
 /// exposures, fixed by the split, not their observed counts: weighting by
 /// `1/K` would lean on the arm with fewer failures, so a heavy failing key
 /// in the other arm would barely move the effect — exactly when it must.
-pub fn ratio_design_effect(
-    candidate: &Units,
-    champion: &Units,
-    pick: fn(&UnitTotals) -> (u64, u64),
+pub fn ratio_design_effect(candidate: &Units, champion: &Units, pick: Pick) -> f64 {
+    ratio_design_effect_each((candidate, pick), (champion, pick))
+}
+
+/// Picks one count and its exposure out of a unit's totals.
+pub type Pick = fn(&UnitTotals) -> (u64, u64);
+
+/// [`ratio_design_effect`] with each arm's count picked its own way (the
+/// quality gate counts the champion's unlabelled answers with its wrong
+/// ones, and not the candidate's).
+pub fn ratio_design_effect_each(
+    (candidate, pick_c): (&Units, Pick),
+    (champion, pick_h): (&Units, Pick),
 ) -> f64 {
-    let (dc, nc, _) = count_effect(candidate, pick);
-    let (dh, nh, _) = count_effect(champion, pick);
+    let (dc, nc, _) = count_effect(candidate, pick_c);
+    let (dh, nh, _) = count_effect(champion, pick_h);
     let p = if nc + nh > 0.0 { nc / (nc + nh) } else { 0.5 };
     ((1.0 - p) * dc.max(1.0) + p * dh.max(1.0)).max(1.0)
 }

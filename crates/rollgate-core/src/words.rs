@@ -211,35 +211,102 @@ fn evidence_words(evidence: &Evidence) -> String {
             p95,
             ..
         } => guard_rail_words(candidate, error_rate, p95.as_ref()),
-        Evidence::Quality {
-            pairs,
-            difference,
-            margin,
-            e_value,
-            fail_at,
-            coverage,
-            ..
-        } => quality_words(pairs, difference, *margin, (*e_value, *fail_at), *coverage),
+        Evidence::Quality { .. } => quality_words(evidence),
     }
 }
 
-/// The quality gate's labelled pairs, its test and its bound.
-fn quality_words(
-    pairs: &crate::labels::PairedLabels,
-    difference: &Interval,
-    margin: f64,
-    (e_value, fail_at): (f64, f64),
-    coverage: f64,
-) -> String {
+/// The quality gate's test and the matured answers it read.
+fn quality_words(evidence: &Evidence) -> String {
+    let Evidence::Quality {
+        pairs,
+        difference,
+        margin,
+        e_value,
+        fail_at,
+        canary,
+        label_window_ms,
+        ..
+    } = evidence
+    else {
+        return String::new();
+    };
+    let test = format!(
+        "{}; {}",
+        e_against("against the candidate", *e_value, Some(*fail_at), "fails"),
+        difference_against_margin(difference, *margin)
+    );
+    match canary {
+        Some(c) => canary_quality_words(c, *label_window_ms, &test),
+        None => paired_quality_words(pairs, *label_window_ms, &test),
+    }
+}
+
+/// How old an answer must be to be judged, in words (`None`: no window).
+fn window_words(window_ms: u64) -> Option<String> {
+    (window_ms > 0).then(|| {
+        humantime::format_duration(std::time::Duration::from_millis(window_ms)).to_string()
+    })
+}
+
+/// The SHADOW (and watch) test's matured labelled pairs.
+fn paired_quality_words(p: &crate::labels::PairedLabels, window_ms: u64, test: &str) -> String {
+    let pending = match window_words(window_ms) {
+        Some(w) => format!("; {} younger than {w}", p.pending()),
+        None => String::new(),
+    };
     format!(
-        "{} of {} pairs labelled ({:.0}%); discordant: candidate wrong {}, champion \
-         wrong {} (e={e_value:.3}, fails at {fail_at:.0}); {}",
-        pairs.labelled,
-        pairs.recorded,
-        coverage * 100.0,
-        pairs.candidate_only_wrong,
-        pairs.champion_only_wrong,
-        difference_against_margin(difference, margin)
+        "{} of {} matured pairs labelled ({}{pending}); discordant: candidate wrong {}, \
+         champion wrong {}; {test}",
+        p.labelled,
+        p.matured,
+        pct(p.coverage()),
+        p.candidate_only_wrong,
+        p.champion_only_wrong,
+    )
+}
+
+/// The CANARY test's matured answers of each arm.
+fn canary_quality_words(c: &crate::labels::CanaryLabels, window_ms: u64, test: &str) -> String {
+    let arm = |name: &str, a: &crate::labels::ArmLabels| {
+        format!(
+            "{name} {} of {} matured answers labelled, {} wrong",
+            a.labelled, a.recorded, a.wrong
+        )
+    };
+    let pending = match window_words(window_ms) {
+        Some(w) => format!(
+            " ({} younger than {w})",
+            c.candidate.pending + c.champion.pending
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{}; {}{pending}; {test}",
+        arm("candidate", &c.candidate),
+        arm("champion", &c.champion)
+    )
+}
+
+/// Each arm's matured answers labelled, by the class it answered.
+fn coverage_by_class(c: &crate::labels::CanaryLabels) -> String {
+    let arm = |a: &crate::labels::ArmLabels| {
+        a.by_class
+            .iter()
+            .map(|(k, v)| {
+                let share = if v.matured == 0 {
+                    0.0
+                } else {
+                    v.labelled as f64 / v.matured as f64
+                };
+                format!("{k:?} {} of {}", pct(share), v.matured)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "  labelled by the class answered: candidate {}; champion {}",
+        arm(&c.candidate),
+        arm(&c.champion)
     )
 }
 
@@ -286,6 +353,11 @@ fn lines_beneath(evidence: &Evidence) -> Vec<String> {
             pct(flip_rate.lower),
             pct(flip_rate.upper),
         )],
+        Evidence::Quality {
+            canary: Some(c), ..
+        } if !(c.candidate.by_class.is_empty() && c.champion.by_class.is_empty()) => {
+            vec![coverage_by_class(c)]
+        }
         _ => Vec::new(),
     }
 }

@@ -21,6 +21,8 @@ fn watched_plan(window_s: u64) -> Plan {
     plan.gates.quality.in_stages = false;
     plan.watch.window = Duration::from_secs(window_s);
     plan.watch.mirror_percent = 25;
+    // Labels judged once half the watch (at most 5 minutes) old.
+    plan.gates.quality.label_window = Some(Duration::from_secs((window_s / 2).clamp(1, 300)));
     plan
 }
 
@@ -206,6 +208,10 @@ fn a_regression_shown_while_paused_still_rolls_the_watch_back() {
                     class: Some(class.into()),
                     value: None,
                     label: Some("fraud".into()),
+                    // Answered and labelled at the start: matured by the
+                    // look, 400 s later (the window is 300 s).
+                    at_ms: state.created_at.0,
+                    labelled_at_ms: Some(state.created_at.0),
                 }
             })
         })
@@ -214,7 +220,7 @@ fn a_regression_shown_while_paused_still_rolls_the_watch_back() {
         labels: Some(std::sync::Arc::new(rows)),
         ..Default::default()
     });
-    let at = Timestamp(state.created_at.0 + 200_000);
+    let at = Timestamp(state.created_at.0 + 400_000);
     let t = step(&spec(plan.clone()), &paused, obs, at).expect("observe");
     assert!(
         matches!(

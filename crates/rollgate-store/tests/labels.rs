@@ -103,6 +103,7 @@ fn watched_plan() -> rollgate_core::Plan {
     let mut plan = rollgate_core::Plan::default();
     plan.gates.quality.enabled = true;
     plan.gates.quality.in_stages = false;
+    plan.gates.quality.label_window = Some(std::time::Duration::from_secs(600));
     plan.watch.window = std::time::Duration::from_secs(3600);
     plan.watch.mirror_percent = 25;
     plan

@@ -13,6 +13,7 @@ mod labels;
 mod logging;
 #[cfg(feature = "kubernetes")]
 mod operator;
+mod plan_check;
 mod seed;
 mod serve;
 mod sim;
@@ -78,6 +79,10 @@ enum Command {
     Traffic(kit::TrafficArgs),
     /// The decision-quality simulator: policies side by side on a scenario matrix.
     Sim(sim::SimArgs),
+    /// Plans: `check` validates a plan file and says what its quality
+    /// gate's stages need at the model's traffic.
+    #[command(subcommand)]
+    Plan(plan_check::PlanCmd),
     /// Print a shell completion script (e.g. `rollgate completions bash >
     /// /etc/bash_completion.d/rollgate`).
     Completions {
@@ -144,6 +149,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => kit::serve_model(a),
         Command::Traffic(a) => kit::traffic(a),
         Command::Sim(a) => sim::run(a),
+        Command::Plan(cmd) => plan_check::run(cmd),
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             let mut script = Vec::new();

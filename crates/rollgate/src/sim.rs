@@ -157,13 +157,15 @@ fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCod
             return Ok(ExitCode::from(2));
         }
     };
-    if let Err(e) = matrix.plan.validate() {
-        eprintln!("rollgate: {}: {e}", path.display());
-        return Ok(ExitCode::from(2));
+    for cell in &matrix.cells {
+        if let Err(e) = cell.plan(&matrix.plan).validate() {
+            eprintln!("rollgate: {}: cell {}: {e}", path.display(), cell.name);
+            return Ok(ExitCode::from(2));
+        }
     }
     let started = std::time::Instant::now();
     println!(
-        "{:<34} {:<8} {:>5} {:>8} {:>20} {:>8} {:>8} {:>7} {:>9} {:>12}",
+        "{:<36} {:<7} {:>5} {:>7} {:>19} {:>7} {:>5} {:>6} {:>7} {:>5} {:>9} {:>8} {:>7}",
         "CELL",
         "EXPECT",
         "RUNS",
@@ -172,8 +174,11 @@ fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCod
         "TIMEOUT",
         "OTHER",
         "PASSED",
-        "UNDECIDED",
-        "MED LABELS"
+        "ON TIME",
+        "UNDEC",
+        "MED REFUS",
+        "MED PASS",
+        "PLANNED"
     );
     let mut reports = Vec::new();
     for cell in matrix
@@ -188,8 +193,9 @@ fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCod
             rollgate_core::stats::z_two_sided(0.05),
         );
         let (lo, hi) = (ci.lower, ci.upper);
+        let n = |x: Option<u64>| opt(x.map(|x| x as f64));
         println!(
-            "{:<34} {:<8} {:>5} {:>8} {:>6.2}% [{:>4.2}, {:>4.2}] {:>8} {:>8} {:>7} {:>9} {:>12}",
+            "{:<36} {:<7} {:>5} {:>7} {:>6.2}% [{:>4.2},{:>5.2}] {:>7} {:>5} {:>6} {:>7} {:>5} {:>9} {:>8} {:>7}",
             r.cell,
             format!("{:?}", r.expect).to_lowercase(),
             r.runs,
@@ -200,8 +206,11 @@ fn label_cells(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCod
             r.label_timeout,
             r.other_rollback,
             r.passed,
+            r.passed_on_time,
             r.undecided,
-            opt(r.median_labelled_at_refusal.map(|x| x as f64)),
+            n(r.median_labelled_at_refusal),
+            n(r.median_labelled_at_pass),
+            n(r.planned),
         );
         reports.push(r);
     }

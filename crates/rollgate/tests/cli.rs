@@ -150,6 +150,46 @@ fn unknown_subcommand_is_a_usage_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unrecognized subcommand"));
 }
 
+/// `rollgate plan check`: a plan with a quality gate and no label window
+/// is refused, naming the field; with one, the labels a pass needs and
+/// the wait, and a deadline the traffic cannot meet said so.
+#[test]
+fn plan_check_refuses_a_quality_gate_without_a_window_and_estimates_the_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan.toml");
+    let quality = "steps = [50]\n[gates.quality]\nenabled = true\nmargin = 0.2\n";
+    std::fs::write(&plan, quality).expect("write");
+    let path = plan.to_string_lossy();
+    let out = rollgate(&["plan", "check", &path]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("gates.quality.label_window"), "{err}");
+
+    let windowed = format!("{quality}label_window = \"1h\"\nlabel_deadline = \"2h\"\n");
+    std::fs::write(&plan, windowed).expect("write");
+    let out = rollgate(&["plan", "check", &path, "--rate", "1", "--discordant", "0.2"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("valid") && text.contains("SHADOW") && text.contains("CANARY 50%"));
+    assert!(!text.contains("past the label deadline"), "{text}");
+    // A hundredth of the traffic: SHADOW's ~200 pairs take longer than 2 h.
+    let out = rollgate(&[
+        "plan",
+        "check",
+        &path,
+        "--rate",
+        "0.01",
+        "--discordant",
+        "0.2",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("past the label deadline"), "{text}");
+    // Coverage too low for a pass under the worst case: said, not estimated.
+    let out = rollgate(&["plan", "check", &path, "--coverage", "0.5"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("can never pass on labels"), "{text}");
+}
+
 #[test]
 fn a_bad_config_file_is_an_input_error_naming_its_line() {
     let dir = tempfile::tempdir().expect("tempdir");

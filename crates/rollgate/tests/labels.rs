@@ -7,15 +7,13 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::Request;
 use serde_json::{Value, json};
 
 use crate::common::*;
 
 /// A plan whose SHADOW stage is judged on labels alone: the agreement
-/// gate is off, the quality gate on.
+/// gate is off, the quality gate on; answers judged once 2 s old (the
+/// tests' labels come within it, or are sent with their window widened).
 fn labelled_plan() -> Value {
     json!({
         "steps": [50],
@@ -26,7 +24,10 @@ fn labelled_plan() -> Value {
             "error_rate": { "min_requests": 20, "margin": 0.05 },
             "latency": { "min_requests": 20 },
             "shadow": { "min_pairs": 1, "min_agreement": 0.0, "max_flip_rate": 1.0 },
-            "quality": { "enabled": true, "min_labels": 20, "margin": 0.05, "label_deadline": "60s" }
+            "quality": {
+                "enabled": true, "min_labels": 20, "margin": 0.05,
+                "label_window": "2s", "label_deadline": "60s"
+            }
         }
     })
 }
@@ -38,24 +39,16 @@ async fn predict(c: &HttpClient, gateway: &str, id: &str) -> u16 {
 
 /// One prediction of `body` through the gateway under request id `id`.
 async fn predict_body(c: &HttpClient, gateway: &str, id: &str, body: String) -> u16 {
-    let req = Request::builder()
-        .method("POST")
-        .uri(format!("http://{gateway}/v1/models/m:predict"))
-        .header("content-type", "application/json")
-        .header("x-request-id", id)
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
-        .await
-        .expect("answered within 10 s")
-        .expect("http");
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    status
+    predict_answered_by(c, gateway, Some(id), body).await.0
 }
 
 /// Labels sent to the API as `token` (`None`: as the local admin).
-async fn send_labels(c: &HttpClient, ctl: &Proc, token: Option<&str>, body: Value) -> (u16, Value) {
+pub(crate) async fn send_labels(
+    c: &HttpClient,
+    ctl: &Proc,
+    token: Option<&str>,
+    body: Value,
+) -> (u16, Value) {
     let (s, v, _) = request(
         c,
         "POST",
@@ -285,8 +278,9 @@ async fn a_candidate_wrong_on_labels_is_refused_in_shadow_and_the_label_api_coun
 }
 
 /// Requests of the synthetic task through the gateway, each request's
-/// label (the task's ground truth) sent 0–30 s after its answer, until
-/// rollout `id` ends. Returns the rollout and the requests sent.
+/// label (the task's ground truth) sent 0–10 s after its answer (plans
+/// judging them give a window of [`ZOO_WINDOW`]), until rollout `id` ends.
+/// Returns the rollout and the requests sent.
 async fn labelled_traffic(
     c: &HttpClient,
     ctl: &Proc,
@@ -316,7 +310,7 @@ async fn labelled_traffic_until(
         for (i, x) in xs.iter().enumerate().skip(sent).take(20) {
             let body = json!({"instances": [x.to_vec()]}).to_string();
             assert_eq!(predict_body(c, gw, &format!("{seed}-{i}"), body).await, 200);
-            let delay = Duration::from_millis(rng.random_range(0..30_000));
+            let delay = Duration::from_millis(rng.random_range(0..10_000));
             owed.push((Instant::now() + delay, i));
         }
         sent += 20;
@@ -342,6 +336,9 @@ async fn labelled_traffic_until(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The label window of the zoo's plans: past every label's delay.
+const ZOO_WINDOW: &str = "12s";
 
 /// The model zoo's champion and `candidates` served by `rollgate serve`,
 /// the controller and a gateway; returns the servers (kept alive), the
@@ -395,6 +392,7 @@ async fn on_the_model_zoo_broken_feature_is_refused_in_shadow_on_labels_and_retr
     let mut plan = labelled_plan();
     plan["gates"]["quality"]["margin"] = json!(0.3);
     plan["gates"]["quality"]["min_labels"] = json!(50);
+    plan["gates"]["quality"]["label_window"] = json!(ZOO_WINDOW);
 
     let id = start_rollout_with(&c, &ctl, broken, plan.clone()).await;
     wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
@@ -430,6 +428,7 @@ async fn the_watch_after_promotion_rolls_back_a_revision_whose_late_labels_come_
     // Labels come too late for the stages: only the watch judges them.
     let mut plan = labelled_plan();
     plan["gates"]["quality"]["in_stages"] = json!(false);
+    plan["gates"]["quality"]["label_window"] = json!(ZOO_WINDOW);
     plan["watch"] = json!({ "window": "10m", "mirror_percent": 100 });
     let id = start_rollout_with(&c, &ctl, &ids[0], plan).await;
     let watching = |r: &Value| phase(r) == "watching" || finished(r);
@@ -464,7 +463,8 @@ async fn the_watch_after_promotion_rolls_back_a_revision_whose_late_labels_come_
     // The gateway serves the champion again.
     let mut served = None;
     for _ in 0..100 {
-        let (status, who) = predict_revision(&c, gw.addr()).await;
+        let body = json!({"instances": [rollgate_modelkit::task::sample(1, 99).0[0].to_vec()]});
+        let (status, who) = predict_answered_by(&c, gw.addr(), None, body.to_string()).await;
         assert_eq!(status, 200);
         if who == champion {
             served = Some(who);
@@ -480,33 +480,6 @@ async fn the_watch_after_promotion_rolls_back_a_revision_whose_late_labels_come_
     assert!(chain_intact(&c, &ctl).await);
 }
 
-/// One prediction through the gateway: its status and the revision that
-/// answered.
-async fn predict_revision(c: &HttpClient, gateway: &str) -> (u16, String) {
-    let req = Request::builder()
-        .method("POST")
-        .uri(format!("http://{gateway}/v1/models/m:predict"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(
-            json!({"instances": [rollgate_modelkit::task::sample(1, 99).0[0].to_vec()]})
-                .to_string(),
-        )))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
-        .await
-        .expect("answered within 10 s")
-        .expect("http");
-    let who = resp
-        .headers()
-        .get("x-rollgate-revision")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let status = resp.status().as_u16();
-    let _ = resp.into_body().collect().await;
-    (status, who)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_deadline_passing_with_too_few_labels_ends_the_rollout_with_label_timeout() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -518,6 +491,7 @@ async fn a_label_deadline_passing_with_too_few_labels_ends_the_rollout_with_labe
     let gw = start_gateway(dir.path());
     let mut plan = labelled_plan();
     plan["gates"]["quality"]["label_deadline"] = json!("3s");
+    plan["gates"]["quality"]["label_window"] = json!("1s");
     let id = start_rollout_with(&c, &ctl, &cand, plan).await;
     wait_for(&c, &ctl, id, Duration::from_secs(20), |r| {
         phase(r) == "shadow"

@@ -13,6 +13,7 @@ mod ha;
 mod host;
 mod kubernetes;
 mod labels;
+mod late_labels;
 mod manifests;
 mod mlflow;
 mod mlserver;

@@ -162,6 +162,9 @@ impl Plan {
                 "the quality gate needs policy = \"sequential\"",
             ));
         }
+        if q.enabled {
+            self.validate_label_window()?;
+        }
         if q.enabled && q.label_deadline < self.min_stage_duration {
             return Err(err(
                 "gates.quality.label_deadline",
@@ -188,6 +191,55 @@ impl Plan {
                 "gates.quality.in_stages",
                 "a quality gate that judges no stage needs a watch after promotion ([watch] window)",
             ));
+        }
+        Ok(())
+    }
+
+    /// A quality gate declares how late its labels come: without it, which
+    /// labels came first can say which answers were wrong, and no test on
+    /// them is sound. The stages (and a watch) must outlast the window.
+    fn validate_label_window(&self) -> Result<(), PlanError> {
+        let q = &self.gates.quality;
+        let Some(window) = q.label_window else {
+            return Err(err(
+                "gates.quality.label_window",
+                "declare how long after its answer a label can still come (e.g. \"10m\", \"90d\"): \
+                 answers are judged once that old, since when a label comes can say whether the \
+                 answer was right (docs/statistics.md, \"Quality from labels\")",
+            ));
+        };
+        let w = humantime::format_duration(window);
+        if q.in_stages && q.label_deadline <= window {
+            return Err(err(
+                "gates.quality.label_deadline",
+                format!(
+                    "must be longer than label_window ({w}): a stage judges only answers at \
+                     least label_window old; for labels slower than a stage, set in_stages = \
+                     false and judge them in a [watch] longer than label_window"
+                ),
+            ));
+        }
+        if !self.watch.is_off() && self.watch.window <= window {
+            return Err(err(
+                "watch.window",
+                format!("must be longer than gates.quality.label_window ({w})"),
+            ));
+        }
+        if let Some(absent) = &q.absent_label {
+            if absent.trim().is_empty() || absent.len() > 128 {
+                return Err(err(
+                    "gates.quality.absent_label",
+                    "must be a label of 1 to 128 characters (the class or value no label means)",
+                ));
+            }
+            if q.kind == super::QualityKind::Regression
+                && !absent.trim().parse::<f64>().is_ok_and(f64::is_finite)
+            {
+                return Err(err(
+                    "gates.quality.absent_label",
+                    format!("a regression's label is a number, got {absent:?}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -342,6 +394,9 @@ impl QualityGate {
         unit("gates.quality.min_coverage", self.min_coverage)?;
         if self.label_deadline.is_zero() {
             return Err(err("gates.quality.label_deadline", "must be positive"));
+        }
+        if self.label_window.is_some_and(|w| w.is_zero()) {
+            return Err(err("gates.quality.label_window", "must be positive"));
         }
         Ok(())
     }

@@ -47,8 +47,8 @@ mod state;
 
 pub use budget::{metric_alpha, stage_alpha, stage_count};
 use errors::{error_gate, error_tests};
-pub use quality::watch_verdict;
-use quality::{canary_quality_gate, quality_gate};
+use quality::stage_quality_gate;
+pub use quality::{answers_to_pass, pairs_to_pass, watch_verdict};
 use state::Counted;
 pub use state::{ArmTally, MAX_CLASSES, SequentialState, Tally};
 
@@ -465,29 +465,27 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
     if g.latency.enabled {
         gates.extend(latency_within_stages(plan, input, ledger, increments));
     }
+    let canary_from = input
+        .stage_starts
+        .get(usize::from(plan.shadow.enabled))
+        .copied();
     match input.stage {
         StageKind::Shadow => {
             gates.push(shadow_gate(plan, alpha, &stage_snap, input.candidate, arms));
-            if g.quality.enabled && g.quality.in_stages {
-                gates.push(quality_gate(plan, alpha, input.labels, ids));
-            }
         }
-        StageKind::Canary => {
-            let canary_from = input
-                .stage_starts
-                .get(usize::from(plan.shadow.enabled))
-                .copied();
-            if g.prediction_shift.enabled {
-                let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
-                gates.push(shift_gate(plan, alpha, tests, arms));
-            }
-            if g.quality.enabled && g.quality.in_stages {
-                let from = (canary_from.unwrap_or(stage_epoch), stage_epoch);
-                gates.push(canary_quality_gate(plan, alpha, input.labels, ids, from));
-            }
+        StageKind::Canary if g.prediction_shift.enabled => {
+            let tests = shift_tests(plan, state, ledger, ids, canary_from, alpha);
+            gates.push(shift_gate(plan, alpha, tests, arms));
         }
-        StageKind::Watch => {} // judged by `watch_verdict`, never by a stage's look
+        // The watch is judged by `watch_verdict`, never by a stage's look.
+        _ => {}
     }
+    gates.extend(stage_quality_gate(
+        plan,
+        alpha,
+        input,
+        (canary_from, stage_epoch),
+    ));
     // The whole rollout's counts, pooled once for what reads them whole.
     let whole = ledger.pooled(0, Epoch::MAX);
     if g.prediction_shift.enabled {
@@ -527,9 +525,6 @@ fn judge_stage(
     let groups = candidate_groups(whole, input.candidate);
     let keys = model_keys(plan, whole, (input.champion, input.candidate));
     hold_below_stage_floors(plan, gates, (ledger, groups, keys), input, outage_ended);
-    if let Some(decided) = awaiting_labels(plan, input, gates, champion) {
-        return decided;
-    }
     let (outcome, reason) = judge(
         plan,
         plan.sequential.advance,
@@ -544,61 +539,6 @@ fn judge_stage(
             few_keys_fail_fast(plan, input, gates, (groups, keys)).unwrap_or((outcome, reason))
         }
         _ => (outcome, reason),
-    }
-}
-
-/// A quality gate waiting for labels is held to its own deadline, not to
-/// `evidence_timeout`: until `label_deadline` the stage is judged on its
-/// other gates and may fail on them but not pass; at the deadline, a gate
-/// still short of labels fails the stage with `label_timeout` (a breach
-/// elsewhere still comes first). `None`: no quality gate waits for labels
-/// (past the deadline, one with its labels but nothing shown is judged
-/// like any other gate).
-fn awaiting_labels(
-    plan: &Plan,
-    input: &LookInput,
-    gates: &[GateVerdict],
-    champion: &ChampionHealth,
-) -> Option<(Outcome, StageReason)> {
-    let q = gates
-        .iter()
-        .find(|g| g.gate == GateKind::Quality && g.outcome == Outcome::Wait)?;
-    let past_deadline = input.elapsed >= plan.gates.quality.label_deadline;
-    // Labels that could not be read this look are no evidence either way:
-    // the stage holds until a look reads them (never judged as a gate that
-    // has its labels, nor timed out on one failed read).
-    let unread = matches!(q.reason, crate::gate::Reason::NotEvaluated { .. });
-    if past_deadline && !unread && !q.starving() {
-        return None;
-    }
-    let others: Vec<GateVerdict> = gates
-        .iter()
-        .filter(|g| g.gate != GateKind::Quality)
-        .cloned()
-        .collect();
-    let advance = plan.sequential.advance;
-    match judge(plan, advance, champion, &others, input.elapsed) {
-        (Outcome::Fail, reason) => Some((Outcome::Fail, reason)),
-        (_, StageReason::SharedOutage) => Some((Outcome::Wait, StageReason::SharedOutage)),
-        _ if past_deadline && !unread => {
-            let (labelled, recorded) = match &q.evidence {
-                crate::gate::Evidence::Quality {
-                    canary: Some(c), ..
-                } => (c.candidate.labelled, c.candidate.recorded),
-                crate::gate::Evidence::Quality { pairs, .. } => (pairs.labelled, pairs.recorded),
-                _ => (0, 0),
-            };
-            Some((
-                Outcome::Fail,
-                StageReason::LabelTimeout { labelled, recorded },
-            ))
-        }
-        _ => Some((
-            Outcome::Wait,
-            StageReason::AwaitingEvidence {
-                gates: vec![GateKind::Quality],
-            },
-        )),
     }
 }
 

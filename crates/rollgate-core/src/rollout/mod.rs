@@ -505,7 +505,7 @@ fn watch(spec: &RolloutSpec, t: &mut Transition, obs: Observation, now: Timestam
         &spec.plan,
         labels,
         (&spec.champion, &spec.candidate),
-        now.since(since),
+        (now, now.since(since)),
     );
     let (_, verdict) = record_evaluation(t, verdict, None, now);
     if verdict.outcome == Outcome::Fail {

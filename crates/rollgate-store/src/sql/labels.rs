@@ -110,7 +110,8 @@ pub(super) fn add_labels(
 pub(super) fn labelled_answers(store: &SqlStore, rollout: i64) -> Result<Vec<Recorded>> {
     store.read(|db| {
         let rows = db.rows(
-            "SELECT a.request_id, a.revision, a.epoch, a.unit, a.class, a.value, l.label
+            "SELECT a.request_id, a.revision, a.epoch, a.unit, a.class, a.value, l.label,
+                    a.at, l.received_at
                  FROM answers a LEFT JOIN labels l
                    ON l.model = a.model AND l.request_id = a.request_id
                  WHERE a.rollout = ?1
@@ -127,6 +128,8 @@ pub(super) fn labelled_answers(store: &SqlStore, rollout: i64) -> Result<Vec<Rec
                     class: r.opt_text(4)?,
                     value: r.opt_text(5)?.and_then(|v| v.parse().ok()),
                     label: r.opt_text(6)?,
+                    at_ms: r.u64(7)?,
+                    labelled_at_ms: r.opt_u64(8)?,
                 })
             })
             .collect()

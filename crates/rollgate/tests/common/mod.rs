@@ -242,6 +242,10 @@ pub struct Model {
     pub fail_every: u64,
     /// Every this many POSTs (0: none) one predicts class 0 instead of 1.
     pub class_0_every: u64,
+    /// Answers the request `{"instances": [[truth, u]]}`: predicts the
+    /// class `truth` unless `lo <= u < hi`, then the other one; a test
+    /// knows both arms' answers and the truth of every request it sends.
+    pub wrong_on: Option<(f64, f64)>,
 }
 
 impl Model {
@@ -254,6 +258,15 @@ impl Model {
             not_found: false,
             fail_every: 0,
             class_0_every: 0,
+            wrong_on: None,
+        }
+    }
+
+    /// A model wrong exactly when the request's `u` is in `[lo, hi)`.
+    pub fn wrong_on(lo: f64, hi: f64) -> Model {
+        Model {
+            wrong_on: Some((lo, hi)),
+            ..Model::new(false)
         }
     }
 
@@ -293,7 +306,10 @@ pub async fn model_server_on(model: Model, ip: &str) -> String {
                     let model = model.clone();
                     async move {
                         let post = req.method() == hyper::Method::POST;
-                        let _ = req.into_body().collect().await;
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let class = model
+                            .wrong_on
+                            .and_then(|band| answer(band, body.as_ref().ok()?));
                         let n = if post {
                             model.posts.fetch_add(1, Ordering::SeqCst)
                         } else {
@@ -313,6 +329,15 @@ pub async fn model_server_on(model: Model, ip: &str) -> String {
                             || (model.fail_every > 0 && n % model.fail_every == 0)
                         {
                             (503, r#"{"error":"unavailable"}"#)
+                        } else if let Some(class) = class {
+                            model.predictions.fetch_add(1, Ordering::SeqCst);
+                            (
+                                200,
+                                [
+                                    r#"{"predictions":[[0.9,0.1]]}"#,
+                                    r#"{"predictions":[[0.1,0.9]]}"#,
+                                ][class],
+                            )
                         } else if model.class_0_every > 0 && n % model.class_0_every == 0 {
                             model.predictions.fetch_add(1, Ordering::SeqCst);
                             (200, r#"{"predictions":[[0.9,0.1]]}"#)
@@ -332,6 +357,20 @@ pub async fn model_server_on(model: Model, ip: &str) -> String {
         }
     });
     format!("http://{addr}")
+}
+
+/// The class a [`Model::wrong_on`] model predicts for `body`, if it reads
+/// as `{"instances": [[truth, u]]}`.
+fn answer((lo, hi): (f64, f64), body: &Bytes) -> Option<usize> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let row = v.get("instances")?.get(0)?;
+    let truth = usize::from(row.get(0)?.as_f64()? >= 0.5);
+    let u = row.get(1)?.as_f64()?;
+    Some(if (lo..hi).contains(&u) {
+        1 - truth
+    } else {
+        truth
+    })
 }
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -601,6 +640,37 @@ pub fn traffic_over_keys(
         }
         by
     })
+}
+
+/// One prediction of `body` through the gateway (under request id `id`,
+/// if given): its status and the revision that answered.
+pub async fn predict_answered_by(
+    c: &HttpClient,
+    gateway: &str,
+    id: Option<&str>,
+    body: String,
+) -> (u16, String) {
+    let mut req = Request::builder()
+        .method("POST")
+        .uri(format!("http://{gateway}/v1/models/m:predict"))
+        .header("content-type", "application/json");
+    if let Some(id) = id {
+        req = req.header("x-request-id", id);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("answered within 10 s")
+        .expect("http");
+    let who = resp
+        .headers()
+        .get("x-rollgate-revision")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    (status, who)
 }
 
 /// Registers a revision of model `m` served at `url`; its id.

@@ -1,60 +1,121 @@
-//! The quality gate, in the SHADOW stage: labelled mirrored pairs.
+//! The quality gate: labelled answers, judged once *matured*.
 //!
-//! A labelled pair is both-right, both-wrong or discordant, and only a
-//! discordant pair says which arm is better. Given that a pair is
-//! discordant, it goes against the candidate (the candidate wrong, the
-//! champion right) with probability `p₁₀ / (p₁₀ + p₀₁)`; under the null
-//! "the candidate's own mistakes are at most `r₀` times the champion's"
-//! (`p₁₀ ≤ r₀·p₀₁`) that is at most `r₀ / (1 + r₀)`: the conditional
-//! binomial e-process with the candidate's share ½. Its null contains
-//! every candidate no worse than the champion (candidate error ≤ champion
-//! error means `p₁₀ ≤ p₀₁`), whatever the mix of requests, however the
-//! label rate drifts, whenever labels come: a label is the request's, so
-//! whether it comes cannot depend on which arm answered (users saw only
-//! the champion's answer). The e-process is a function of the totals, so
-//! late labels that extend earlier counts are no new look at the same
-//! data; its unit is the key, as for the other tests (tempered by the
-//! design effect of the discordant pairs over their unit groups).
+//! When a label comes often says whether the answer was right (a complaint
+//! takes longer than a confirmation; a flagged transaction is reviewed at
+//! once, a passed one known at its chargeback), so the labels that came
+//! first are no sample of the answers. The tests therefore read only
+//! answers at least `label_window` old, each with the label it had by
+//! then ([`Maturity`]): a matured answer never changes, and matured
+//! answers enter the tests in the order they were answered — an i.i.d.
+//! sequence, whatever the label process, for delays within the window.
 //!
-//! It passes when the Robbins sequences show the candidate's error rate
-//! at most `margin` above the champion's, on at least `min_labels`
-//! labelled pairs covering `min_coverage` of those recorded.
+//! Which matured answers have labels may still depend on anything (the
+//! answer, its rightness, the arm). Under `unlabelled = "worst_case"` (the
+//! default) an unlabelled answer counts against the verdict being tested:
+//! for the candidate when testing a refusal, against it when testing a
+//! pass. Both tests then hold under every coverage pattern, and decide
+//! only when nearly every matured answer has a label — which
+//! `absent_label` gives labels for one outcome only ("no chargeback within
+//! the window = legitimate"). Under `"at_random"` unlabelled answers are
+//! left out, on the declaration that labelling does not depend on
+//! rightness.
 //!
-//! In CANARY stages each request is answered by one arm: the test is the
-//! error gate's, on labelled wrong answers. Given that a labelled answer
-//! of epoch `e` is wrong, it is the candidate's with probability
+//! SHADOW (and the watch): labelled mirrored pairs. A matured pair is the
+//! candidate's own mistake (`A`), the champion's own (`B`), unlabelled
+//! (`U`), or says nothing. FAIL: the conditional-binomial e-process on
+//! `A` against `B ∪ U` with share ½ — under the null "the candidate's own
+//! mistakes at most `r₀` times the champion's", `P(A) ≤ p₁₀ ≤ r₀·p₀₁ ≤
+//! r₀·P(B ∪ U)`. PASS: `p₁₀ − p₀₁ ≤ P(A ∪ U) − P(B) = δ·(2θ − 1)`, with `δ`
+//! the share of matured pairs in `A ∪ U ∪ B` and `θ` the share of those in
+//! `A ∪ U`: two Robbins sequences at `α/2` each, tempered by their design
+//! effects (the key is the unit).
+//!
+//! CANARY: each matured answer is one arm's. FAIL: given that a matured
+//! answer is the candidate's labelled wrong one (`A`) or the champion's
+//! wrong or unlabelled one (`B`), it is `A` with probability at most
 //! `ρ·w / (ρ·w + 1 − w)`, `w` the candidate's share of the epoch's
-//! *recorded* answers — if labelling does not depend on the arm. In
-//! CANARY it may (a blocked transaction has no chargeback), so the arms'
-//! label coverage is compared per epoch with its own test (two
-//! conditional binomials against coverage ratios outside `[1/1.2, 1.2]`,
-//! tempered by the key's design effect); while it shows them different
-//! the gate neither passes nor fails (`label_coverage_differs`), and the
-//! stage fails safe at its label deadline. A coverage ratio inside the
-//! band is not held, so the fail test's null is widened by it: "error
-//! ratio ≤ `max_error_ratio` × 1.2". Late labels extend their own epoch's
-//! counts.
+//! matured answers (fixed by the split): one factor per epoch. PASS: the
+//! candidate's error rate (its unlabelled answers counted wrong) at most
+//! `margin` above the champion's (its unlabelled counted right), on the
+//! stage's matured answers.
 
 use crate::anytime::{ConditionalBinomial, robbins_cs_tempered};
 use crate::exposure::Epoch;
 use crate::gate::{Evidence, GateKind, GateVerdict, Outcome, Reason};
-use crate::labels::{ArmLabels, CanaryLabels, PairedLabels, Recorded, paired, unpaired};
-use crate::plan::Plan;
+use crate::labels::{ArmLabels, CanaryLabels, Maturity, PairedLabels, Recorded, paired, unpaired};
+use crate::plan::{Plan, Unlabelled};
+use crate::policy::look::LookInput;
+use crate::stage::StageKind;
 use crate::stats::Interval;
-use crate::unit::{count_design_effect, ratio_design_effect};
+use crate::types::Timestamp;
+use crate::unit::{UnitTotals, count_design_effect, ratio_design_effect_each};
 
-/// Label coverage ratios (candidate over champion) within `[1/x, x]` are
-/// not held (a test against exactly 1 would hold every long rollout); the
-/// fail test's null is widened by `x` to stay valid under any of them.
-const COVERAGE_RATIO: f64 = 1.2;
+type Pick = fn(&UnitTotals) -> (u64, u64);
 
-/// The quality gate's verdict on the rollout's labelled pairs at `alpha`;
-/// `rows`: `None` when they could not be read (the gate waits).
-pub(super) fn quality_gate(
+/// The quality tests' alternatives: mistakes from 1.1 to 10 times the
+/// champion's (the error gate's reach 100 times): a retrained model that is
+/// worse is worse by a third or a half, and a broken one by more than that
+/// is shown in a few labels whatever the grid.
+const RATIO_SPAN: f64 = 10.0;
+
+/// Paired unit groups: `requests` matured pairs, `failures` the
+/// candidate's own mistakes (A), `client_errors` the champion's (B),
+/// `latencies` the unlabelled (U).
+mod pair_picks {
+    use super::UnitTotals;
+    pub fn fail_worst(u: &UnitTotals) -> (u64, u64) {
+        (u.failures + u.client_errors + u.latencies, u.failures)
+    }
+    pub fn fail_random(u: &UnitTotals) -> (u64, u64) {
+        (u.failures + u.client_errors, u.failures)
+    }
+    pub fn share_worst(u: &UnitTotals) -> (u64, u64) {
+        (u.requests, u.failures + u.client_errors + u.latencies)
+    }
+    pub fn share_random(u: &UnitTotals) -> (u64, u64) {
+        (
+            u.requests.saturating_sub(u.latencies),
+            u.failures + u.client_errors,
+        )
+    }
+    pub fn against_worst(u: &UnitTotals) -> (u64, u64) {
+        (
+            u.failures + u.client_errors + u.latencies,
+            u.failures + u.latencies,
+        )
+    }
+}
+
+/// One arm's unit groups in CANARY: `latencies` matured answers,
+/// `requests` labelled, `failures` labelled wrong.
+mod arm_picks {
+    use super::UnitTotals;
+    /// Wrong, the unlabelled counted wrong, over matured.
+    pub fn wrong_or_unlabelled(u: &UnitTotals) -> (u64, u64) {
+        (
+            u.latencies,
+            u.failures + u.latencies.saturating_sub(u.requests),
+        )
+    }
+    /// Labelled wrong over matured.
+    pub fn wrong_of_matured(u: &UnitTotals) -> (u64, u64) {
+        (u.latencies, u.failures)
+    }
+    /// Labelled wrong over labelled.
+    pub fn wrong_of_labelled(u: &UnitTotals) -> (u64, u64) {
+        (u.requests, u.failures)
+    }
+}
+
+/// The quality gate's verdict on the rollout's matured labelled pairs at
+/// `alpha`, at `now`; `rows`: `None` when they could not be read (the gate
+/// waits).
+fn quality_gate(
     plan: &Plan,
     alpha: f64,
     rows: Option<&[Recorded]>,
-    (champion, candidate): (&str, &str),
+    ids: (&str, &str),
+    now: Timestamp,
 ) -> GateVerdict {
     let cfg = &plan.gates.quality;
     let Some(rows) = rows else {
@@ -67,11 +128,10 @@ pub(super) fn quality_gate(
             Shown::of(plan, PairedLabels::default(), alpha),
         );
     };
-    let shown = Shown::of(plan, paired(rows, champion, candidate, cfg), alpha);
+    let pairs = paired(rows, ids, cfg, Maturity::of(cfg, now.0));
+    let shown = Shown::of(plan, pairs, alpha);
     let p = &shown.pairs;
-    let need = cfg
-        .min_labels
-        .max((cfg.min_coverage * p.recorded as f64).ceil() as u64);
+    let need = labels_needed(plan, p.matured);
     let (outcome, reason) = if shown.log_e >= (1.0 / alpha).ln() {
         (Outcome::Fail, Reason::Breach)
     } else if p.labelled < need {
@@ -90,14 +150,68 @@ pub(super) fn quality_gate(
     verdict(plan, outcome, reason, shown)
 }
 
-/// What the tests show on the labelled pairs.
+/// The labels a pass needs among `matured` answers: `min_labels`, and
+/// `min_coverage` of them — under `worst_case` at least `1 − margin`, as
+/// unlabelled answers beyond `margin` (counted wrong for a pass) could
+/// never let an equal candidate pass: short of that the gate waits for
+/// labels, and fails safe at its deadline instead of passing on time.
+fn labels_needed(plan: &Plan, matured: u64) -> u64 {
+    let cfg = &plan.gates.quality;
+    let coverage = match cfg.unlabelled {
+        Unlabelled::WorstCase => cfg.min_coverage.max(1.0 - cfg.margin),
+        Unlabelled::AtRandom => cfg.min_coverage,
+    };
+    cfg.min_labels
+        .max((coverage * matured as f64 - 1e-9).ceil() as u64)
+}
+
+/// The quality gate of a stage judged on labels (`in_stages`): SHADOW's
+/// paired test, or CANARY's unpaired one over the canary epochs (from the
+/// first of `from`, else the stage's), passed on the stage's (the second).
+pub(super) fn stage_quality_gate(
+    plan: &Plan,
+    alpha: f64,
+    input: &LookInput,
+    (canary_from, stage_from): (Option<Epoch>, Epoch),
+) -> Option<GateVerdict> {
+    let q = &plan.gates.quality;
+    if !(q.enabled && q.in_stages) {
+        return None;
+    }
+    let ids = (input.champion, input.candidate);
+    match input.stage {
+        StageKind::Shadow => Some(quality_gate(plan, alpha, input.labels, ids, input.now)),
+        StageKind::Canary => {
+            let from = (canary_from.unwrap_or(stage_from), stage_from);
+            let labels = (input.labels, ids, input.now);
+            Some(canary_quality_gate(plan, alpha, labels, from))
+        }
+        StageKind::Watch => None,
+    }
+}
+
+/// `x = δ·(2θ − 1)` bounded from sequences for `δ` and `θ` (both in
+/// [0, 1]): the extremes over the box.
+fn share_difference(delta: Interval, theta: (f64, f64)) -> Interval {
+    let at = |t: f64| {
+        let x = 2.0 * t - 1.0;
+        (delta.lower * x, delta.upper * x)
+    };
+    let (lo_a, lo_b) = at(theta.0);
+    let (hi_a, hi_b) = at(theta.1);
+    Interval {
+        lower: lo_a.min(lo_b),
+        upper: hi_a.max(hi_b),
+    }
+}
+
+/// What the tests show on the matured pairs.
 struct Shown {
     pairs: PairedLabels,
-    /// `ln` of the tempered discordant-pairs e-value.
+    /// `ln` of the tempered e-value against the candidate.
     log_e: f64,
     design_effect: f64,
-    /// Candidate error rate minus the champion's: `(p₁₀ − p₀₁)`, each side
-    /// by a Robbins sequence at `alpha / 2`.
+    /// Candidate error rate minus the champion's, `p₁₀ − p₀₁`.
     difference: Interval,
     alpha: f64,
 }
@@ -105,23 +219,41 @@ struct Shown {
 impl Shown {
     fn of(plan: &Plan, pairs: PairedLabels, alpha: f64) -> Shown {
         let cfg = &plan.gates.quality;
-        // The e-process counts discordant pairs; each side of the PASS
-        // bound counts one arm's own mistakes among the labelled pairs.
-        let d = count_design_effect(&pairs.units, |u| (u.failures + u.client_errors, u.failures));
-        let dc = count_design_effect(&pairs.units, |u| (u.requests, u.failures));
-        let dh = count_design_effect(&pairs.units, |u| (u.requests, u.client_errors));
-        let mut test = ConditionalBinomial::new(cfg.max_error_ratio);
-        test.update(pairs.champion_only_wrong, pairs.candidate_only_wrong, 0.5);
-        let n = pairs.labelled;
-        let c = robbins_cs_tempered(pairs.candidate_only_wrong, n, dc, alpha / 2.0);
-        let h = robbins_cs_tempered(pairs.champion_only_wrong, n, dh, alpha / 2.0);
+        let worst = cfg.unlabelled == Unlabelled::WorstCase;
+        let (a, b) = (pairs.candidate_only_wrong, pairs.champion_only_wrong);
+        let u = if worst { pairs.unlabelled() } else { 0 };
+        let n = if worst { pairs.matured } else { pairs.labelled };
+        let (fail_pick, share_pick): (Pick, Pick) = if worst {
+            (pair_picks::fail_worst, pair_picks::share_worst)
+        } else {
+            (pair_picks::fail_random, pair_picks::share_random)
+        };
+        let d = count_design_effect(&pairs.units, fail_pick);
+        let mut test = ConditionalBinomial::spanning(cfg.max_error_ratio, RATIO_SPAN);
+        test.update(b + u, a, 0.5);
+        // PASS: δ, the share of matured pairs that are A, B or U; θ, the
+        // share of those against the candidate (A or U). Each at α/2.
+        let discordant = a + b + u;
+        let delta = robbins_cs_tempered(
+            discordant,
+            n,
+            count_design_effect(&pairs.units, share_pick),
+            alpha / 2.0,
+        );
+        let theta_pick: Pick = if worst {
+            pair_picks::against_worst
+        } else {
+            pair_picks::fail_random
+        };
+        let dt = count_design_effect(&pairs.units, theta_pick);
+        let against = robbins_cs_tempered(a + u, discordant, dt, alpha / 2.0);
+        // The lower end for reading: the unlabelled taken for the candidate.
+        let for_reading = robbins_cs_tempered(a, discordant, dt, alpha / 2.0);
+        let difference = share_difference(delta, (for_reading.lower, against.upper));
         Shown {
             log_e: test.log_e_value_tempered(1.0 / d),
             design_effect: d,
-            difference: Interval {
-                lower: c.lower - h.upper,
-                upper: c.upper - h.lower,
-            },
+            difference,
             pairs,
             alpha,
         }
@@ -146,12 +278,21 @@ fn verdict(plan: &Plan, outcome: Outcome, reason: Reason, s: Shown) -> GateVerdi
             coverage,
             min_coverage: cfg.min_coverage,
             canary: None,
+            label_window_ms: window_ms(plan),
+            unlabelled: cfg.unlabelled,
         },
     )
 }
 
+fn window_ms(plan: &Plan) -> u64 {
+    plan.gates
+        .quality
+        .label_window
+        .map_or(0, |w| w.as_millis().min(u128::from(u64::MAX)) as u64)
+}
+
 /// What the CANARY tests showed over the canary epochs, and the current
-/// stage's labelled answers.
+/// stage's matured answers.
 struct CanaryShown {
     /// Over every canary epoch: (candidate, champion).
     all: (ArmLabels, ArmLabels),
@@ -159,8 +300,6 @@ struct CanaryShown {
     stage: (ArmLabels, ArmLabels),
     log_e: f64,
     design_effect: f64,
-    /// The arms' label coverage shown different.
-    differs: bool,
     difference: Interval,
 }
 
@@ -169,58 +308,79 @@ impl CanaryShown {
         plan: &Plan,
         alpha: f64,
         rows: &[Recorded],
-        ids: (&str, &str),
-        from: (Epoch, Epoch),
+        (ids, now): ((&str, &str), Timestamp),
+        (canary_from, stage_from): (Epoch, Epoch),
     ) -> Self {
         let cfg = &plan.gates.quality;
-        let (canary_from, stage_from) = from;
-        // Coverage ratios within the band are not held, so the fail test
-        // must stay valid under any of them: the band widens its null.
-        let mut test = ConditionalBinomial::new(cfg.max_error_ratio * COVERAGE_RATIO);
-        let mut more = ConditionalBinomial::new(COVERAGE_RATIO);
-        let mut less = ConditionalBinomial::below(1.0 / COVERAGE_RATIO);
+        let worst = cfg.unlabelled == Unlabelled::WorstCase;
+        let mut test = ConditionalBinomial::spanning(cfg.max_error_ratio, RATIO_SPAN);
         let (mut all, mut stage) = (
             (ArmLabels::default(), ArmLabels::default()),
             (ArmLabels::default(), ArmLabels::default()),
         );
-        for (e, l) in &unpaired(rows, ids, cfg, canary_from) {
+        let maturity = Maturity::of(cfg, now.0);
+        for (e, l) in &unpaired(rows, ids, (cfg, maturity), canary_from) {
             let (c, h) = (&l.candidate, &l.champion);
             all = (all.0.plus(c), all.1.plus(h));
             if *e >= stage_from {
                 stage = (stage.0.plus(c), stage.1.plus(h));
             }
-            if c.recorded + h.recorded == 0 {
+            // Worst case: the champion's unlabelled answers may all be
+            // wrong, the candidate's all right; the share is of matured
+            // answers (the split's). At random: of labelled answers, so
+            // arms labelled at different rates stay comparable.
+            let (nc, nh, against_h) = if worst {
+                (c.recorded, h.recorded, h.wrong + h.unlabelled())
+            } else {
+                (c.labelled, h.labelled, h.wrong)
+            };
+            if nc + nh == 0 {
                 continue;
             }
-            let w = c.recorded as f64 / (c.recorded + h.recorded) as f64;
-            test.update(h.wrong, c.wrong, w);
-            more.update(h.labelled, c.labelled, w);
-            less.update(h.labelled, c.labelled, w);
+            test.update(against_h, c.wrong, nc as f64 / (nc + nh) as f64);
         }
-        let d = ratio_design_effect(&all.0.units, &all.1.units, |u| (u.requests, u.failures));
-        // Whether a request is labelled clusters by key too (a tenant that
-        // never sends chargebacks): the coverage test is tempered alike.
-        let dl = ratio_design_effect(&all.0.units, &all.1.units, |u| (u.latencies, u.requests));
-        let shown =
-            |cb: &ConditionalBinomial| cb.log_e_value_tempered(1.0 / dl) >= (1.0 / alpha).ln();
-        let pick = |u: &crate::unit::UnitTotals| (u.requests, u.failures);
+        let (pick_c, pick_h): (Pick, Pick) = if worst {
+            (arm_picks::wrong_of_matured, arm_picks::wrong_or_unlabelled)
+        } else {
+            (arm_picks::wrong_of_labelled, arm_picks::wrong_of_labelled)
+        };
+        let d = ratio_design_effect_each((&all.0.units, pick_c), (&all.1.units, pick_h));
         let (c, h) = &stage;
-        let ic = robbins_cs_tempered(
-            c.wrong,
-            c.labelled,
-            count_design_effect(&c.units, pick),
-            alpha / 2.0,
-        );
-        let ih = robbins_cs_tempered(
-            h.wrong,
-            h.labelled,
-            count_design_effect(&h.units, pick),
-            alpha / 2.0,
-        );
+        let (ic, ih) = if worst {
+            (
+                robbins_cs_tempered(
+                    c.wrong + c.unlabelled(),
+                    c.recorded,
+                    count_design_effect(&c.units, arm_picks::wrong_or_unlabelled),
+                    alpha / 2.0,
+                ),
+                robbins_cs_tempered(
+                    h.wrong,
+                    h.recorded,
+                    count_design_effect(&h.units, arm_picks::wrong_of_matured),
+                    alpha / 2.0,
+                ),
+            )
+        } else {
+            let pick = arm_picks::wrong_of_labelled;
+            (
+                robbins_cs_tempered(
+                    c.wrong,
+                    c.labelled,
+                    count_design_effect(&c.units, pick),
+                    alpha / 2.0,
+                ),
+                robbins_cs_tempered(
+                    h.wrong,
+                    h.labelled,
+                    count_design_effect(&h.units, pick),
+                    alpha / 2.0,
+                ),
+            )
+        };
         CanaryShown {
             log_e: test.log_e_value_tempered(1.0 / d),
             design_effect: d,
-            differs: shown(&more) || shown(&less),
             difference: Interval {
                 lower: ic.lower - ih.upper,
                 upper: ic.upper - ih.lower,
@@ -230,41 +390,31 @@ impl CanaryShown {
         }
     }
 
-    /// The gate's outcome: held while coverage differs (its assumption
-    /// fails), failed when shown worse, passed when shown within budget on
-    /// enough labels.
+    /// The gate's outcome: failed when shown worse, passed when shown
+    /// within budget on enough labels.
     fn decide(&self, plan: &Plan, alpha: f64) -> (Outcome, Reason) {
         let cfg = &plan.gates.quality;
         let (c, h) = &self.stage;
-        let need = cfg
-            .min_labels
-            .max((cfg.min_coverage * c.recorded as f64).ceil() as u64);
-        if self.differs {
-            (
-                Outcome::Wait,
-                Reason::LabelCoverageDiffers {
-                    candidate_labelled: self.all.0.labelled,
-                    candidate_recorded: self.all.0.recorded,
-                    champion_labelled: self.all.1.labelled,
-                    champion_recorded: self.all.1.recorded,
-                },
-            )
-        } else if self.log_e >= (1.0 / alpha).ln() {
+        let (need_c, need_h) = (
+            labels_needed(plan, c.recorded),
+            labels_needed(plan, h.recorded),
+        );
+        if self.log_e >= (1.0 / alpha).ln() {
             (Outcome::Fail, Reason::Breach)
-        } else if c.labelled < need {
+        } else if c.labelled < need_c {
             (
                 Outcome::Wait,
                 Reason::InsufficientSamples {
                     have: c.labelled,
-                    need,
+                    need: need_c,
                 },
             )
-        } else if h.labelled < cfg.min_labels {
+        } else if h.labelled < need_h {
             (
                 Outcome::Wait,
                 Reason::ChampionNoVerdict {
                     have: h.labelled,
-                    need: cfg.min_labels,
+                    need: need_h,
                 },
             )
         } else if self.difference.upper <= cfg.margin {
@@ -275,19 +425,18 @@ impl CanaryShown {
     }
 }
 
-/// The quality gate's verdict in a CANARY stage at `alpha`: the unpaired
-/// test over the canary epochs (from `canary_from`), passed on the
-/// current stage's (from `stage_from`); `rows`: `None` when they could
-/// not be read (the gate waits).
-pub(super) fn canary_quality_gate(
+/// The quality gate's verdict in a CANARY stage at `alpha`, at `now`: the
+/// unpaired test over the canary epochs (from the first of `from`),
+/// passed on the current stage's (from the second); `rows`: `None` when
+/// they could not be read (the gate waits).
+fn canary_quality_gate(
     plan: &Plan,
     alpha: f64,
-    rows: Option<&[Recorded]>,
-    ids: (&str, &str),
+    (rows, ids, now): (Option<&[Recorded]>, (&str, &str), Timestamp),
     from: (Epoch, Epoch),
 ) -> GateVerdict {
     let cfg = &plan.gates.quality;
-    let shown = CanaryShown::of(plan, alpha, rows.unwrap_or(&[]), ids, from);
+    let shown = CanaryShown::of(plan, alpha, rows.unwrap_or(&[]), (ids, now), from);
     let (outcome, reason) = match rows {
         Some(_) => shown.decide(plan, alpha),
         None => (
@@ -302,7 +451,6 @@ pub(super) fn canary_quality_gate(
         stage,
         log_e,
         design_effect,
-        differs,
         difference,
     } = shown;
     let coverage = stage.0.coverage();
@@ -323,27 +471,29 @@ pub(super) fn canary_quality_gate(
             canary: Some(CanaryLabels {
                 candidate: all.0,
                 champion: all.1,
-                coverage_differs: differs,
+                coverage_differs: false,
             }),
+            label_window_ms: window_ms(plan),
+            unlabelled: cfg.unlabelled,
         },
     )
 }
 
 /// The watch after promotion (`Phase::Watching`): the SHADOW stage's
-/// paired test, continued on every labelled pair of the rollout — those of
-/// the SHADOW stage whose labels came late, and those of the watch, where
-/// the promoted revision answers and the previous champion is mirrored. One
-/// e-process from the first pair to the watch's end, at the share of `α`
-/// the plan gives it, so looking on after promotion spends nothing more.
-/// It fails (a regression shown) or waits; it never ends the watch early.
+/// paired test, continued on every matured labelled pair of the rollout —
+/// those of the SHADOW stage, and those of the watch, where the promoted
+/// revision answers and the previous champion is mirrored. One e-process
+/// from the first pair to the watch's end, at the share of `α` the plan
+/// gives it, so looking on after promotion spends nothing more. It fails
+/// (a regression shown) or waits; it never ends the watch early.
 pub fn watch_verdict(
     plan: &Plan,
     rows: Option<&[Recorded]>,
     ids: (&str, &str),
-    elapsed: std::time::Duration,
+    (now, elapsed): (Timestamp, std::time::Duration),
 ) -> crate::stage::StageVerdict {
     use crate::stage::{StageKind, StageReason, StageVerdict};
-    let gate = quality_gate(plan, super::metric_alpha(plan), rows, ids);
+    let gate = quality_gate(plan, super::metric_alpha(plan), rows, ids, now);
     let (outcome, reason) = match gate.outcome {
         Outcome::Fail => (
             Outcome::Fail,
@@ -369,4 +519,68 @@ pub fn watch_verdict(
         gates: vec![gate],
         confirmation: None,
     }
+}
+
+/// The matured labelled pairs an equally good candidate's SHADOW stage
+/// needs to pass at the plan's `margin`, when a share `discordant` of the
+/// labelled pairs is discordant (half each way) and a share `coverage` of
+/// matured pairs is labelled (under `worst_case` the rest count against a
+/// pass): the fewest at which the PASS bound, on counts at their expected
+/// values, is within the margin (`None`: not within a billion). The key
+/// taken as independent (a design effect widens it).
+pub fn pairs_to_pass(plan: &Plan, discordant: f64, coverage: f64) -> Option<u64> {
+    let alpha = super::metric_alpha(plan);
+    let margin = plan.gates.quality.margin;
+    let (d, c) = (discordant.clamp(0.0, 1.0), coverage.clamp(1e-9, 1.0));
+    let worst = plan.gates.quality.unlabelled == Unlabelled::WorstCase;
+    // `n` labelled pairs: under worst case `n / c` matured, the rest
+    // unlabelled and counted against the candidate.
+    let within = |n: u64| {
+        let (matured, u) = if worst {
+            let m = (n as f64 / c).round() as u64;
+            (m, m.saturating_sub(n))
+        } else {
+            (n, 0)
+        };
+        let against = (d * n as f64 / 2.0).round() as u64;
+        let k = 2 * against + u;
+        let delta = robbins_cs_tempered(k, matured, 1.0, alpha / 2.0);
+        let theta = robbins_cs_tempered(against + u, k, 1.0, alpha / 2.0);
+        share_difference(delta, (theta.lower, theta.upper)).upper <= margin
+    };
+    fewest(within).map(|n| n.max(labels_needed(plan, (n as f64 / c) as u64)))
+}
+
+/// The labelled answers each arm of a CANARY stage needs for an equally
+/// good candidate to pass at the plan's `margin`, both arms wrong on a
+/// share `error_rate` (as [`pairs_to_pass`]).
+pub fn answers_to_pass(plan: &Plan, error_rate: f64) -> Option<u64> {
+    let alpha = super::metric_alpha(plan);
+    let margin = plan.gates.quality.margin;
+    let e = error_rate.clamp(0.0, 1.0);
+    let within = |n: u64| {
+        let k = (e * n as f64).round() as u64;
+        let i = robbins_cs_tempered(k, n, 1.0, alpha / 2.0);
+        i.upper - i.lower <= margin
+    };
+    fewest(within).map(|n| n.max(plan.gates.quality.min_labels))
+}
+
+/// The least `n` in 1..=10⁹ for which `within(n)` holds, for a `within`
+/// that stays true once true (bisection after doubling).
+fn fewest(within: impl Fn(u64) -> bool) -> Option<u64> {
+    let mut hi = 1u64;
+    while !within(hi) {
+        hi = hi.checked_mul(2).filter(|&h| h <= 1 << 30)?;
+    }
+    let mut lo = hi / 2;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if within(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
