@@ -94,6 +94,7 @@ pub async fn exposure(
         if let Some(buckets) = &cfg.latency_buckets {
             for (labels, samples) in look.read(&fill(buckets)).await? {
                 let le = labels.get("le").map_or(f64::NAN, |v| parse_float(v));
+                let le = cfg.latency_unit.seconds(le);
                 let t = targets.entry(target(&labels, cfg)).or_default();
                 t.latency_buckets.push((le, samples));
             }

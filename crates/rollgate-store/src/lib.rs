@@ -41,9 +41,9 @@ pub use kube_plane::{
 pub use labels::{AnswerRow, LabelCounts, LabelIn, MAX_LABEL_TEXT};
 pub use postgres::{SessionLimits, scratch_database};
 pub use registry::{
-    DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, Model, ModelSpec, PrometheusEvidence,
-    Protocol, RegistrySource, RegistryVersion, Revision, RevisionSpec, RevisionState, UPSTREAM_TAG,
-    VERSION_MARK,
+    DECLARE_DATA_PLANES, DataPlane, DataPlaneRef, KserveMode, LatencyUnit, Model, ModelSpec,
+    PrometheusEvidence, Protocol, RegistrySource, RegistryVersion, Revision, RevisionSpec,
+    RevisionState, UPSTREAM_TAG, VERSION_MARK,
 };
 pub use sql::store::SqlStore;
 pub use tokens::{

@@ -430,9 +430,14 @@ pub struct PrometheusEvidence {
     pub successes: String,
     /// Requests that failed by the model server's fault (5xx).
     pub failures: String,
-    /// A latency histogram's `_bucket` series (seconds), if there is one.
+    /// A latency histogram's `_bucket` series, if there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_buckets: Option<String>,
+    /// The unit of that histogram's `le` bounds: Prometheus's convention
+    /// is seconds, but the meshes publish milliseconds (Istio's
+    /// `istio_request_duration_milliseconds`, Linkerd's
+    /// `response_latency_ms`, Envoy's `envoy_cluster_upstream_rq_time`).
+    pub latency_unit: LatencyUnit,
     /// The labels that name one scrape target: each target's counters are
     /// differenced on their own (a restart resets only its own).
     pub target_labels: Vec<String>,
@@ -458,6 +463,7 @@ impl Default for PrometheusEvidence {
                 r#"model_infer_request_failure_total{model="$served_name",instance="$instance"}"#
                     .into(),
             latency_buckets: None,
+            latency_unit: LatencyUnit::Seconds,
             target_labels: vec!["job".into(), "instance".into()],
             scrape_interval_ms: 15_000,
             horizon_ms: DEFAULT_TIMEOUT_MS + 5_000,
@@ -507,6 +513,21 @@ impl PrometheusEvidence {
                 ));
             }
         }
+        if let Some(named) = self
+            .latency_buckets
+            .as_deref()
+            .and_then(LatencyUnit::named_by)
+            && named != self.latency_unit
+        {
+            let (said, set, off) = match named {
+                LatencyUnit::Milliseconds => ("milliseconds", "\"ms\"", "long"),
+                LatencyUnit::Seconds => ("seconds", "\"s\"", "short"),
+            };
+            return bad(format!(
+                "latency_unit: the histogram's name says {said}; set latency_unit = {set}, \
+                 or every latency reads 1000 times too {off}"
+            ));
+        }
         if self.target_labels.is_empty() {
             return bad("target_labels: name at least one label (e.g. instance)".into());
         }
@@ -514,6 +535,44 @@ impl PrometheusEvidence {
             return bad("scrape_interval_ms: at least 100".into());
         }
         Ok(())
+    }
+}
+
+/// The unit of a latency histogram's bucket bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum LatencyUnit {
+    /// `le` in seconds (`*_seconds_bucket`, `rollgate serve`, MLServer).
+    #[default]
+    #[serde(rename = "s")]
+    Seconds,
+    /// `le` in milliseconds (Istio, Linkerd, Envoy, Knative).
+    #[serde(rename = "ms")]
+    Milliseconds,
+}
+
+impl LatencyUnit {
+    /// A bucket bound in seconds.
+    pub fn seconds(self, le: f64) -> f64 {
+        match self {
+            LatencyUnit::Seconds => le,
+            LatencyUnit::Milliseconds => le / 1000.0,
+        }
+    }
+
+    /// The unit a metric's name says, if it says one (`_seconds`,
+    /// `_milliseconds`, `_ms`, as Prometheus's naming rules and the
+    /// meshes spell them).
+    fn named_by(selector: &str) -> Option<LatencyUnit> {
+        let name = selector.split('{').next().unwrap_or_default();
+        let name = name.strip_suffix("_bucket").unwrap_or(name);
+        if name.ends_with("_milliseconds") || name.ends_with("_ms") || name.contains("_ms_") {
+            Some(LatencyUnit::Milliseconds)
+        } else if name.ends_with("_seconds") || name.contains("_seconds_") {
+            Some(LatencyUnit::Seconds)
+        } else {
+            None
+        }
     }
 }
 

@@ -293,6 +293,49 @@ fn prometheus_evidence_is_checked_where_it_is_given() {
         },
         "target_labels",
     );
+    // A histogram whose name says its unit must be read in it: Istio's,
+    // Linkerd's in milliseconds; a seconds histogram declared in ms.
+    for name in [
+        "istio_request_duration_milliseconds_bucket",
+        "response_latency_ms_bucket",
+    ] {
+        let ms = PrometheusEvidence {
+            latency_buckets: Some(format!("{name}{{destination_workload=\"$revision\"}}")),
+            ..good.clone()
+        };
+        refused(ms.clone(), "latency_unit = \"ms\"");
+        let declared = PrometheusEvidence {
+            latency_unit: LatencyUnit::Milliseconds,
+            ..ms
+        };
+        assert!(with(declared).validate().is_ok(), "{name}");
+    }
+    refused(
+        PrometheusEvidence {
+            latency_buckets: Some(
+                r#"http_request_duration_seconds_bucket{pod="$revision"}"#.into(),
+            ),
+            latency_unit: LatencyUnit::Milliseconds,
+            ..good.clone()
+        },
+        "latency_unit = \"s\"",
+    );
+    // A name that says nothing (Envoy's `upstream_rq_time`): the declared
+    // unit, whichever it is; milliseconds read as seconds at 1/1000.
+    let envoy = PrometheusEvidence {
+        latency_buckets: Some(
+            r#"envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name="$revision"}"#.into(),
+        ),
+        latency_unit: LatencyUnit::Milliseconds,
+        ..good.clone()
+    };
+    assert!(with(envoy).validate().is_ok());
+    assert_eq!(LatencyUnit::Milliseconds.seconds(250.0), 0.25);
+    assert_eq!(LatencyUnit::Seconds.seconds(0.25), 0.25);
+    assert_eq!(
+        LatencyUnit::Milliseconds.seconds(f64::INFINITY),
+        f64::INFINITY
+    );
     // A selector of matchers alone is one.
     assert!(
         with(PrometheusEvidence {
