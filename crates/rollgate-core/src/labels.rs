@@ -81,7 +81,8 @@ impl<'a> Maturity<'a> {
         let in_window = |t: u64| self.window_ms == 0 || t < at_ms.saturating_add(self.window_ms);
         match (&r.label, r.labelled_at_ms) {
             (Some(l), Some(t)) if in_window(t) => Some(l.as_str()),
-            (Some(l), None) => Some(l.as_str()),
+            // A label of unknown arrival counts only without a window.
+            (Some(l), None) if self.window_ms == 0 => Some(l.as_str()),
             _ => self.absent,
         }
     }

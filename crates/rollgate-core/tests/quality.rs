@@ -634,3 +634,85 @@ fn labels_that_cannot_be_read_hold_the_stage_past_its_deadline_and_never_time_it
         }
     ));
 }
+
+/// A quality gate is judged only with a label window: a plan without one,
+/// or whose window no stage or watch outlasts, or whose meaning of no
+/// label cannot be a label, is refused naming the field.
+#[test]
+fn a_quality_gate_without_a_sound_label_window_is_refused_naming_the_field() {
+    let field = |plan: &Plan| plan.validate().err().map(|e| e.field);
+    let plan = labelled_plan();
+    assert_eq!(field(&plan), None);
+    let with = |edit: fn(&mut Plan)| {
+        let mut p = labelled_plan();
+        edit(&mut p);
+        field(&p)
+    };
+    let window = Some("gates.quality.label_window".to_string());
+    assert_eq!(with(|p| p.gates.quality.label_window = None), window);
+    assert_eq!(
+        with(|p| p.gates.quality.label_window = Some(Duration::from_micros(500))),
+        window
+    );
+    assert_eq!(
+        with(|p| p.gates.quality.label_deadline = Duration::from_secs(120)),
+        Some("gates.quality.label_deadline".into())
+    );
+    assert_eq!(
+        with(|p| {
+            p.watch.window = Duration::from_secs(60);
+            p.watch.mirror_percent = 100;
+        }),
+        Some("watch.window".into())
+    );
+    assert_eq!(
+        with(|p| p.gates.quality.absent_label = Some(" ".into())),
+        Some("gates.quality.absent_label".into())
+    );
+    assert_eq!(
+        with(|p| {
+            p.gates.quality.kind = rollgate_core::plan::QualityKind::Regression;
+            p.gates.quality.absent_label = Some("legitimate".into());
+        }),
+        Some("gates.quality.absent_label".into())
+    );
+    // Labels slower than a stage: judged in a watch only.
+    assert_eq!(
+        with(|p| {
+            p.gates.quality.in_stages = false;
+            p.gates.quality.label_window = Some(Duration::from_secs(3600));
+            p.watch.window = Duration::from_secs(7200);
+            p.watch.mirror_percent = 100;
+        }),
+        None
+    );
+    // A class as the meaning of no label is one.
+    let mut p = labelled_plan();
+    p.gates.quality.absent_label = Some("0".into());
+    assert_eq!(field(&p), None);
+}
+
+/// A label whose arrival time is unknown counts only without a window: it
+/// might have come after the answer's window ended.
+#[test]
+fn a_label_of_unknown_arrival_counts_only_without_a_window() {
+    use rollgate_core::labels::Maturity;
+    let r = Recorded {
+        request_id: "r".into(),
+        revision: "c".into(),
+        epoch: 1,
+        unit: 0,
+        class: Some("1".into()),
+        value: None,
+        label: Some("1".into()),
+        at_ms: 0,
+        labelled_at_ms: None,
+    };
+    let at = |window_ms| Maturity {
+        now_ms: 10_000,
+        window_ms,
+        absent: None,
+    };
+    assert_eq!(at(0).label_of(&r, 0), Some("1"));
+    assert_eq!(at(1_000).label_of(&r, 0), None);
+}

@@ -625,11 +625,12 @@ pub fn label_cell(plan: &Plan, cell: &LabelCell, runs: u64, threads: usize) -> L
     let cell_plan = cell.plan(plan);
     let judged_in_stages = cell_plan.gates.quality.in_stages;
     let planned = (cell.expect == Expect::Promote && judged_in_stages).then(|| {
+        let coverage = cell.coverage(&cell_plan);
         if cell.shadow {
-            let coverage = cell.coverage(&cell_plan);
             rollgate_core::sequential::pairs_to_pass(&cell_plan, cell.discordant(), coverage)
         } else {
-            rollgate_core::sequential::answers_to_pass(&cell_plan, cell.champion_error())
+            let error = cell.champion_error();
+            rollgate_core::sequential::answers_to_pass(&cell_plan, error, coverage)
         }
     });
     LabelReport {

@@ -132,7 +132,7 @@ pub fn quality_lines(plan: &Plan, args: &CheckArgs) -> Vec<String> {
         let arm_rate = args
             .rate
             .map(|r| r * f64::from((*step).min(100 - *step)) / 100.0 * coverage);
-        out.push(match answers_to_pass(plan, args.error_rate) {
+        out.push(match answers_to_pass(plan, args.error_rate, coverage) {
             Some(n) => format!(
                 "  CANARY {step}%: about {n} labelled answers an arm at a {:.0}% error rate{}; \
                  label deadline {deadline}",

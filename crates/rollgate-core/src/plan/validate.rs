@@ -395,8 +395,12 @@ impl QualityGate {
         if self.label_deadline.is_zero() {
             return Err(err("gates.quality.label_deadline", "must be positive"));
         }
-        if self.label_window.is_some_and(|w| w.is_zero()) {
-            return Err(err("gates.quality.label_window", "must be positive"));
+        // Answers are timed in milliseconds: a shorter window would be none.
+        if self
+            .label_window
+            .is_some_and(|w| w < std::time::Duration::from_millis(1))
+        {
+            return Err(err("gates.quality.label_window", "must be at least 1ms"));
         }
         Ok(())
     }

@@ -553,17 +553,29 @@ pub fn pairs_to_pass(plan: &Plan, discordant: f64, coverage: f64) -> Option<u64>
 
 /// The labelled answers each arm of a CANARY stage needs for an equally
 /// good candidate to pass at the plan's `margin`, both arms wrong on a
-/// share `error_rate` (as [`pairs_to_pass`]).
-pub fn answers_to_pass(plan: &Plan, error_rate: f64) -> Option<u64> {
+/// share `error_rate` of their labelled answers and labelled on a share
+/// `coverage` of their matured ones (under `worst_case` the candidate's
+/// unlabelled count as wrong, the champion's as right: the PASS bound's
+/// own reading), as [`pairs_to_pass`].
+pub fn answers_to_pass(plan: &Plan, error_rate: f64, coverage: f64) -> Option<u64> {
     let alpha = super::metric_alpha(plan);
     let margin = plan.gates.quality.margin;
-    let e = error_rate.clamp(0.0, 1.0);
+    let (e, c) = (error_rate.clamp(0.0, 1.0), coverage.clamp(1e-9, 1.0));
+    let worst = plan.gates.quality.unlabelled == Unlabelled::WorstCase;
     let within = |n: u64| {
+        let (matured, u) = if worst {
+            let m = (n as f64 / c).round() as u64;
+            (m, m.saturating_sub(n))
+        } else {
+            (n, 0)
+        };
         let k = (e * n as f64).round() as u64;
-        let i = robbins_cs_tempered(k, n, 1.0, alpha / 2.0);
-        i.upper - i.lower <= margin
+        let candidate = robbins_cs_tempered(k + u, matured, 1.0, alpha / 2.0);
+        let champion = robbins_cs_tempered(k, matured, 1.0, alpha / 2.0);
+        candidate.upper - champion.lower <= margin
     };
-    fewest(within).map(|n| n.max(plan.gates.quality.min_labels))
+    let matured = |n: u64| if worst { (n as f64 / c) as u64 } else { n };
+    fewest(within).map(|n| n.max(labels_needed(plan, matured(n))))
 }
 
 /// The least `n` in 1..=10⁹ for which `within(n)` holds, for a `within`
