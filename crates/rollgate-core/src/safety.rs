@@ -5,6 +5,12 @@
 //! The rules run in this order; the first that applies decides:
 //! 0. [`stats_unavailable`]: no stats at all is no evidence: wait, and
 //!    fail with `evidence_timeout` at the deadline.
+//!
+//!    0½. [`hold_below_stage_floors`]: a gate not failing whose stage has
+//!    not yet given it its own sample floor (or enough unit groups) waits,
+//!    whatever its cumulative evidence says ([`StageFloors`]: a stage
+//!    nobody exercised proved nothing). It only holds gates; the rules
+//!    below decide.
 //! 1. [`shared_outage_holds`]: if the champion itself is failing, hold;
 //!    never roll a candidate back for an upstream outage, never promote.
 //! 2. [`breach_fails_at_once`]: any gate that shows a breach fails the stage,
@@ -24,6 +30,10 @@
 //!    stage with `label_timeout`. Labels that could not be read hold it,
 //!    never time it out. Past the deadline, a quality gate with its labels
 //!    is judged by rule 4 like any other.
+//!    5¾. [`few_keys_fail_fast`]: a stage left waiting for evidence
+//!    (rule 4 or 5½) whose model has too few keys for its canary step ever
+//!    to give the floors fails at once once past its minimum duration
+//!    (`too_few_keys`), instead of waiting out the deadline.
 //! 6. [`unproven_gates_pass_on_time`]: under `on_time`, gates with their
 //!    floors but no verdict pass the stage as "no regression shown", never
 //!    as "passed".
@@ -34,7 +44,7 @@
 
 use std::time::Duration;
 
-use crate::gate::{GateKind, GateVerdict, Outcome};
+use crate::gate::{GateKind, GateVerdict, Outcome, Reason};
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, Plan};
 use crate::snapshot::RevisionStats;
@@ -78,6 +88,52 @@ pub fn champion_health_of(
 
 /// A rule's answer, if it applies.
 pub type Decision = Option<(Outcome, StageReason)>;
+
+/// What a stage's own counts say beyond its gates' verdicts (the
+/// sequential policy's, whose gates read the whole rollout; the windowed
+/// policy's windows are the stage's own, so it has none).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageFloors {
+    /// The gates below the stage's own floor (its counts, or its unit
+    /// groups), each with why.
+    pub held: Vec<(GateKind, Reason)>,
+    /// A canary step the model's keys can never fill (`keys`,
+    /// `weight_percent`), when the candidate's unit groups are too few.
+    pub hopeless_keys: Option<(u64, u32)>,
+}
+
+/// Rule 0½: gates below their stage's floors wait (a failing gate still
+/// fails; a missing metric is rule 5's).
+pub fn hold_below_stage_floors(gates: &mut [GateVerdict], floors: &StageFloors) {
+    for v in gates
+        .iter_mut()
+        .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
+    {
+        if let Some((_, why)) = floors.held.iter().find(|(g, _)| *g == v.gate) {
+            v.outcome = Outcome::Wait;
+            v.reason = why.clone();
+        }
+    }
+}
+
+/// Rule 5¾: a stage waiting for evidence that its keys can never give
+/// (a starving gate, too few keys for the step) fails once past its
+/// minimum duration.
+pub fn few_keys_fail_fast(
+    plan: &Plan,
+    gates: &[GateVerdict],
+    floors: &StageFloors,
+    elapsed: Duration,
+) -> Decision {
+    let (keys, weight_percent) = floors.hopeless_keys?;
+    (elapsed >= plan.min_stage_duration && gates.iter().any(GateVerdict::starving)).then_some((
+        Outcome::Fail,
+        StageReason::TooFewKeys {
+            keys,
+            weight_percent,
+        },
+    ))
+}
 
 fn kinds(gates: &[GateVerdict], keep: impl Fn(&GateVerdict) -> bool) -> Vec<GateKind> {
     gates.iter().filter(|g| keep(g)).map(|g| g.gate).collect()
@@ -214,21 +270,34 @@ pub fn unproven_gates_pass_on_time(gates: &[GateVerdict]) -> Decision {
     ))
 }
 
-/// The stage's outcome from its gates (see the module docs): the one rule
-/// chain both policies feed.
+/// The stage's outcome from its gates and its own floors (see the module
+/// docs): the one rule chain both policies feed. Gates the floors hold are
+/// left holding, as the verdict records them.
 pub fn judge(
     plan: &Plan,
-    advance: Advance,
-    champion: &ChampionHealth,
-    gates: &[GateVerdict],
+    (advance, champion): (Advance, &ChampionHealth),
+    gates: &mut [GateVerdict],
+    floors: &StageFloors,
     elapsed: Duration,
 ) -> (Outcome, StageReason) {
+    hold_below_stage_floors(gates, floors);
+    let gates = &*gates;
+    let waiting = |d: &(Outcome, StageReason)| {
+        matches!(d, (Outcome::Wait, StageReason::AwaitingEvidence { .. }))
+    };
+    let keys_or = |d: (Outcome, StageReason)| {
+        if waiting(&d) {
+            few_keys_fail_fast(plan, gates, floors, elapsed).unwrap_or(d)
+        } else {
+            d
+        }
+    };
     shared_outage_holds(champion)
         .or_else(|| breach_fails_at_once(gates))
         .or_else(|| clean_stage_waits_for_min_duration(plan, elapsed))
-        .or_else(|| waiting_stage_fails_at_deadline(plan, advance, gates, elapsed))
+        .or_else(|| waiting_stage_fails_at_deadline(plan, advance, gates, elapsed).map(keys_or))
         .or_else(|| missing_metrics_fail(gates))
-        .or_else(|| labels_hold(plan, gates, elapsed))
+        .or_else(|| labels_hold(plan, gates, elapsed).map(keys_or))
         .or_else(|| unproven_gates_pass_on_time(gates))
         .unwrap_or((Outcome::Pass, StageReason::AllGatesPass))
 }
@@ -324,8 +393,15 @@ mod tests {
         let plan = plan();
         let g = gates(&[0, 3]);
         let at = Duration::from_secs(120);
+        let none = StageFloors::default();
         assert_eq!(
-            judge(&plan, Advance::OnEvidence, &health(false), &g, at),
+            judge(
+                &plan,
+                (Advance::OnEvidence, &health(false)),
+                &mut g.clone(),
+                &none,
+                at
+            ),
             (
                 Outcome::Wait,
                 StageReason::AwaitingEvidence {
@@ -334,7 +410,13 @@ mod tests {
             )
         );
         assert_eq!(
-            judge(&plan, Advance::OnTime, &health(false), &g, at),
+            judge(
+                &plan,
+                (Advance::OnTime, &health(false)),
+                &mut g.clone(),
+                &none,
+                at
+            ),
             (
                 Outcome::Pass,
                 StageReason::NoRegressionShown {
@@ -350,15 +432,56 @@ mod tests {
         #[test]
         fn the_rule_chain_keeps_the_safety_model(
             codes in proptest::collection::vec(0u8..8, 0..=6),
+            held_mask in 0u8..64,
+            hopeless in any::<bool>(),
             elapsed_s in 0u64..1200,
             outage in any::<bool>(),
             on_time in any::<bool>(),
         ) {
             let plan = plan();
             let advance = if on_time { Advance::OnTime } else { Advance::OnEvidence };
-            let g = gates(&codes);
+            let drawn = gates(&codes);
+            // The stage's own floors: some gates below them (by samples or
+            // by unit groups), and maybe keys too few for the step.
+            let floors = StageFloors {
+                held: KINDS
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| held_mask & (1 << i) != 0)
+                    .map(|(i, &k)| {
+                        let why = if i % 2 == 0 {
+                            Reason::InsufficientSamples { have: 3, need: 20 }
+                        } else {
+                            Reason::TooFewKeys { groups: 2, need: 4, keys: Some(3) }
+                        };
+                        (k, why)
+                    })
+                    .collect(),
+                hopeless_keys: hopeless.then_some((3, 20)),
+            };
+            let mut g = drawn.clone();
             let elapsed = Duration::from_secs(elapsed_s);
-            let (outcome, reason) = judge(&plan, advance, &health(outage), &g, elapsed);
+            let (outcome, reason) = judge(&plan, (advance, &health(outage)), &mut g, &floors, elapsed);
+            // A gate below its stage's floor waits (a failing one still
+            // fails, a missing metric stays missing), so no stage passes
+            // while one is held.
+            for (before, after) in drawn.iter().zip(&g) {
+                let held = floors.held.iter().any(|(k, _)| *k == before.gate);
+                if held && before.outcome != Outcome::Fail && !before.metrics_missing() {
+                    prop_assert_eq!(after.outcome, Outcome::Wait);
+                    prop_assert!(after.starving());
+                    prop_assert!(outcome != Outcome::Pass);
+                } else {
+                    prop_assert_eq!(before, after);
+                }
+            }
+            // Too few keys fails only a stage waiting for evidence, past its
+            // minimum duration, never one held by an outage or breached.
+            if matches!(reason, StageReason::TooFewKeys { .. }) {
+                prop_assert!(hopeless && elapsed >= plan.min_stage_duration && !outage);
+                prop_assert!(g.iter().any(GateVerdict::starving));
+                prop_assert!(!g.iter().any(|v| v.outcome == Outcome::Fail));
+            }
             // A shared outage holds, whatever else is true.
             if outage {
                 prop_assert_eq!((outcome, reason.clone()), (Outcome::Wait, StageReason::SharedOutage));

@@ -65,7 +65,7 @@ use crate::gate::{
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Assignment, Plan};
-use crate::safety::{champion_health_of, judge, stats_unavailable};
+use crate::safety::{StageFloors, champion_health_of, judge, stats_unavailable};
 use crate::snapshot::{RevisionStats, Snapshot};
 use crate::stage::{ChampionHealth, RollbackReason, StageKind, StageReason, StageVerdict};
 use crate::stats::Interval;
@@ -512,9 +512,9 @@ pub fn evaluate(plan: &Plan, state: &mut SequentialState, input: &LookInput) -> 
     base(outcome, reason, Some(champion), gates)
 }
 
-/// The stage's outcome from its gates: held below the stage's floors (its
-/// own samples, the per-key floor), judged by the shared rule chain, and
-/// failed fast when it can never hold the keys it needs.
+/// The stage's outcome from its gates and its own floors (its own
+/// samples, the per-key floor, keys too few for the step), by the shared
+/// rule chain.
 fn judge_stage(
     plan: &Plan,
     input: &LookInput,
@@ -524,35 +524,25 @@ fn judge_stage(
 ) -> (Outcome, StageReason) {
     let groups = candidate_groups(whole, input.candidate);
     let keys = model_keys(plan, whole, (input.champion, input.candidate));
-    hold_below_stage_floors(plan, gates, (ledger, groups, keys), input, outage_ended);
-    let (outcome, reason) = judge(
-        plan,
-        plan.sequential.advance,
-        champion,
-        gates,
-        input.elapsed,
-    );
-    // Only a stage waiting for evidence (rule 4), never one held by a
-    // shared outage.
-    match reason {
-        StageReason::AwaitingEvidence { .. } => {
-            few_keys_fail_fast(plan, input, gates, (groups, keys)).unwrap_or((outcome, reason))
-        }
-        _ => (outcome, reason),
-    }
+    let floors = StageFloors {
+        held: stage_floors(plan, gates, (ledger, groups, keys), input, outage_ended),
+        hopeless_keys: hopeless_keys(plan, input, (groups, keys)),
+    };
+    let advance = plan.sequential.advance;
+    judge(plan, (advance, champion), gates, &floors, input.elapsed)
 }
 
 /// Each stage needs its own sample floor before it may pass, whatever the
-/// cumulative evidence says (a stage nobody exercised proved nothing): a
-/// gate not failing waits until the stage's own counts reach it (counted
-/// afresh after an outage ended).
-fn hold_below_stage_floors(
+/// cumulative evidence says (a stage nobody exercised proved nothing): the
+/// gates the stage's own counts (counted afresh after an outage ended) or
+/// unit groups do not yet reach, and why.
+fn stage_floors(
     plan: &Plan,
-    gates: &mut [GateVerdict],
+    gates: &[GateVerdict],
     (ledger, groups, keys): (&Ledger, usize, Option<u64>),
     input: &LookInput,
     outage_ended: bool,
-) {
+) -> Vec<(GateKind, Reason)> {
     let stage_window = if outage_ended {
         Tally::default()
     } else {
@@ -562,18 +552,14 @@ fn hold_below_stage_floors(
             input.candidate,
         )
     };
-    for v in gates
-        .iter_mut()
-        .filter(|v| v.outcome != Outcome::Fail && !v.metrics_missing())
-    {
-        if let Some(r) = stage_floor(plan, v.gate, &stage_window) {
-            v.outcome = Outcome::Wait;
-            v.reason = r;
-        } else if let Some(r) = unit_floor(v.gate, groups, keys) {
-            v.outcome = Outcome::Wait;
-            v.reason = r;
-        }
-    }
+    gates
+        .iter()
+        .filter_map(|v| {
+            let why = stage_floor(plan, v.gate, &stage_window)
+                .or_else(|| unit_floor(v.gate, groups, keys))?;
+            Some((v.gate, why))
+        })
+        .collect()
 }
 
 /// How many unit groups hold the candidate's requests in `whole` (the
@@ -630,20 +616,19 @@ fn model_keys(plan: &Plan, whole: &Snapshot, (champion, candidate): (&str, &str)
     crate::keys::estimate(occupied.len()).filter(|&k| crate::keys::seen_all(k, requests, rarest))
 }
 
-/// A canary stage starved below the per-key floor that can never reach it
-/// fails as soon as its minimum duration is over (its keys have had time
-/// to show), naming why, instead of at its evidence deadline: its weight
-/// gives the candidate on average fewer than half the keys the floor
-/// needs ([`crate::keys::hopeless`]) — often none at all. Not a breach:
-/// nothing was shown against the candidate.
-fn few_keys_fail_fast(
+/// A canary step the model's keys can never fill, when the candidate's
+/// unit groups are below the per-key floor: its weight gives the
+/// candidate on average fewer than half the keys the floor needs
+/// ([`crate::keys::hopeless`]) — often none at all. The chain then fails
+/// a starving stage once its minimum duration is over (its keys have had
+/// time to show), naming why, instead of at its evidence deadline; not a
+/// breach: nothing was shown against the candidate.
+fn hopeless_keys(
     plan: &Plan,
     input: &LookInput,
-    gates: &[GateVerdict],
     (groups, keys): (usize, Option<u64>),
-) -> Option<(Outcome, StageReason)> {
+) -> Option<(u64, u32)> {
     let keys = keys?;
-    let held = groups < MIN_UNITS && gates.iter().any(GateVerdict::starving);
     // The stage's index among the canary steps.
     let canary = input
         .stage_starts
@@ -651,16 +636,9 @@ fn few_keys_fail_fast(
         .checked_sub(1 + usize::from(plan.shadow.enabled))?;
     let weight_percent = *plan.steps.get(canary)?;
     (input.stage == StageKind::Canary
-        && held
-        && input.elapsed >= plan.min_stage_duration
+        && groups < MIN_UNITS
         && crate::keys::hopeless(keys, weight_percent))
-    .then_some((
-        Outcome::Fail,
-        StageReason::TooFewKeys {
-            keys,
-            weight_percent,
-        },
-    ))
+    .then_some((keys, weight_percent))
 }
 
 /// The candidate's and the champion's stats in `s`.

@@ -23,7 +23,7 @@ use crate::gate::{
 };
 use crate::histogram::LatencyHistogram;
 use crate::plan::{Advance, ErrorRateGate, GuardRails, LatencyGate, Plan, ShadowGate, ShiftGate};
-use crate::safety::{champion_health, judge, stats_unavailable};
+use crate::safety::{StageFloors, champion_health, judge, stats_unavailable};
 use crate::snapshot::{PairStats, Snapshot};
 use crate::stage::{RollbackReason, StageKind, StageReason, StageVerdict, WindowCheck};
 use crate::stats::{newcombe, wilson, z_two_sided};
@@ -268,9 +268,12 @@ pub fn evaluate(plan: &Plan, input: &StageInput) -> StageVerdict {
             confirmation: None,
         };
     };
-    let gates = evaluate_gates(plan, input.stage, window, input.champion, input.candidate);
+    let mut gates = evaluate_gates(plan, input.stage, window, input.champion, input.candidate);
     let champion = champion_health(plan, window.revision(input.champion));
-    let (outcome, reason) = judge(plan, Advance::OnEvidence, &champion, &gates, input.elapsed);
+    // The window is the stage's own: no floor beyond its gates'.
+    let floors = StageFloors::default();
+    let health = (Advance::OnEvidence, &champion);
+    let (outcome, reason) = judge(plan, health, &mut gates, &floors, input.elapsed);
     let gross = outcome == Outcome::Fail
         && matches!(reason, StageReason::Breach { .. })
         && gates.iter().any(GateVerdict::is_gross);
