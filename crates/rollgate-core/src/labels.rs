@@ -59,9 +59,7 @@ impl<'a> Maturity<'a> {
     pub fn of(gate: &'a QualityGate, now_ms: u64) -> Self {
         Maturity {
             now_ms,
-            window_ms: gate
-                .label_window
-                .map_or(0, |w| w.as_millis().min(u128::from(u64::MAX)) as u64),
+            window_ms: gate.label_window_ms(),
             absent: gate.absent_label.as_deref(),
         }
     }

@@ -568,6 +568,15 @@ pub enum Unlabelled {
     AtRandom,
 }
 
+impl QualityGate {
+    /// `label_window` in milliseconds, the unit answers are timed in (0:
+    /// no window declared).
+    pub fn label_window_ms(&self) -> u64 {
+        self.label_window
+            .map_or(0, |w| w.as_millis().min(u128::from(u64::MAX)) as u64)
+    }
+}
+
 impl Default for QualityGate {
     fn default() -> Self {
         QualityGate {

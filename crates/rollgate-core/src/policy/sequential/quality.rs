@@ -34,7 +34,8 @@
 //! answer is the candidate's labelled wrong one (`A`) or the champion's
 //! wrong or unlabelled one (`B`), it is `A` with probability at most
 //! `ρ·w / (ρ·w + 1 − w)`, `w` the candidate's share of the epoch's
-//! matured answers (fixed by the split): one factor per epoch. PASS: the
+//! matured answers (exposures, which do not depend on rightness: the
+//! split's share, measured): one factor per epoch. PASS: the
 //! candidate's error rate (its unlabelled answers counted wrong) at most
 //! `margin` above the champion's (its unlabelled counted right), on the
 //! stage's matured answers.
@@ -48,9 +49,7 @@ use crate::policy::look::LookInput;
 use crate::stage::StageKind;
 use crate::stats::Interval;
 use crate::types::Timestamp;
-use crate::unit::{UnitTotals, count_design_effect, ratio_design_effect_each};
-
-type Pick = fn(&UnitTotals) -> (u64, u64);
+use crate::unit::{Pick, UnitTotals, count_design_effect, ratio_design_effect_each};
 
 /// The quality tests' alternatives: mistakes from 1.1 to 10 times the
 /// champion's (the error gate's reach 100 times): a retrained model that is
@@ -278,17 +277,10 @@ fn verdict(plan: &Plan, outcome: Outcome, reason: Reason, s: Shown) -> GateVerdi
             coverage,
             min_coverage: cfg.min_coverage,
             canary: None,
-            label_window_ms: window_ms(plan),
+            label_window_ms: cfg.label_window_ms(),
             unlabelled: cfg.unlabelled,
         },
     )
-}
-
-fn window_ms(plan: &Plan) -> u64 {
-    plan.gates
-        .quality
-        .label_window
-        .map_or(0, |w| w.as_millis().min(u128::from(u64::MAX)) as u64)
 }
 
 /// What the CANARY tests showed over the canary epochs, and the current
@@ -346,36 +338,25 @@ impl CanaryShown {
         };
         let d = ratio_design_effect_each((&all.0.units, pick_c), (&all.1.units, pick_h));
         let (c, h) = &stage;
+        // One arm's error rate, `(wrong, out of)`, tempered by its own
+        // groups counted the same way.
+        let rate = |(wrong, of): (u64, u64), a: &ArmLabels, pick: Pick| {
+            robbins_cs_tempered(wrong, of, count_design_effect(&a.units, pick), alpha / 2.0)
+        };
         let (ic, ih) = if worst {
             (
-                robbins_cs_tempered(
-                    c.wrong + c.unlabelled(),
-                    c.recorded,
-                    count_design_effect(&c.units, arm_picks::wrong_or_unlabelled),
-                    alpha / 2.0,
+                rate(
+                    (c.wrong + c.unlabelled(), c.recorded),
+                    c,
+                    arm_picks::wrong_or_unlabelled,
                 ),
-                robbins_cs_tempered(
-                    h.wrong,
-                    h.recorded,
-                    count_design_effect(&h.units, arm_picks::wrong_of_matured),
-                    alpha / 2.0,
-                ),
+                rate((h.wrong, h.recorded), h, arm_picks::wrong_of_matured),
             )
         } else {
             let pick = arm_picks::wrong_of_labelled;
             (
-                robbins_cs_tempered(
-                    c.wrong,
-                    c.labelled,
-                    count_design_effect(&c.units, pick),
-                    alpha / 2.0,
-                ),
-                robbins_cs_tempered(
-                    h.wrong,
-                    h.labelled,
-                    count_design_effect(&h.units, pick),
-                    alpha / 2.0,
-                ),
+                rate((c.wrong, c.labelled), c, pick),
+                rate((h.wrong, h.labelled), h, pick),
             )
         };
         CanaryShown {
@@ -473,7 +454,7 @@ fn canary_quality_gate(
                 champion: all.1,
                 coverage_differs: false,
             }),
-            label_window_ms: window_ms(plan),
+            label_window_ms: cfg.label_window_ms(),
             unlabelled: cfg.unlabelled,
         },
     )
@@ -530,25 +511,16 @@ pub fn watch_verdict(
 /// taken as independent (a design effect widens it).
 pub fn pairs_to_pass(plan: &Plan, discordant: f64, coverage: f64) -> Option<u64> {
     let alpha = super::metric_alpha(plan);
-    let margin = plan.gates.quality.margin;
-    let (d, c) = (discordant.clamp(0.0, 1.0), coverage.clamp(1e-9, 1.0));
-    let worst = plan.gates.quality.unlabelled == Unlabelled::WorstCase;
-    // `n` labelled pairs: under worst case `n / c` matured, the rest
-    // unlabelled and counted against the candidate.
+    let d = discordant.clamp(0.0, 1.0);
     let within = |n: u64| {
-        let (matured, u) = if worst {
-            let m = (n as f64 / c).round() as u64;
-            (m, m.saturating_sub(n))
-        } else {
-            (n, 0)
-        };
+        let (_, u) = cohort(plan, n, coverage);
         let against = (d * n as f64 / 2.0).round() as u64;
         let k = 2 * against + u;
-        let delta = robbins_cs_tempered(k, matured, 1.0, alpha / 2.0);
+        let delta = robbins_cs_tempered(k, n + u, 1.0, alpha / 2.0);
         let theta = robbins_cs_tempered(against + u, k, 1.0, alpha / 2.0);
-        share_difference(delta, (theta.lower, theta.upper)).upper <= margin
+        share_difference(delta, (theta.lower, theta.upper)).upper <= plan.gates.quality.margin
     };
-    fewest(within).map(|n| n.max(labels_needed(plan, (n as f64 / c) as u64)))
+    fewest(within).map(|n| n.max(labels_needed(plan, cohort(plan, n, coverage).0)))
 }
 
 /// The labelled answers each arm of a CANARY stage needs for an equally
@@ -559,23 +531,27 @@ pub fn pairs_to_pass(plan: &Plan, discordant: f64, coverage: f64) -> Option<u64>
 /// own reading), as [`pairs_to_pass`].
 pub fn answers_to_pass(plan: &Plan, error_rate: f64, coverage: f64) -> Option<u64> {
     let alpha = super::metric_alpha(plan);
-    let margin = plan.gates.quality.margin;
-    let (e, c) = (error_rate.clamp(0.0, 1.0), coverage.clamp(1e-9, 1.0));
-    let worst = plan.gates.quality.unlabelled == Unlabelled::WorstCase;
+    let e = error_rate.clamp(0.0, 1.0);
     let within = |n: u64| {
-        let (matured, u) = if worst {
-            let m = (n as f64 / c).round() as u64;
-            (m, m.saturating_sub(n))
-        } else {
-            (n, 0)
-        };
+        let (_, u) = cohort(plan, n, coverage);
         let k = (e * n as f64).round() as u64;
-        let candidate = robbins_cs_tempered(k + u, matured, 1.0, alpha / 2.0);
-        let champion = robbins_cs_tempered(k, matured, 1.0, alpha / 2.0);
-        candidate.upper - champion.lower <= margin
+        let candidate = robbins_cs_tempered(k + u, n + u, 1.0, alpha / 2.0);
+        let champion = robbins_cs_tempered(k, n + u, 1.0, alpha / 2.0);
+        candidate.upper - champion.lower <= plan.gates.quality.margin
     };
-    let matured = |n: u64| if worst { (n as f64 / c) as u64 } else { n };
-    fewest(within).map(|n| n.max(labels_needed(plan, matured(n))))
+    fewest(within).map(|n| n.max(labels_needed(plan, cohort(plan, n, coverage).0)))
+}
+
+/// The cohort behind `n` labelled answers at `coverage`: its matured
+/// answers, and the unlabelled ones the tests count (all of them under
+/// `worst_case`, none declared at random).
+fn cohort(plan: &Plan, n: u64, coverage: f64) -> (u64, u64) {
+    let matured = (n as f64 / coverage.clamp(1e-9, 1.0)).round() as u64;
+    let counted = match plan.gates.quality.unlabelled {
+        Unlabelled::WorstCase => matured.saturating_sub(n),
+        Unlabelled::AtRandom => 0,
+    };
+    (matured, counted)
 }
 
 /// The least `n` in 1..=10⁹ for which `within(n)` holds, for a `within`
