@@ -102,7 +102,9 @@ pub fn quality_lines(plan: &Plan, args: &CheckArgs) -> Vec<String> {
         Some(r) if r > 0.0 => {
             let secs = (labels as f64 / r + window.as_secs_f64()) as u64;
             let late = if Duration::from_secs(secs) > q.label_deadline {
-                " — past the label deadline: raise it or the margin, or the stage times out"
+                " — past the label deadline, where the stage is decided without a pass on \
+                 evidence (on_time: no regression shown; on_evidence: evidence_timeout): raise \
+                 the deadline or the margin"
             } else {
                 ""
             };
